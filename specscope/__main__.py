@@ -1,0 +1,5 @@
+import sys
+
+from specscope.cli import main
+
+sys.exit(main())

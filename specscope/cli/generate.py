@@ -1,0 +1,5 @@
+"""`specscope generate` (placeholder until its issue lands)."""
+
+
+def register(sub):
+    sub.add_parser("generate", help="(not built yet)").set_defaults(func=lambda args: 2)

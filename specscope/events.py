@@ -1,0 +1,277 @@
+"""Event dataclasses: what the instrumentation records and the collector writes (DESIGN.md section 3).
+
+Every event names its ``run_id`` and the torch.distributed ``rank`` that produced it, and carries
+``ts_wall`` (wall clock, seconds since the Unix epoch, ``time.time()``) so events from several
+processes line up. Durations are in seconds (``*_s``). Tensor shapes are tuples of ints; widths are
+the size of the last dimension. Events are plain frozen dataclasses; the sink (collector), the store
+and any exporter are separate objects that consume them (the vLLM ``SpecDecodingStats`` pattern).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+Shape = tuple[int, ...]
+
+
+def now() -> float:
+    """Wall clock in seconds since the Unix epoch, the clock every ``ts_wall`` uses."""
+    return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """A run: one engine process group's lifetime. Written by every rank; the first one wins.
+
+    ``config`` holds the speculative-decoding contract (see :class:`RunConfig`), stored as JSON.
+    """
+
+    kind: ClassVar[str] = "run_start"
+    run_id: str
+    engine: str
+    engine_version: str
+    target_model: str
+    draft_model: str
+    config: dict[str, Any]
+    fault: str | None = None
+    world_size: int = 1
+    host: str = ""
+    rank: int = 0
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """The contract between target and draft that runtime checks compare observations against.
+
+    - ``aux_layer_ids_configured``: ids as written in the draft config (``None`` = engine default).
+    - ``aux_layer_ids_resolved``: physical capture points, "hidden state entering layer i"
+      (HF ``hidden_states[i]``; SGLang ``llama.py`` captures before layer i, vLLM the same).
+    - ``target_hidden_size``: width of one target hidden state (elements).
+    - ``expected_fused_width``: ``len(aux ids) * target_hidden_size`` = ``fc.in_features``.
+    - ``k``: draft tokens proposed per verify step (vLLM ``num_speculative_tokens``);
+      ``num_draft_tokens`` follows SGLang and counts the root token too (``k + 1`` for a chain).
+    """
+
+    aux_layer_ids_resolved: tuple[int, ...]
+    target_hidden_size: int
+    expected_fused_width: int
+    k: int
+    num_target_layers: int
+    aux_layer_ids_configured: tuple[int, ...] | None = None
+    topk: int = 1
+    num_draft_tokens: int | None = None
+    dtype: str = "float32"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; ``num_draft_tokens`` defaults to ``k + 1`` (SGLang's convention)."""
+        return {
+            "aux_layer_ids_configured": None if self.aux_layer_ids_configured is None
+            else list(self.aux_layer_ids_configured),
+            "aux_layer_ids_resolved": list(self.aux_layer_ids_resolved),
+            "target_hidden_size": self.target_hidden_size,
+            "expected_fused_width": self.expected_fused_width,
+            "k": self.k,
+            "topk": self.topk,
+            "num_draft_tokens": self.num_draft_tokens if self.num_draft_tokens is not None else self.k + 1,
+            "num_target_layers": self.num_target_layers,
+            "dtype": self.dtype,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RankStart:
+    """One engine process (rank) of a run came up. ``device`` is e.g. ``cpu`` or ``cuda:0``."""
+
+    kind: ClassVar[str] = "rank_start"
+    run_id: str
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    device: str
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class RankStatus:
+    """Counters the tracer owns, sent periodically and at close (``finished=True``).
+
+    ``graph_mode``: ``"eager"`` (hooks saw every call), ``"capture_only"`` (hooks fired only while a
+    CUDA graph was captured, replays are invisible) or ``"mixed"``. ``hook_calls`` counts hook
+    invocations, ``hook_errors`` exceptions caught inside hooks (never raised into the engine).
+    """
+
+    kind: ClassVar[str] = "rank_status"
+    run_id: str
+    rank: int
+    hook_calls: int
+    hook_errors: int
+    graph_mode: str = "eager"
+    finished: bool = False
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStart:
+    """A request entered the engine. ``prompt_tokens``: prompt length in tokens."""
+
+    kind: ClassVar[str] = "request_start"
+    run_id: str
+    request_id: str
+    rank: int
+    prompt_tokens: int
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEnd:
+    """A request finished. ``output_tokens`` counts generated tokens (bonus tokens included)."""
+
+    kind: ClassVar[str] = "request_end"
+    run_id: str
+    request_id: str
+    rank: int
+    output_tokens: int
+    verify_steps: int
+    text: str | None = None
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyStep:
+    """One verify step of one request (DESIGN.md section 4).
+
+    - ``proposed``: draft tokens the target verified in this step (tokens).
+    - ``accepted``: draft tokens accepted (tokens); the step emits ``accepted + 1`` tokens (bonus).
+    - ``accepted_mask``: per-position acceptance as a string of ``'0'``/``'1'``, position 0 first
+      (``None`` = a chain's prefix, derived as ``'1' * accepted + '0' * (proposed - accepted)``).
+    - ``draft_s`` / ``verify_s``: wall time of the draft and verify phases (seconds), when known.
+    - ``emitted``: decoded text of the emitted tokens, accepted drafts first, bonus token last.
+    """
+
+    kind: ClassVar[str] = "verify_step"
+    run_id: str
+    request_id: str
+    rank: int
+    step: int
+    proposed: int
+    accepted: int
+    accepted_mask: str | None = None
+    draft_s: float | None = None
+    verify_s: float | None = None
+    emitted: tuple[str, ...] | None = None
+    ts_wall: float = field(default_factory=now)
+
+    def mask(self) -> str:
+        """The per-position mask, derived from ``accepted`` for a chain when not given."""
+        if self.accepted_mask is not None:
+            return self.accepted_mask
+        return "1" * self.accepted + "0" * (self.proposed - self.accepted)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEvent:
+    """A tensor seen at a hook point, e.g. ``draft.forward:hidden_states`` or ``target.layers.15:input``.
+
+    Shapes and dtypes are read from tensor metadata (no device sync). ``absmax``, ``mean`` and
+    ``nonfinite`` (count of inf/nan elements) read values, force a device sync, and are only set on
+    sampled calls when value statistics were asked for. ``expected_shape`` holds the contract where one
+    is known (``-1`` for a dimension that is free). ``graph_phase`` is ``"eager"`` or ``"capture"``.
+    """
+
+    kind: ClassVar[str] = "tensor"
+    run_id: str
+    rank: int
+    hook_point: str
+    call_index: int
+    shape: Shape
+    dtype: str
+    device: str
+    expected_shape: Shape | None = None
+    absmax: float | None = None
+    mean: float | None = None
+    nonfinite: int | None = None
+    request_id: str | None = None
+    step: int | None = None
+    graph_phase: str = "eager"
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class ProvenanceEvent:
+    """Which target layers the draft's aux hidden states really came from, on one sampled draft call.
+
+    ``configured``: physical capture points of the run config. ``received``: for each target-width
+    chunk of the draft input, the layer whose hidden state matched by fingerprint (``None`` = no match;
+    the final norm output is reported as ``num_target_layers``). ``width``: draft input width seen.
+    """
+
+    kind: ClassVar[str] = "provenance"
+    run_id: str
+    rank: int
+    call_index: int
+    configured: tuple[int, ...]
+    received: tuple[int | None, ...]
+    width: int
+    request_id: str | None = None
+    step: int | None = None
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """What a loader did with a checkpoint's keys for one module.
+
+    ``missing``: module parameters the checkpoint did not provide (they keep their init).
+    ``unexpected``: checkpoint keys the loader does not map (dropped). ``renamed``: checkpoint key ->
+    parameter name for keys the loader renames (e.g. ``midlayer.`` -> ``layers.0.``).
+    ``strict``: whether the loader raises on missing/unexpected keys (when False, they are silent).
+    """
+
+    kind: ClassVar[str] = "load_report"
+    run_id: str
+    rank: int
+    module: str
+    source: str
+    strict: bool
+    loaded: int
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A diagnosis (DESIGN.md section 6): stable ``code``, ``severity`` in error / warning / info,
+    one-line ``message``, ``evidence`` (observed vs expected values, numbers where possible) and ``fix``.
+    ``source`` is ``"doctor"`` or ``"inspect"``; ``run_id`` is ``None`` for a standalone inspection.
+    """
+
+    kind: ClassVar[str] = "finding"
+    code: str
+    severity: str
+    message: str
+    evidence: dict[str, Any]
+    fix: str
+    run_id: str | None = None
+    source: str = "doctor"
+    rank: int = 0
+    ts_wall: float = field(default_factory=now)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The machine format of DESIGN.md section 6 (``run_id`` added for runtime findings)."""
+        out = {"code": self.code, "severity": self.severity, "message": self.message,
+               "evidence": self.evidence, "fix": self.fix}
+        if self.run_id is not None:
+            out["run_id"] = self.run_id
+        return out
+
+
+SEVERITIES = ("error", "warning", "info")
+
+Event = Union[RunStart, RankStart, RankStatus, RequestStart, RequestEnd, VerifyStep, TensorEvent,
+              ProvenanceEvent, LoadReport, Finding]

@@ -1,0 +1,174 @@
+"""The trace store's schema: SQLAlchemy Core tables (DESIGN.md section 3) and the SQL views every
+reader uses (dashboard, doctor, ``specscope query``). Acceptance formulas (DESIGN.md section 4) are
+defined here once, in SQL:
+
+- mean acceptance length (AL) = 1 + accepted / verify_steps (tokens per verify step, bonus included;
+  NULL when a run/request has no verify step);
+- acceptance rate = accepted / proposed (NULL when nothing was proposed);
+- per-position acceptance p_i = verify steps whose draft at position i was accepted / verify steps.
+
+Time columns ``*_wall`` are wall-clock seconds since the Unix epoch; ``*_s`` are durations in seconds.
+Shapes are stored as text ``"1x5x1728"`` plus the last dimension as an integer ``width``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+schema_migrations = Table(
+    "schema_migrations", metadata,
+    Column("version", Integer, primary_key=True),
+    Column("name", String(128), nullable=False),
+    Column("applied_wall", Float, nullable=False),
+)
+
+runs = Table(
+    "runs", metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("engine", String(64), nullable=False),
+    Column("engine_version", String(64), nullable=False),
+    Column("target_model", Text, nullable=False),
+    Column("draft_model", Text, nullable=False),
+    Column("fault", String(64)),
+    Column("config", Text, nullable=False),  # JSON of RunConfig.to_dict()
+    Column("world_size", Integer, nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("started_wall", Float, nullable=False),
+)
+
+run_ranks = Table(
+    "run_ranks", metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("world_size", Integer, nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("device", String(64), nullable=False),
+    Column("started_wall", Float, nullable=False),
+    Column("last_seen_wall", Float, nullable=False),
+    Column("ended_wall", Float),
+    Column("events_written", Integer, nullable=False, default=0),
+    Column("events_dropped", Integer, nullable=False, default=0),
+    Column("hook_calls", Integer, nullable=False, default=0),
+    Column("hook_errors", Integer, nullable=False, default=0),
+    Column("graph_mode", String(16), nullable=False, default="eager"),
+)
+
+requests = Table(
+    "requests", metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("request_id", String(128), primary_key=True),
+    Column("rank", Integer, nullable=False),
+    Column("prompt_tokens", Integer, nullable=False),
+    Column("output_tokens", Integer),
+    Column("verify_steps", Integer),
+    Column("text", Text),
+    Column("started_wall", Float, nullable=False),
+    Column("finished_wall", Float),
+)
+
+verify_steps = Table(
+    "verify_steps", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("proposed", Integer, nullable=False),
+    Column("accepted", Integer, nullable=False),
+    Column("accepted_mask", String(64), nullable=False),  # '1100': position 0 first
+    Column("draft_s", Float),
+    Column("verify_s", Float),
+    Column("emitted", Text),  # JSON list of decoded tokens: accepted drafts, then the bonus token
+    Column("ts_wall", Float, nullable=False),
+    Index("ix_verify_steps_run_req", "run_id", "request_id", "step"),
+    Index("ix_verify_steps_run_rank", "run_id", "rank"),
+)
+
+tensor_events = Table(
+    "tensor_events", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("hook_point", String(255), nullable=False),
+    Column("call_index", Integer, nullable=False),
+    Column("shape", String(128), nullable=False),
+    Column("width", Integer),
+    Column("dtype", String(32), nullable=False),
+    Column("device", String(64), nullable=False),
+    Column("expected_shape", String(128)),
+    Column("expected_width", Integer),
+    Column("absmax", Float),
+    Column("mean", Float),
+    Column("nonfinite", Integer),
+    Column("request_id", String(128)),
+    Column("step", Integer),
+    Column("graph_phase", String(16), nullable=False),
+    Column("ts_wall", Float, nullable=False),
+    Index("ix_tensor_events_run_point", "run_id", "hook_point", "rank"),
+)
+
+provenance = Table(
+    "provenance", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("call_index", Integer, nullable=False),
+    Column("configured", Text, nullable=False),  # JSON list of ints
+    Column("received", Text, nullable=False),  # JSON list of ints / nulls
+    Column("matches", Boolean, nullable=False),
+    Column("width", Integer, nullable=False),
+    Column("request_id", String(128)),
+    Column("step", Integer),
+    Column("ts_wall", Float, nullable=False),
+    Index("ix_provenance_run", "run_id"),
+)
+
+load_reports = Table(
+    "load_reports", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("module", String(255), nullable=False),
+    Column("source", Text, nullable=False),
+    Column("strict", Boolean, nullable=False),
+    Column("loaded", Integer, nullable=False),
+    Column("missing", Text, nullable=False),  # JSON list of parameter names
+    Column("unexpected", Text, nullable=False),  # JSON list of checkpoint keys
+    Column("renamed", Text, nullable=False),  # JSON list of [checkpoint key, parameter name]
+    Column("ts_wall", Float, nullable=False),
+)
+
+positions = Table(  # 0..MAX_POSITIONS-1: lets per-position views stay plain, portable SQL
+    "positions", metadata,
+    Column("pos", Integer, primary_key=True, autoincrement=False),
+)
+MAX_POSITIONS = 64
+
+findings = Table(
+    "findings", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64)),
+    Column("source", String(16), nullable=False),  # 'doctor' | 'inspect'
+    Column("code", String(64), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("evidence", Text, nullable=False),  # JSON object
+    Column("fix", Text, nullable=False),
+    Column("ts_wall", Float, nullable=False),
+    Index("ix_findings_run", "run_id"),
+)
