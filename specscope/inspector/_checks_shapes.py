@@ -1,0 +1,124 @@
+"""Shape checks from headers only: fc, aux layers, sizes against the target, the draft head."""
+
+from __future__ import annotations
+
+from specscope.conventions import AUX_LAYER_COUNT, ENGINES, physical_capture_layers
+from specscope.events import Finding
+from specscope.inspector._context import CheckContext
+from specscope.inspector._findings import finding
+
+
+def _target_hidden(ctx: CheckContext) -> int | None:
+    return ctx.config.target_hidden_size or (ctx.target.hidden_size if ctx.target else None)
+
+
+def check_fc(ctx: CheckContext) -> list[Finding]:
+    """FC_SHAPE_MISMATCH: ``fc.weight`` [out, in] against the ``Linear(3 x target_hidden -> hidden)``
+    SGLang and vLLM allocate (both size fc for 3 aux layers: ``llama_eagle3.py`` in each engine)."""
+    shape, th, hidden = ctx.shape("fc.weight"), _target_hidden(ctx), ctx.hidden_size
+    if shape is None or len(shape) != 2 or th is None or hidden is None:
+        return []
+    out_f, in_f = shape
+    expected_in = AUX_LAYER_COUNT * th
+    if (out_f, in_f) == (hidden, expected_in):
+        return []
+    message = (f"fc.weight is [{out_f}, {in_f}]: fan-in {in_f} = {in_f / th:g} x target hidden {th}, "
+               f"the engine builds fc as [{hidden}, {expected_in}] ({AUX_LAYER_COUNT} aux layers x {th})")
+    evidence = {"fc_in_features": in_f, "expected_in_features": expected_in, "fc_out_features": out_f,
+                "expected_out_features": hidden, "target_hidden_size": th,
+                "fc_aux_layers": in_f / th, "expected_aux_layers": AUX_LAYER_COUNT}
+    fix = (f"Train or export the draft with fc: Linear({expected_in} -> {hidden}, bias=False), i.e. "
+           f"{AUX_LAYER_COUNT} aux layers of width {th}; check target_hidden_size in config.json.")
+    return [finding("FC_SHAPE_MISMATCH", message, evidence, fix)]
+
+
+def check_aux_count(ctx: CheckContext) -> list[Finding]:
+    """AUX_LAYER_COUNT_MISMATCH: explicit aux ids whose fused width differs from fc's fan-in."""
+    ids, shape, th = ctx.config.aux_layer_ids, ctx.shape("fc.weight"), _target_hidden(ctx)
+    if ids is None or shape is None or len(shape) != 2 or th is None or len(ids) * th == shape[1]:
+        return []
+    message = (f"{len(ids)} aux layer ids {list(ids)} give a fused width of {len(ids) * th}, "
+               f"but fc takes {shape[1]} ({shape[1] / th:g} layers of {th})")
+    evidence = {"aux_layer_ids": len(ids), "fc_aux_layers": shape[1] / th,
+                "fused_width": len(ids) * th, "fc_in_features": shape[1]}
+    fix = ("Make eagle_aux_hidden_state_layer_ids list exactly the layers the draft was trained on, "
+           "one per target_hidden block of fc's input.")
+    return [finding("AUX_LAYER_COUNT_MISMATCH", message, evidence, fix)]
+
+
+def check_aux_convention(ctx: CheckContext) -> list[Finding]:
+    """AUX_LAYER_IDS_CONVENTION: explicit aux ids, whose physical layers differ between engines."""
+    ids = ctx.config.aux_layer_ids
+    if ids is None:
+        return []
+    n = ctx.target.num_hidden_layers if ctx.target else None
+    per_engine = {e: list(physical_capture_layers(e, ids, n)) for e in ENGINES}
+    if len({tuple(v) for v in per_engine.values()}) == 1:
+        return []
+    message = (f"explicit aux layer ids {list(ids)} mean different target layers per engine: SGLang "
+               f"captures hidden_states {per_engine['sglang']} (id + 1), vLLM/speculators/EAGLE "
+               f"{per_engine['vllm']} (id as given); {ctx.engine} uses {per_engine[ctx.engine]}")
+    evidence = {"configured": list(ids), **per_engine}
+    if n is not None:
+        evidence["num_target_layers"] = n
+        evidence["defaults"] = list(physical_capture_layers(ctx.engine, None, n))
+    fix = ("Confirm which hidden states the draft was trained on (SpecForge/SGLang: output of layer id, "
+           "i.e. hidden_states[id + 1]; speculators/vLLM: hidden_states[id]) and write the ids in the "
+           "serving engine's convention, or drop them if training used the defaults.")
+    return [finding("AUX_LAYER_IDS_CONVENTION", message, evidence, fix)]
+
+
+def check_target_sizes(ctx: CheckContext) -> list[Finding]:
+    """VOCAB_SIZE_MISMATCH and HIDDEN_SIZE_MISMATCH against ``--target-config``."""
+    if ctx.target is None:
+        return []
+    out = []
+    cfg, tgt = ctx.config, ctx.target
+    if cfg.vocab_size is not None and tgt.vocab_size is not None and cfg.vocab_size != tgt.vocab_size:
+        out.append(finding(
+            "VOCAB_SIZE_MISMATCH",
+            f"draft vocab_size {cfg.vocab_size} != target vocab_size {tgt.vocab_size}",
+            {"draft_vocab_size_config": cfg.vocab_size, "target_vocab_size": tgt.vocab_size},
+            "Use a draft trained for this target (same tokenizer); set vocab_size to the target's and "
+            "rebuild d2t/t2d against the target vocabulary."))
+    th = _target_hidden(ctx)
+    if th is not None and tgt.hidden_size is not None and th != tgt.hidden_size:
+        out.append(finding(
+            "HIDDEN_SIZE_MISMATCH",
+            f"draft expects target hidden states of width {th}, the target's hidden_size is {tgt.hidden_size}",
+            {"draft_target_hidden_size": th, "target_hidden_size": tgt.hidden_size},
+            "Serve the draft with the target it was trained for; target_hidden_size and fc's fan-in "
+            "(3 x target hidden) must match the target's hidden_size."))
+    return out
+
+
+def check_head_rows(ctx: CheckContext) -> list[Finding]:
+    """DRAFT_VOCAB_MISMATCH: ``lm_head.weight`` rows vs the draft vocabulary the engine allocates."""
+    shape, rows = ctx.shape("lm_head.weight"), ctx.draft_vocab_size
+    if shape is None or rows is None or ctx.config.tie_word_embeddings or shape[0] == rows:
+        return []
+    message = f"lm_head.weight has {shape[0]} rows, the engine allocates {rows} (draft_vocab_size)"
+    evidence = {"lm_head_rows": shape[0], "draft_vocab_size": rows}
+    fix = "Set draft_vocab_size in config.json to the head's row count, matching the d2t length."
+    return [finding("DRAFT_VOCAB_MISMATCH", message, evidence, fix)]
+
+
+def check_tied(ctx: CheckContext) -> list[Finding]:
+    """TIED_EMBEDDINGS_MISMATCH: ``tie_word_embeddings`` set while the checkpoint has its own
+    ``lm_head.weight`` (the engine serves the embedding instead; SGLang then skips the key) or a
+    pruned draft vocabulary (the embedding has ``vocab_size`` rows, the head needs ``draft_vocab_size``)."""
+    cfg = ctx.config
+    if not cfg.tie_word_embeddings:
+        return []
+    head = ctx.shape("lm_head.weight")
+    if head is None and not cfg.pruned_vocab:
+        return []
+    message = ("tie_word_embeddings is true but " + (
+        f"the checkpoint has its own lm_head.weight ({head[0]} rows), which the engine ignores"
+        if head is not None else
+        f"the draft vocabulary is pruned ({cfg.draft_vocab_size} of {cfg.vocab_size}): an embedding "
+        f"with {cfg.vocab_size} rows cannot be the head"))
+    evidence = {"tie_word_embeddings": 1, "lm_head_rows": head[0] if head else 0,
+                "draft_vocab_size": ctx.draft_vocab_size, "vocab_size": cfg.vocab_size}
+    fix = "Set tie_word_embeddings to false in the draft config.json so the trained lm_head is used."
+    return [finding("TIED_EMBEDDINGS_MISMATCH", message, evidence, fix)]

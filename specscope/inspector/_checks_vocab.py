@@ -1,0 +1,123 @@
+"""The vocabulary maps (DESIGN.md section 5): ``d2t`` int64 [draft_vocab] holds offsets, target id =
+i + d2t[i], strictly increasing and in range; ``t2d`` bool [target_vocab] marks the same ids.
+
+SGLang ``llama_eagle3.py`` builds ``hot_token_id = d2t + arange``; vLLM ``compute_logits`` scatters
+logits to ``arange + draft_id_to_target_id``. Both add the index, so absolute ids are shifted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specscope.events import Finding
+from specscope.inspector._context import CheckContext
+from specscope.inspector._findings import finding
+
+_OFFSETS_FIX = ("Store offsets exactly once: d2t = target_ids - arange(draft_vocab_size). Rebuild d2t "
+                "from the token frequency list (or from nonzero(t2d)) rather than converting it again.")
+
+
+def _problems(ids: torch.Tensor, vocab: int | None) -> tuple[int, int]:
+    """(out-of-range ids, non-increasing steps) of a candidate target-id sequence."""
+    out = int((ids < 0).sum()) + (int((ids >= vocab).sum()) if vocab is not None else 0)
+    steps = int((ids[1:] <= ids[:-1]).sum()) if ids.numel() > 1 else 0
+    return out, steps
+
+
+def _subtractions(d2t: torch.Tensor, t2d_ids: torch.Tensor | None, vocab: int | None) -> int | None:
+    """How many times ``arange`` was subtracted from the true ids: 1 is right; 0 (absolute ids) or 2
+    (converted twice) are the known mistakes; ``None`` when no reading explains the values."""
+    ar = torch.arange(d2t.numel())
+    candidates = {k: d2t + (k * ar if k else 0) for k in (1, 0, 2)}
+    if t2d_ids is not None:
+        for k, ids in candidates.items():
+            if ids.shape == t2d_ids.shape and torch.equal(ids, t2d_ids):
+                return k
+    for k, ids in candidates.items():
+        if _problems(ids, vocab) == (0, 0):
+            return k
+    return None
+
+
+def _t2d_ids(ctx: CheckContext) -> torch.Tensor | None:
+    return ctx.value("t2d").bool().nonzero().squeeze(1) if ctx.has("t2d") else None
+
+
+def check_d2t(ctx: CheckContext) -> list[Finding]:
+    """D2T_NOT_OFFSETS, D2T_INVALID, D2T_IDENTITY_WITH_PRUNED_VOCAB and the d2t length against the
+    draft vocabulary (DRAFT_VOCAB_MISMATCH)."""
+    if not ctx.has("d2t"):
+        return []
+    d2t, vocab, out = ctx.value("d2t"), ctx.target_vocab_size, []
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool or d2t.dim() != 1:
+        return [finding("D2T_INVALID", f"d2t is {d2t.dtype} of shape {list(d2t.shape)}, not int64 [draft_vocab]",
+                        {"d2t_is_integer": 0, "d2t_dims": d2t.dim()}, _OFFSETS_FIX)]
+    d2t = d2t.long()
+    if ctx.draft_vocab_size is not None and d2t.numel() != ctx.draft_vocab_size:
+        out.append(finding("DRAFT_VOCAB_MISMATCH",
+                           f"d2t has {d2t.numel()} entries, draft_vocab_size is {ctx.draft_vocab_size}",
+                           {"d2t_length": d2t.numel(), "draft_vocab_size": ctx.draft_vocab_size},
+                           "Export d2t, lm_head and draft_vocab_size from the same vocabulary pruning run."))
+    ids = d2t + torch.arange(d2t.numel())
+    out_of_range, non_increasing = _problems(ids, vocab)
+    k = _subtractions(d2t, _t2d_ids(ctx), vocab)
+    evidence = {"out_of_range_ids": out_of_range, "non_increasing_ids": non_increasing,
+                "min_target_id": int(ids.min()), "max_target_id": int(ids.max()),
+                "target_vocab_size": vocab}
+    if k in (0, 2):
+        what = "absolute target ids" if k == 0 else "offsets converted twice"
+        out.append(finding(
+            "D2T_NOT_OFFSETS",
+            f"d2t holds {what}: the engine adds the index again and maps draft ids to target ids up to "
+            f"{int(ids.max())} ({out_of_range} outside the vocabulary of {vocab})",
+            {**evidence, "offset_subtractions_observed": k, "offset_subtractions_expected": 1}, _OFFSETS_FIX))
+    elif out_of_range or non_increasing:
+        out.append(finding(
+            "D2T_INVALID",
+            f"d2t + index gives {out_of_range} target ids outside [0, {vocab}) and "
+            f"{non_increasing} non-increasing steps",
+            evidence, _OFFSETS_FIX))
+    elif ctx.config.pruned_vocab and not bool(d2t.any()):
+        out.append(finding(
+            "D2T_IDENTITY_WITH_PRUNED_VOCAB",
+            f"d2t is all zeros (identity) while the draft vocabulary is pruned to "
+            f"{ctx.config.draft_vocab_size} of {ctx.config.vocab_size}: draft id i becomes target id i",
+            {"nonzero_offsets": 0, "draft_vocab_size": ctx.config.draft_vocab_size,
+             "vocab_size": ctx.config.vocab_size},
+            "Rebuild d2t from the draft's token frequency list; an identity map is right only when "
+            "draft_vocab_size equals vocab_size."))
+    return out
+
+
+def check_t2d(ctx: CheckContext, d2t_findings: list[Finding]) -> list[Finding]:
+    """VOCAB_MAP_MISMATCH: ``t2d`` length vs the target vocabulary, ``t2d.sum()`` vs the draft
+    vocabulary, ``nonzero(t2d)`` vs ``arange + d2t``. Skipped when d2t itself is wrong (one cause,
+    one finding)."""
+    t2d_ids = _t2d_ids(ctx)
+    if t2d_ids is None or any(f.code in ("D2T_NOT_OFFSETS", "D2T_INVALID") for f in d2t_findings):
+        return []
+    evidence, problems = {}, []
+    length, vocab = ctx.shape("t2d")[0], ctx.target_vocab_size
+    if vocab is not None and length != vocab:
+        evidence.update(t2d_length=length, target_vocab_size=vocab)
+        problems.append(f"t2d covers {length} target ids, the target vocabulary has {vocab}")
+    draft = ctx.shape("d2t")[0] if ctx.has("d2t") else ctx.draft_vocab_size
+    if draft is not None and t2d_ids.numel() != draft:
+        evidence.update(t2d_count=t2d_ids.numel(), draft_vocab_size=draft)
+        problems.append(f"t2d marks {t2d_ids.numel()} ids, the draft vocabulary has {draft}")
+    elif ctx.has("d2t"):
+        ids = ctx.value("d2t").long() + torch.arange(draft)
+        mismatched = int((ids != t2d_ids).sum())
+        if mismatched:
+            evidence.update(mismatched_ids=mismatched, draft_vocab_size=draft)
+            problems.append(f"{mismatched} of {draft} ids of nonzero(t2d) differ from arange + d2t")
+    if not problems:
+        return []
+    fix = "Derive t2d from d2t (t2d[arange + d2t] = True over a target-vocabulary-sized zero tensor)."
+    return [finding("VOCAB_MAP_MISMATCH", "; ".join(problems), evidence, fix)]
+
+
+def check_vocab_maps(ctx: CheckContext) -> list[Finding]:
+    """All vocabulary-map findings, d2t first."""
+    d2t_findings = check_d2t(ctx)
+    return d2t_findings + check_t2d(ctx, d2t_findings)

@@ -1,0 +1,71 @@
+"""What every check reads: the opened checkpoint, the normalised configs, the engine's key plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specscope.conventions import LoadPlan
+from specscope.inspector._config import DraftConfig, TargetConfig
+from specscope.inspector._reader import CheckpointReader
+from specscope.inspector._stats import TensorStats, tensor_stats
+
+
+@dataclass
+class CheckContext:
+    """Inputs of the checks, with values read lazily and cached (each tensor read at most once).
+
+    ``serve_dtype``: ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``None`` (not said).
+    """
+
+    reader: CheckpointReader
+    config: DraftConfig
+    engine: str
+    plan: LoadPlan
+    format: str
+    target: TargetConfig | None = None
+    serve_dtype: str | None = None
+    _values: dict[str, torch.Tensor] = field(default_factory=dict)
+    _stats: dict[str, TensorStats] = field(default_factory=dict)
+
+    def has(self, key: str) -> bool:
+        return key in self.reader.tensors
+
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        """Shape of checkpoint tensor ``key`` from its header, ``None`` when absent."""
+        info = self.reader.tensors.get(key)
+        return info.shape if info is not None else None
+
+    def value(self, key: str) -> torch.Tensor:
+        """The whole (small) tensor ``key``: ``d2t``, ``t2d``."""
+        if key not in self._values:
+            self._values[key] = self.reader.get(key)
+        return self._values[key]
+
+    def stats(self, key: str) -> TensorStats:
+        """Value statistics of floating-point tensor ``key`` (read in chunks once, then cached)."""
+        if key not in self._stats:
+            self._stats[key] = tensor_stats(self.reader, key)
+        return self._stats[key]
+
+    def float_keys(self) -> list[str]:
+        return sorted(k for k, t in self.reader.tensors.items() if t.is_float)
+
+    @property
+    def hidden_size(self) -> int | None:
+        """Draft hidden width: the config's, else the width of ``norm.weight``."""
+        norm = self.shape("norm.weight")
+        return self.config.hidden_size or (norm[0] if norm else None)
+
+    @property
+    def target_vocab_size(self) -> int | None:
+        """Target vocabulary: ``--target-config`` when given, else the draft config's ``vocab_size``."""
+        if self.target is not None and self.target.vocab_size is not None:
+            return self.target.vocab_size
+        return self.config.vocab_size
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        """Rows the engine gives the draft head: ``draft_vocab_size``, defaulting to ``vocab_size``."""
+        return self.config.draft_vocab_size or self.config.vocab_size

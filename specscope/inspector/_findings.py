@@ -1,0 +1,41 @@
+"""Checkpoint finding codes and their severities (DESIGN.md section 6), and the one way to build one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specscope.events import Finding
+
+SEVERITY = {
+    "CKPT_FORMAT": "info",
+    "KEYS_DROPPED": "error",
+    "PARAM_MISSING": "error",
+    "LM_HEAD_MISSING": "error",
+    "FC_SHAPE_MISMATCH": "error",
+    "AUX_LAYER_COUNT_MISMATCH": "error",
+    "AUX_LAYER_IDS_CONVENTION": "warning",
+    "D2T_NOT_OFFSETS": "error",
+    "D2T_INVALID": "error",
+    "VOCAB_MAP_MISMATCH": "error",
+    "D2T_IDENTITY_WITH_PRUNED_VOCAB": "warning",
+    "DRAFT_VOCAB_MISMATCH": "error",
+    "VOCAB_SIZE_MISMATCH": "error",
+    "HIDDEN_SIZE_MISMATCH": "error",
+    "UNTRAINED_WEIGHTS": "warning",
+    "NONFINITE_WEIGHTS": "error",
+    "FP16_OVERFLOW_RISK": "warning",
+    "TIED_EMBEDDINGS_MISMATCH": "warning",
+}
+CODES = tuple(SEVERITY)
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def finding(code: str, message: str, evidence: dict[str, Any], fix: str) -> Finding:
+    """A :class:`~specscope.events.Finding` of ``code`` with its fixed severity, ``source="inspect"``."""
+    return Finding(code=code, severity=SEVERITY[code], message=message, evidence=evidence, fix=fix,
+                   source="inspect")
+
+
+def by_severity(findings: list[Finding]) -> list[Finding]:
+    """Errors first, then warnings, then info; stable within a severity."""
+    return sorted(findings, key=lambda f: _ORDER[f.severity])

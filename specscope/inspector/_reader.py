@@ -1,0 +1,165 @@
+"""Lazy, header-first access to a draft checkpoint: a folder, a sharded set or one .safetensors file.
+
+Shapes and dtypes come from the safetensors headers (``safe_open`` + ``get_slice``), no tensor data is
+read for them. Values are read only when a check asks, and large tensors in row chunks, each through
+a fresh ``safe_open`` so that no more than one chunk of the file is mapped at a time: peak memory stays
+near one chunk however large the checkpoint (see ``benchmarks/inspect_memory.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from specscope.errors import CheckpointError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+CHUNK_BYTES = 32 * 2**20
+"""Bytes of one value-reading chunk (row slices of a large tensor)."""
+
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Header facts of one tensor: ``file`` it lives in, ``dtype`` (safetensors name, e.g. ``BF16``),
+    ``shape`` (elements per dimension) and ``nbytes`` (bytes of its data)."""
+
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _DTYPE_BYTES.get(self.dtype, 4)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.startswith(("F", "BF"))
+
+
+def _open(file: Path):
+    try:
+        return safe_open(str(file), framework="pt")
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"missing safetensors file {file}") from exc
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from exc
+
+
+def _read_json(file: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"cannot read {what} {file}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{what} {file} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what} {file} is not a JSON object")
+    return data
+
+
+def _weight_files(path: Path) -> tuple[list[Path], dict[str, Path] | None]:
+    """The safetensors files of ``path`` and, for a sharded set, the index's key -> file map."""
+    if path.is_file():
+        return [path], None
+    index = path / INDEX_NAME
+    if index.is_file():
+        weight_map = _read_json(index, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"shard index {index} has no weight_map")
+        by_key = {k: path / v for k, v in weight_map.items()}
+        for shard in sorted(set(by_key.values())):
+            if not shard.is_file():
+                raise CheckpointError(f"shard index {index} names a missing shard {shard.name}")
+        return sorted(set(by_key.values())), by_key
+    single = path / SINGLE_NAME
+    if single.is_file():
+        return [single], None
+    found = sorted(path.glob("*.safetensors"))
+    if not found:
+        raise CheckpointError(f"no {SINGLE_NAME}, {INDEX_NAME} or *.safetensors in {path}")
+    return found, None
+
+
+class CheckpointReader:
+    """A draft checkpoint opened lazily: headers read at construction, values on demand.
+
+    ``path``: a folder (``config.json`` + ``model.safetensors`` or a ``model.safetensors.index.json``
+    sharded set) or one ``.safetensors`` file (its folder's ``config.json`` is used when present).
+    Raises :class:`CheckpointError` for a missing path, an unreadable or truncated safetensors file, a
+    ``config.json`` that is not JSON, or an index naming a missing shard or key.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise CheckpointError(f"no such checkpoint: {self.path}")
+        self.files, index = _weight_files(self.path)
+        self.tensors: dict[str, TensorInfo] = {}
+        for file in self.files:
+            self._read_header(file)
+        if index is not None:
+            absent = sorted(k for k, f in index.items() if k not in self.tensors or self.tensors[k].file != f)
+            if absent:
+                raise CheckpointError(f"shard index lists {len(absent)} keys its shards lack, e.g. {absent[0]}")
+        folder = self.path if self.path.is_dir() else self.path.parent
+        config = folder / CONFIG_NAME
+        self.config_path = config if config.is_file() else None
+        self.config: dict[str, Any] | None = (
+            _read_json(config, "config") if self.config_path is not None else None)
+
+    def _read_header(self, file: Path) -> None:
+        with _open(file) as f:
+            for key in f.keys():
+                sl = f.get_slice(key)
+                self.tensors[key] = TensorInfo(key, file, sl.get_dtype(), tuple(sl.get_shape()))
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of tensor data over all files."""
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def get(self, name: str) -> torch.Tensor:
+        """The whole tensor ``name`` (use for small tensors: ``d2t``, ``t2d``, norm weights)."""
+        info = self.tensors[name]
+        with _open(info.file) as f:
+            try:
+                return f.get_tensor(name)
+            except (SafetensorError, RuntimeError) as exc:
+                raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
+
+    def chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[torch.Tensor]:
+        """Tensor ``name`` in row slices of about ``chunk_bytes`` bytes, dim 0 first.
+
+        Each slice is read through its own ``safe_open`` so the mapping is released between slices.
+        """
+        info = self.tensors[name]
+        if len(info.shape) == 0 or info.nbytes <= chunk_bytes:
+            yield self.get(name)
+            return
+        row_bytes = max(1, info.nbytes // info.shape[0])
+        step = max(1, chunk_bytes // row_bytes)
+        for start in range(0, info.shape[0], step):
+            with _open(info.file) as f:
+                try:
+                    yield f.get_slice(name)[start:start + step]
+                except (SafetensorError, RuntimeError) as exc:
+                    raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
