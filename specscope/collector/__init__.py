@@ -1,1 +1,9 @@
+"""The in-process collector (DESIGN.md section 2): the sink instrumentation emits events into.
 
+:class:`Collector` queues events without blocking the engine thread and writes them to a
+:class:`~specscope.storage.Store` in batches from a background thread.
+"""
+
+from specscope.collector._collector import Collector
+
+__all__ = ["Collector"]

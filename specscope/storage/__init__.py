@@ -1,1 +1,11 @@
+"""The trace store (DESIGN.md section 2): SQLite by default, PostgreSQL through a SQLAlchemy URL.
 
+``open_store(path_or_url)`` returns a :class:`Store`: ``write(events, counters=...)`` (one transaction
+per call), read-only ``connect()`` / ``query(sql)`` / ``runs()``. Tables: :mod:`.schema`; views and the
+acceptance formulas: :mod:`.views`; upgrade steps: :mod:`.migrations`.
+"""
+
+from specscope.storage.schema import SCHEMA_VERSION
+from specscope.storage.store import Store, open_store
+
+__all__ = ["SCHEMA_VERSION", "Store", "open_store"]

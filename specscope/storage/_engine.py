@@ -1,0 +1,120 @@
+"""SQLAlchemy engines behind a Store: one that writes, one whose connections cannot write.
+
+SQLite (a bare path or ``sqlite:///path``): WAL journal (readers never block the writer, and a batch is
+durable once its transaction commits, even if the writer process is killed; https://sqlite.org/wal.html),
+``synchronous=NORMAL`` (safe with WAL against process crashes), a busy timeout, and explicit
+``BEGIN IMMEDIATE`` for write transactions (the recipe of the SQLAlchemy SQLite dialect docs,
+"Serializable isolation / Savepoints / Transactional DDL"): the writer takes the lock up front instead
+of failing with SQLITE_BUSY when upgrading a read lock. Read connections open the file with
+``mode=ro`` and ``PRAGMA query_only``, so the database itself refuses writes.
+
+PostgreSQL (``postgresql+psycopg://...``): read connections run ``SET SESSION CHARACTERISTICS AS
+TRANSACTION READ ONLY`` when they connect and begin every transaction ``READ ONLY``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from specscope.errors import StoreError
+
+DEFAULT_BUSY_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a store lives: a SQLite file (``sqlite_path``) or a PostgreSQL URL (``url``)."""
+
+    display: str  # for messages: the path, or the URL without its password
+    sqlite_path: Path | None = None
+    url: sa.URL | None = None
+
+    @property
+    def dialect(self) -> str:
+        return "sqlite" if self.sqlite_path is not None else "postgresql"
+
+
+def parse_target(url_or_path: str) -> Target:
+    """A bare path means a SQLite file; otherwise a SQLAlchemy URL of SQLite or PostgreSQL (psycopg 3).
+
+    Raises:
+        StoreError: malformed URL, in-memory SQLite (the collector thread and readers need a file),
+            or a database/driver other than SQLite and PostgreSQL through psycopg.
+    """
+    if "://" not in url_or_path:
+        return Target(display=url_or_path, sqlite_path=Path(url_or_path).expanduser())
+    try:
+        url = sa.make_url(url_or_path)
+    except sa.exc.ArgumentError as exc:
+        raise StoreError(f"not a database URL: {url_or_path!r}") from exc
+    backend, driver = url.get_backend_name(), url.get_driver_name()
+    if backend == "sqlite":
+        if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
+            raise StoreError("in-memory SQLite cannot hold a store (the collector writes from its own "
+                             "thread): give a file path")
+        return Target(display=url.database, sqlite_path=Path(url.database).expanduser())
+    if backend == "postgresql":
+        if "+" not in url.drivername:  # no driver named: psycopg 3, not SQLAlchemy's default psycopg2
+            url = url.set(drivername="postgresql+psycopg")
+        elif driver != "psycopg":
+            raise StoreError(f"PostgreSQL stores need the psycopg (3) driver, not {driver}: "
+                             "use postgresql+psycopg://...")
+        return Target(display=url.render_as_string(hide_password=True), url=url)
+    raise StoreError(f"unsupported database {backend!r} in {url_or_path!r}: use a SQLite path or "
+                     "postgresql+psycopg://...")
+
+
+def create_engine(target: Target, *, read_only: bool, busy_timeout_s: float) -> Engine:
+    """An engine for ``target`` whose connections write, or (``read_only``) cannot write."""
+    if target.sqlite_path is not None:
+        return _sqlite_engine(target.sqlite_path, read_only=read_only, busy_timeout_s=busy_timeout_s)
+    return _postgres_engine(target.url, read_only=read_only)
+
+
+def _sqlite_engine(path: Path, *, read_only: bool, busy_timeout_s: float) -> Engine:
+    def connect() -> sqlite3.Connection:
+        # isolation_level=None: the driver leaves transactions to us (BEGIN below), so DDL is
+        # transactional and writes take the lock at BEGIN.
+        if read_only:
+            return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_s,
+                                   check_same_thread=False, isolation_level=None)
+        return sqlite3.connect(path, timeout=busy_timeout_s, check_same_thread=False,
+                               isolation_level=None)
+
+    engine = sa.create_engine("sqlite://", creator=connect, poolclass=sa.pool.QueuePool)
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record) -> None:
+        if read_only:
+            dbapi_connection.execute("PRAGMA query_only = ON")
+        else:
+            dbapi_connection.execute("PRAGMA journal_mode = WAL")
+            dbapi_connection.execute("PRAGMA synchronous = NORMAL")
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection) -> None:
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _postgres_engine(url: sa.URL, *, read_only: bool) -> Engine:
+    connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": 5}
+    if not read_only:
+        return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    engine = sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args,
+                              execution_options={"postgresql_readonly": True})
+
+    @event.listens_for(engine, "connect")
+    def _read_only_session(dbapi_connection, _record) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        dbapi_connection.commit()
+
+    return engine

@@ -1,0 +1,91 @@
+"""Schema versions of the trace store, as named upgrade steps recorded in ``schema_migrations``.
+
+The sqlite-utils pattern: each step is a plain function of a connection, applied once, in version
+order, inside the caller's transaction, and recorded as ``(version, name, applied_wall)``. Opening a
+store applies the steps above its recorded version (:func:`upgrade`). Views are dropped and recreated
+from :data:`specscope.storage.views.VIEWS` after any step, and whenever one of them is missing.
+
+Adding a version: bump ``schema.SCHEMA_VERSION``, change the tables in ``schema.py``, and append a
+step here that brings a store of the previous version to the new shape. Step 1 creates the tables
+from ``schema.py`` as they are now, so later steps must check before they alter (a fresh store runs
+step 1 and then every later step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from specscope.storage import schema
+from specscope.storage.views import VIEWS
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One upgrade step: ``apply(connection)`` brings a store from ``version - 1`` to ``version``."""
+
+    version: int
+    name: str
+    apply: Callable[[Connection], None]
+
+
+def create_tables(conn: Connection) -> None:
+    """Version 1: every table of ``schema.py`` and the ``positions`` helper rows 0..MAX_POSITIONS-1."""
+    schema.metadata.create_all(conn)
+    conn.execute(schema.positions.insert(), [{"pos": pos} for pos in range(schema.MAX_POSITIONS)])
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "create_tables", create_tables),
+)
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """What a database holds, seen before opening it as a store.
+
+    ``version`` is the recorded schema version (0 for an empty database, None when it holds other
+    tables but no ``schema_migrations``: not a specscope store).
+    """
+
+    version: int | None
+    tables: tuple[str, ...]
+    missing_views: tuple[str, ...]
+
+
+def inspect_state(conn: Connection) -> StoreState:
+    """Read the schema version and which tables and views exist (current schema on PostgreSQL)."""
+    inspector = sa.inspect(conn)
+    tables = tuple(sorted(inspector.get_table_names()))
+    views = set(inspector.get_view_names())
+    missing_views = tuple(name for name in VIEWS if name not in views)
+    if schema.schema_migrations.name in tables:
+        version = conn.execute(sa.select(sa.func.max(schema.schema_migrations.c.version))).scalar()
+        return StoreState(version or 0, tables, missing_views)
+    return StoreState(0 if not tables and not views else None, tables, missing_views)
+
+
+def upgrade(conn: Connection, from_version: int) -> list[Migration]:
+    """Apply the steps above ``from_version`` in order, record them, refresh views; return the steps.
+
+    Runs inside the caller's transaction: on any error nothing is applied.
+    """
+    steps = [step for step in MIGRATIONS if step.version > from_version]
+    for step in steps:
+        step.apply(conn)
+        conn.execute(schema.schema_migrations.insert().values(
+            version=step.version, name=step.name, applied_wall=time.time()))
+    refresh_views(conn)
+    return steps
+
+
+def refresh_views(conn: Connection) -> None:
+    """Drop and recreate every view of ``VIEWS`` (reverse order first: later views use earlier ones)."""
+    for name in reversed(VIEWS):
+        conn.exec_driver_sql(f"DROP VIEW IF EXISTS {name}")
+    for name, select_sql in VIEWS.items():
+        conn.exec_driver_sql(f"CREATE VIEW {name} AS {select_sql}")

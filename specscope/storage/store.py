@@ -1,0 +1,294 @@
+"""The trace store: events in (one transaction per batch), SQL out (through read-only connections).
+
+Every database error leaving this module is a :class:`~specscope.errors.StoreError` (or a subclass);
+see :mod:`specscope.storage._errors`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from specscope.errors import ReadOnlyViolation, SchemaVersionError, StoreError
+from specscope.events import Event
+from specscope.storage import migrations, schema
+from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S, Target, create_engine, parse_target
+from specscope.storage._errors import translate
+from specscope.storage._rows import STATEMENTS, Counters, counter_rows, group_rows
+
+_PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
+
+
+class Store:
+    """An open trace store (SQLite file or PostgreSQL database). Create it with :func:`open_store`.
+
+    Attributes:
+        url: where it lives, for messages (a path, or the URL without its password).
+        dialect: ``"sqlite"`` or ``"postgresql"``.
+        read_only: opened with ``read_only=True``; :meth:`write` raises ReadOnlyViolation.
+        schema_version: the store's schema version (``schema.SCHEMA_VERSION`` once opened).
+
+    Safe to share between threads (SQLAlchemy engines pool their connections).
+    """
+
+    def __init__(self, target: Target, write_engine: Engine | None, read_engine: Engine,
+                 schema_version: int) -> None:
+        self.url = target.display
+        self.dialect = target.dialect
+        self.read_only = write_engine is None
+        self.schema_version = schema_version
+        self._write_engine = write_engine
+        self._read_engine = read_engine
+        self._statements = _write_statements(self.dialect)
+
+    def __repr__(self) -> str:
+        mode = "read-only" if self.read_only else "read-write"
+        return f"Store({self.url!r}, {self.dialect}, {mode}, schema v{self.schema_version})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every pooled connection (SQLite checkpoints its WAL when the last one closes)."""
+        for engine in (self._write_engine, self._read_engine):
+            if engine is not None:
+                engine.dispose()
+
+    def write(self, events: Sequence[Event], *, counters: Counters | None = None) -> None:
+        """Write ``events`` and add ``counters`` in ONE transaction: all of it is committed, or nothing.
+
+        ``counters`` maps ``(run_id, rank)`` to ``(events_written, events_dropped)`` increments for
+        ``run_ranks`` (the collector's own counts; a rank row is created if its RankStart is missing).
+        Routing by ``event.kind``: RunStart -> runs (the first one per run wins), RankStart ->
+        run_ranks (upsert), RankStatus -> run_ranks (hook counters, graph mode, ``ended_wall`` once
+        finished), RequestStart / RequestEnd -> requests (insert / update), VerifyStep ->
+        verify_steps, TensorEvent -> tensor_events, ProvenanceEvent -> provenance, LoadReport ->
+        load_reports, Finding -> findings.
+
+        Raises:
+            ReadOnlyViolation: the store was opened read-only.
+            StoreError: the database refused the transaction (locked, unreachable, bad value), or an
+                object is not an event of :mod:`specscope.events`.
+        """
+        if self._write_engine is None:
+            raise ReadOnlyViolation(f"store {self.url} was opened read-only")
+        try:
+            grouped = group_rows(events)
+        except (KeyError, AttributeError) as exc:
+            raise StoreError(f"writing to {self.url}: not a specscope event: {exc}") from exc
+        if counters:
+            rows = counter_rows(counters, time.time())
+            if rows:
+                grouped["counters"] = rows
+        if not grouped:
+            return
+        with translate("writing to", self.url), self._write_engine.begin() as conn:
+            for name in STATEMENTS:
+                rows = grouped.get(name)
+                if rows:
+                    conn.execute(self._statements[name], rows)
+
+    def add_counters(self, run_id: str, rank: int, written: int, dropped: int) -> None:
+        """Add ``written`` / ``dropped`` to ``run_ranks.events_written`` / ``events_dropped`` of one
+        rank and set its ``last_seen_wall`` to now. Same errors as :meth:`write`."""
+        self.write((), counters={(run_id, rank): (written, dropped)})
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        """A read-only SQLAlchemy connection (the database refuses writes); errors become StoreError.
+
+        Use it for the dashboard's and the doctor's own queries over the views.
+        """
+        with translate("reading", self.url), self._read_engine.connect() as conn:
+            yield conn
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Rows of ``v_run_summary`` as dicts, newest run first (columns: see storage/views.py)."""
+        with self.connect() as conn:
+            result = conn.execute(sa.text("SELECT * FROM v_run_summary ORDER BY started_wall DESC"))
+            return [dict(row) for row in result.mappings()]
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None,
+              limit: int | None = None) -> tuple[list[str], list[tuple]]:
+        """Run ONE SQL statement on a read-only connection; return ``(column names, rows)``.
+
+        Without ``params`` the SQL is sent as written; with ``params`` it may name ``:param``
+        placeholders (SQLAlchemy ``text()``). ``limit`` caps the rows fetched. Writes are refused by
+        the database itself (SQLite ``mode=ro`` + ``query_only``; PostgreSQL read-only transaction,
+        and the extended query protocol so a second statement cannot follow a ``COMMIT``), and the
+        transaction is rolled back afterwards. A statement that returns no rows gives ``([], [])``.
+
+        Raises:
+            ReadOnlyViolation: the statement tried to write; nothing changed.
+            StoreError: the database rejected the SQL (its message), or more than one statement.
+        """
+        if limit is not None and limit < 0:
+            raise StoreError(f"query limit must be >= 0, got {limit}")
+        with self.connect() as conn:
+            try:
+                if self.dialect == "postgresql":
+                    return _query_postgres(conn, sql, params, limit)
+                return _query_sqlite(conn, sql, params, limit)
+            finally:
+                conn.rollback()
+
+
+def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None,
+                  limit: int | None) -> tuple[list[str], list[tuple]]:
+    # sqlite3 itself refuses a second statement ("You can only execute one statement at a time").
+    result = conn.exec_driver_sql(sql) if params is None else conn.execute(sa.text(sql), dict(params))
+    if not result.returns_rows:
+        return [], []
+    rows = result.fetchmany(limit) if limit is not None else result.fetchall()
+    return list(result.keys()), [tuple(row) for row in rows]
+
+
+def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None,
+                    limit: int | None) -> tuple[list[str], list[tuple]]:
+    # psycopg sends a query without parameters through the simple protocol, which runs several
+    # ';'-separated statements ("COMMIT; SET ...; INSERT ..." would escape the read-only
+    # transaction). binary=True makes it use the extended protocol: one statement only.
+    raw = conn.connection.dbapi_connection
+    if params is not None:
+        compiled = sa.text(sql).compile(dialect=conn.dialect)
+        sql, params = compiled.string, compiled.construct_params(dict(params))
+    with raw.cursor() as cursor:
+        cursor.execute(sql, params, binary=True)
+        if cursor.description is None:
+            return [], []
+        rows = cursor.fetchmany(limit) if limit is not None else cursor.fetchall()
+        return [column.name for column in cursor.description], [tuple(row) for row in rows]
+
+
+def _write_statements(dialect: str) -> dict[str, sa.Executable]:
+    """The statement of each name in ``_rows.STATEMENTS``; upserts use the dialect's INSERT ... ON
+    CONFLICT construct (same API in SQLAlchemy's sqlite and postgresql dialects)."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    ranks, requests = schema.run_ranks, schema.requests
+    key = ["run_id", "rank"]
+
+    rank_start = insert(ranks)
+    rank_start = rank_start.on_conflict_do_update(index_elements=key, set_={
+        name: rank_start.excluded[name]
+        for name in ("world_size", "host", "pid", "device", "started_wall", "last_seen_wall")})
+    rank_status = insert(ranks)
+    rank_status = rank_status.on_conflict_do_update(index_elements=key, set_={
+        "hook_calls": rank_status.excluded.hook_calls,
+        "hook_errors": rank_status.excluded.hook_errors,
+        "graph_mode": rank_status.excluded.graph_mode,
+        "last_seen_wall": rank_status.excluded.last_seen_wall,
+        "ended_wall": sa.func.coalesce(rank_status.excluded.ended_wall, ranks.c.ended_wall)})
+    counters = insert(ranks)
+    counters = counters.on_conflict_do_update(index_elements=key, set_={
+        "events_written": ranks.c.events_written + counters.excluded.events_written,
+        "events_dropped": ranks.c.events_dropped + counters.excluded.events_dropped,
+        "last_seen_wall": counters.excluded.last_seen_wall})
+    request_end = sa.update(requests).where(requests.c.run_id == sa.bindparam("b_run_id"),
+                                            requests.c.request_id == sa.bindparam("b_request_id"))
+    return {
+        "runs": insert(schema.runs).on_conflict_do_nothing(index_elements=["run_id"]),
+        "rank_start": rank_start,
+        "rank_status": rank_status,
+        "request_start": insert(requests).on_conflict_do_nothing(index_elements=["run_id", "request_id"]),
+        "request_end": request_end,
+        "verify_steps": schema.verify_steps.insert(),
+        "tensor_events": schema.tensor_events.insert(),
+        "provenance": schema.provenance.insert(),
+        "load_reports": schema.load_reports.insert(),
+        "findings": schema.findings.insert(),
+        "counters": counters,
+    }
+
+
+def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False,
+               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Store:
+    """Open (and by default create) a trace store, applying pending schema migrations.
+
+    Args:
+        url_or_path: a SQLite file path, or a SQLAlchemy URL (``sqlite:///path``,
+            ``postgresql+psycopg://user@host:5432/db``; ``postgresql://`` means psycopg 3).
+        create: create the store (and the SQLite file's parent directories) when missing.
+        read_only: every connection refuses writes; never creates nor upgrades (implies no create).
+        busy_timeout_s: how long a SQLite writer waits for another writer's lock (seconds).
+
+    Raises:
+        SchemaVersionError: the store's schema version is newer than ``schema.SCHEMA_VERSION``.
+        StoreError: no store there (``create=False`` or ``read_only``), not a specscope store (a
+            database holding other tables, a file that is not SQLite), an older store opened
+            read-only, or the database is unreachable / unwritable / locked.
+    """
+    target = parse_target(url_or_path)
+    create = create and not read_only
+    if target.sqlite_path is not None:
+        _check_sqlite_path(target, create)
+    read_engine = create_engine(target, read_only=True, busy_timeout_s=busy_timeout_s)
+    write_engine = None if read_only else create_engine(target, read_only=False,
+                                                        busy_timeout_s=busy_timeout_s)
+    try:
+        with translate("opening", target.display):
+            version = (_check_read_only(target, read_engine) if write_engine is None
+                       else _prepare(target, write_engine, create))
+    except BaseException:
+        for engine in (read_engine, write_engine):
+            if engine is not None:
+                engine.dispose()
+        raise
+    return Store(target, write_engine, read_engine, version)
+
+
+def _check_sqlite_path(target: Target, create: bool) -> None:
+    path = target.sqlite_path
+    if path.is_dir():
+        raise StoreError(f"{target.display} is a directory, not a specscope store")
+    if path.exists():
+        return
+    if not create:
+        raise StoreError(f"no specscope store at {target.display}")
+    with translate("creating", target.display):
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _check_read_only(target: Target, engine: Engine) -> int:
+    with engine.connect() as conn:
+        state = migrations.inspect_state(conn)
+    _validate(target, state, create=False)
+    if state.version < schema.SCHEMA_VERSION or state.missing_views:
+        raise StoreError(f"store {target.display} has schema version {state.version} (current is "
+                         f"{schema.SCHEMA_VERSION}); open it once writable to upgrade it")
+    return state.version
+
+
+def _prepare(target: Target, engine: Engine, create: bool) -> int:
+    """Validate the store and bring it to SCHEMA_VERSION in one locked transaction."""
+    with engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE, so concurrent openers queue here
+        if target.dialect == "postgresql":
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+        state = migrations.inspect_state(conn)
+        _validate(target, state, create)
+        if state.version < schema.SCHEMA_VERSION:
+            migrations.upgrade(conn, state.version)
+        elif state.missing_views:
+            migrations.refresh_views(conn)
+    return schema.SCHEMA_VERSION
+
+
+def _validate(target: Target, state: migrations.StoreState, create: bool) -> None:
+    if state.version is None:
+        shown = ", ".join(state.tables[:5]) + (", ..." if len(state.tables) > 5 else "")
+        raise StoreError(f"{target.display} is not a specscope store: it holds other tables ({shown}) "
+                         "and no schema_migrations; use a new file, database or schema")
+    if state.version > schema.SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"store {target.display} has schema version {state.version}, newer than version "
+            f"{schema.SCHEMA_VERSION} of this specscope; upgrade specscope to read it")
+    if state.version == 0 and not create:
+        raise StoreError(f"no specscope store at {target.display} (the database is empty)")
