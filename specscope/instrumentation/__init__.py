@@ -1,1 +1,19 @@
+"""Attach to a running engine without editing its source and record what flows between target and
+draft and what gets accepted (DESIGN.md sections 1, 3, 7).
 
+- :class:`Tracer`: one per engine process (rank); request / verify statistics from CPU-side values;
+  ``close()`` removes every hook.
+- :func:`instrument`: hook the draft forward, the target's capture layers and named modules.
+- :func:`check_load`: what a loader does with a checkpoint's keys (missing / dropped / renamed).
+- :class:`SamplingConfig`: which hook calls become events (the tracer's ``sampling``).
+
+Events go to a sink: any object with ``emit(event)`` (never blocking), ``flush()`` and ``close()``,
+e.g. :class:`specscope.collector.Collector`.
+"""
+
+from specscope.instrumentation._instrument import instrument
+from specscope.instrumentation._loadcheck import check_load
+from specscope.instrumentation._sampling import SamplingConfig
+from specscope.instrumentation.tracer import Sink, Tracer
+
+__all__ = ["SamplingConfig", "Sink", "Tracer", "check_load", "instrument"]

@@ -1,0 +1,186 @@
+"""Hook closures. Everything a hook needs is bound when it is made; the per-call path reads tensor
+metadata (``.shape`` / ``.dtype`` / ``.device``), bumps counters and compares a cached signature.
+
+Every hook body runs inside :func:`guarded`: an exception is counted and logged once by the tracer and
+never reaches the engine; hooks always return None, so arguments and outputs pass through untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from specscope.instrumentation._sampling import PointSampler, SamplingConfig
+
+if TYPE_CHECKING:
+    from specscope.instrumentation._provenance import Provenance
+    from specscope.instrumentation.tracer import Tracer
+
+MAX_ITEMS = 16
+"""Tensors looked at inside one tuple/list/dict argument (bounds the per-call cost)."""
+
+LayerInput = Callable[[tuple, dict], "torch.Tensor | None"]
+
+
+class TensorPoint:
+    """One hook point (e.g. ``draft.forward:hidden_states``) and its sampling state."""
+
+    __slots__ = ("name", "sampler")
+
+    def __init__(self, name: str, sampling: SamplingConfig) -> None:
+        self.name = name
+        self.sampler = PointSampler(sampling)
+
+
+class PointTable:
+    """Hook points of one module hook, made on first sight: ``prefix:key`` or ``prefix:key.index``."""
+
+    __slots__ = ("_prefix", "_sampling", "_points")
+
+    def __init__(self, prefix: str, sampling: SamplingConfig) -> None:
+        self._prefix = prefix
+        self._sampling = sampling
+        self._points: dict[Any, TensorPoint] = {}
+
+    def get(self, key: str | tuple[str, Any]) -> TensorPoint:
+        point = self._points.get(key)
+        if point is None:
+            suffix = key if isinstance(key, str) else f"{key[0]}.{key[1]}"
+            point = self._points[key] = TensorPoint(f"{self._prefix}:{suffix}", self._sampling)
+        return point
+
+
+def guarded(tracer: Tracer, name: str, body: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a hook body ``body(capturing, module, *hook_args)``: count the call, swallow errors."""
+    enter, failed = tracer._enter_hook, tracer._hook_failed
+
+    def hook(module: nn.Module, *hook_args: Any) -> None:
+        try:
+            body(enter(), module, *hook_args)
+        except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
+            failed(name, exc)
+
+    return hook
+
+
+def _visit(tracer: Tracer, table: PointTable, name: str, value: Any, capturing: bool) -> None:
+    """Record a tensor, or the tensors one level inside a tuple / list / mapping (``name.i``)."""
+    if isinstance(value, torch.Tensor):
+        tracer._observe(table.get(name), value, None, capturing)
+    elif isinstance(value, (tuple, list)):
+        for index, item in enumerate(value[:MAX_ITEMS]):
+            if isinstance(item, torch.Tensor):
+                tracer._observe(table.get((name, index)), item, None, capturing)
+    elif isinstance(value, Mapping):
+        for count, (key, item) in enumerate(value.items()):
+            if count == MAX_ITEMS:
+                break
+            if isinstance(item, torch.Tensor):
+                tracer._observe(table.get((name, key)), item, None, capturing)
+
+
+def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
+    """Parameter names positional arguments bind to (``inspect.signature``, up to ``*args``)."""
+    names = []
+    for param in inspect.signature(forward).parameters.values():
+        if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(param.name)
+    return tuple(names)
+
+
+def draft_forward_hooks(tracer: Tracer, draft: nn.Module, hidden_arg: str,
+                        provenance: Provenance | None) -> tuple[Callable, Callable]:
+    """``(pre_hook, forward_hook)`` for the draft's forward.
+
+    The pre-hook (``with_kwargs=True``) records every tensor argument as ``draft.forward:<argname>``;
+    ``hidden_arg`` is recorded with its expected width (fused on a target-fed call, the draft hidden
+    size on chained calls) and, on sampled target-fed calls, checked for provenance. The forward hook
+    records ``draft.forward:output`` (``output.0``, ``output.1``, ... for a tuple).
+    """
+    names = positional_names(draft.forward)
+    inputs = PointTable("draft.forward", tracer.sampling)
+    outputs = PointTable("draft.forward", tracer.sampling)
+    observe = tracer._observe
+
+    def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        fed, expected = tracer._draft_call()
+        pairs = chain(zip(names, args), kwargs.items()) if kwargs else zip(names, args)
+        if len(args) > len(names):  # beyond a *args: name them by position
+            pairs = chain(pairs, ((f"args.{i}", a) for i, a in enumerate(args[len(names):], len(names))))
+        for name, value in pairs:
+            if name == hidden_arg and isinstance(value, torch.Tensor):
+                point = inputs.get(name)
+                observe(point, value, expected, capturing)
+                if fed and provenance is not None and not capturing:
+                    tracer._check_provenance(value, point.sampler.calls - 1)
+            else:
+                _visit(tracer, inputs, name, value, capturing)
+
+    def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
+        _visit(tracer, outputs, "output", output, capturing)
+
+    return (guarded(tracer, "draft.forward:input", pre), guarded(tracer, "draft.forward:output", post))
+
+
+def default_layer_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The hidden state entering a decoder layer: HF layers take it as the first positional argument."""
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    return kwargs.get("hidden_states")
+
+
+def target_layer_hook(tracer: Tracer, index: int, record: bool, first: bool,
+                      provenance: Provenance | None, layer_input: LayerInput) -> Callable:
+    """Pre-hook (``with_kwargs=True``) on target decoder layer ``index``: ``target.layers.{i}:input``.
+
+    ``record``: emit tensor events (configured capture layers); ``first``: the lowest hooked layer,
+    whose call marks a new target forward; ``provenance``: fingerprint the input on sampled steps.
+    """
+    point = TensorPoint(f"target.layers.{index}:input", tracer.sampling) if record else None
+    width = tracer.config.target_hidden_size
+
+    def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if first:
+            tracer._target_forward()
+        hidden = layer_input(args, kwargs)
+        if hidden is None:
+            return
+        if point is not None:
+            tracer._observe(point, hidden, width, capturing)
+        if provenance is not None and not capturing and provenance.due:
+            provenance.record(index, hidden)
+
+    return guarded(tracer, f"target.layers.{index}:input", pre)
+
+
+def final_norm_hook(tracer: Tracer, provenance: Provenance, index: int) -> Callable:
+    """Forward hook on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
+
+    def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
+        if not capturing and provenance.due and isinstance(output, torch.Tensor):
+            provenance.record(index, output)
+
+    return guarded(tracer, "target.norm:output", post)
+
+
+def module_hooks(tracer: Tracer, name: str) -> tuple[Callable, Callable]:
+    """``(pre_hook, forward_hook)`` recording ``<name>:input`` and ``<name>:output``.
+
+    One positional argument is ``input``; several are ``input.0``, ``input.1``, ...; a tuple output
+    is ``output.0``, ``output.1``, ...
+    """
+    table = PointTable(name, tracer.sampling)
+
+    def pre(capturing: bool, module: nn.Module, args: tuple) -> None:
+        _visit(tracer, table, "input", args[0] if len(args) == 1 else args, capturing)
+
+    def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
+        _visit(tracer, table, "output", output, capturing)
+
+    return guarded(tracer, f"{name}:input", pre), guarded(tracer, f"{name}:output", post)

@@ -1,0 +1,124 @@
+"""Attach a :class:`Tracer` to a draft (and optionally its target) without touching engine source."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from torch import nn
+
+from specscope.errors import ConfigError
+from specscope.instrumentation._context import module_device
+from specscope.instrumentation._hooks import (
+    LayerInput,
+    default_layer_input,
+    draft_forward_hooks,
+    final_norm_hook,
+    module_hooks,
+    target_layer_hook,
+)
+from specscope.instrumentation._provenance import Provenance
+from specscope.instrumentation._resolve import decoder_layers, final_norm, resolve_modules
+from specscope.instrumentation.tracer import Tracer
+
+
+def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = None,
+               aux_layer_ids: Sequence[int] | None = None, modules: Iterable[nn.Module | str] = (),
+               draft_hidden_arg: str = "hidden_states",
+               layers: Sequence[nn.Module] | str | None = None,
+               final_norm_module: nn.Module | str | None = None,
+               draft_hidden_size: int | None = None,
+               layer_input: LayerInput | None = None) -> Tracer:
+    """Hook the draft's forward, the target's capture layers and any further ``modules``.
+
+    Hook points (DESIGN.md section 3):
+
+    - ``draft.forward:<argname>`` for every tensor argument, positional ones bound to their names
+      with ``inspect.signature`` (e.g. ``input_ids`` (B, T), ``positions`` (B, T),
+      ``hidden_states`` (B, T, W)), and ``draft.forward:output`` (``output.0``, ``output.1`` for a
+      tuple). ``draft_hidden_arg`` carries the expectation: on the first draft call after
+      ``start_request`` / ``record_verify`` / a target forward ("target-fed") W must be
+      ``config.expected_fused_width`` (n_aux x target hidden; the engine applies ``fc`` because W
+      differs from the embedding width, SGLang ``python/sglang/srt/models/llama_eagle3.py``); on the
+      later chained calls of the round W must be the draft hidden size.
+    - ``target.layers.{i}:input`` for every aux id i (default ``config.aux_layer_ids_resolved``): the
+      hidden state entering decoder layer i, HF ``hidden_states[i]``, expected width
+      ``config.target_hidden_size``. ``layers``: the decoder layer list or its dotted name (default:
+      the ``ModuleList`` of ``config.num_target_layers`` modules). ``layer_input(args, kwargs)`` picks
+      the hidden state from a layer's call (default: first positional tensor, else ``hidden_states``;
+      SGLang layers need ``hidden_states + residual``).
+    - ``<draft|target>.<module path>:input|output`` for each of ``modules``: module objects, dotted
+      names (``"fc"``, ``"target.model.norm"``) or globs over ``named_modules()``.
+
+    With ``provenance_every`` set, neighbours of the aux layers and the final norm (default: the
+    sibling ``norm`` of the layer list, or ``final_norm_module``) are fingerprinted too (no events).
+    The draft hidden size comes from ``draft_hidden_size``, ``draft.config.hidden_size`` or
+    ``fc.out_features``. Returns the tracer. Raises :class:`HookTargetError` for a module name or
+    object that matches nothing (the message lists the closest names), :class:`ConfigError` for an aux
+    id outside the target, an unknown draft hidden size, or a tracer already instrumented or closed.
+    Nothing is hooked when it raises.
+    """
+    if tracer.instrumented or tracer._closed:
+        raise ConfigError("this tracer is already instrumented or closed; use one tracer per engine")
+    config = tracer.config
+    aux = tuple(int(i) for i in (config.aux_layer_ids_resolved if aux_layer_ids is None else aux_layer_ids))
+    draft_width = draft_hidden_size or _draft_hidden_size(draft)
+    roots = {"draft": draft} if target is None else {"draft": draft, "target": target}
+    extra = resolve_modules(modules, roots)
+    handles = []
+    provenance = None
+    if target is not None:
+        layer_hooks, provenance, norm = _target_plan(tracer, target, aux, layers, final_norm_module)
+        if norm is not None:
+            handles.append(norm.register_forward_hook(
+                final_norm_hook(tracer, provenance, config.num_target_layers)))
+        read_input = layer_input or default_layer_input
+        first = min(index for index, _ in layer_hooks)
+        for index, layer in layer_hooks:
+            hook = target_layer_hook(tracer, index, index in aux, index == first, provenance, read_input)
+            handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+    pre, post = draft_forward_hooks(tracer, draft, draft_hidden_arg, provenance)
+    handles += [draft.register_forward_pre_hook(pre, with_kwargs=True), draft.register_forward_hook(post)]
+    for name, module in extra:
+        pre, post = module_hooks(tracer, name)
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    tracer._draft_width = draft_width
+    tracer._provenance = provenance
+    tracer.device = tracer.device or module_device(draft)
+    tracer._adopt(handles)
+    tracer.instrumented = True
+    tracer.start()
+    return tracer
+
+
+def _draft_hidden_size(draft: nn.Module) -> int:
+    width = getattr(getattr(draft, "config", None), "hidden_size", None)
+    if width is None:
+        fc = dict(draft.named_modules()).get("fc")
+        width = getattr(fc, "out_features", None)
+    if width is None:
+        raise ConfigError("cannot tell the draft hidden size (no config.hidden_size, no fc); "
+                          "pass draft_hidden_size=")
+    return int(width)
+
+
+def _target_plan(tracer: Tracer, target: nn.Module, aux: tuple[int, ...],
+                 layers: Sequence[nn.Module] | str | None, norm_override: nn.Module | str | None,
+                 ) -> tuple[list[tuple[int, nn.Module]], Provenance | None, nn.Module | None]:
+    """Which target layers to hook, the provenance tracker and the final norm to fingerprint."""
+    config = tracer.config
+    n = config.num_target_layers
+    outside = [i for i in aux if not 0 <= i < n]
+    if outside or not aux:
+        raise ConfigError(f"aux layer ids {list(aux)} must be non-empty and within 0..{n - 1} "
+                          f"(hidden state entering layer i)")
+    path, layer_list = decoder_layers(target, n, layers)
+    hooked = set(aux)
+    provenance = norm = None
+    every = tracer.sampling.provenance_every
+    if every:
+        neighbours = sorted({j for i in aux for j in (i - 1, i + 1) if 0 <= j < n} - hooked)
+        norm = final_norm(target, path, norm_override)
+        candidates = aux + tuple(neighbours) + ((n,) if norm is not None else ())
+        provenance = Provenance(aux, candidates, config.target_hidden_size, every)
+        hooked.update(neighbours)
+    return [(i, layer_list[i]) for i in sorted(hooked)], provenance, norm

@@ -1,0 +1,94 @@
+"""Which target layers the draft's aux hidden states came from, by row fingerprints.
+
+A hook firing on a configured capture layer proves only that the layer ran (every layer runs in a
+forward pass), not that the engine captured it. On sampled steps the tracer fingerprints the inputs of
+the configured capture layers, their neighbours and the target's final norm output during the target
+forward, then matches every target-width chunk of the draft's target-fed hidden states against them.
+The draft receives rows for a subset of the positions the target processed (the accepted tokens), so
+rows are matched one by one (nearest fingerprint), never whole tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FINGERPRINT_DIM = 8
+"""Floats per token row: a fixed random projection of the row (float32)."""
+
+RELATIVE_TOLERANCE = 2e-2
+"""Largest row distance, relative to the matched row's fingerprint norm, that still counts as the same
+hidden state; covers a bf16/fp16 round trip (~4e-3 relative) and is far below the change one decoder
+layer makes to the residual stream."""
+
+
+class Provenance:
+    """Fingerprints of the most recent target forward and the matching of draft input chunks.
+
+    ``configured``: capture points ("hidden state entering layer i"); ``candidates``: every layer
+    index fingerprinted, configured ones first (then neighbours, and ``num_layers`` for the final norm output, HF
+    ``hidden_states[-1]``); ``hidden_size``: target hidden width H; ``every``: sample every Nth
+    target-fed draft call. Memory: ``len(candidates) x rows of the last target forward x 8`` floats.
+    """
+
+    def __init__(self, configured: tuple[int, ...], candidates: tuple[int, ...], hidden_size: int,
+                 every: int, seed: int = 0) -> None:
+        self.configured = configured
+        self.candidates = candidates
+        self.hidden_size = hidden_size
+        self._every = every
+        self.fed_calls = 0  # target-fed draft calls seen
+        self._prints: dict[int, torch.Tensor] = {}
+        generator = torch.Generator().manual_seed(seed)
+        self._projection = torch.randn(hidden_size, FINGERPRINT_DIM, generator=generator) / hidden_size ** 0.5
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    @property
+    def due(self) -> bool:
+        """True when the next target-fed draft call is a sampled one (fingerprint this target forward)."""
+        return self.fed_calls % self._every == 0
+
+    def new_target_forward(self) -> None:
+        """Forget the previous forward's fingerprints (bounded memory: one forward kept)."""
+        self._prints.clear()
+
+    def record(self, layer: int, hidden: torch.Tensor) -> None:
+        """Fingerprint the rows of one target hidden state ``(..., H)``; no sync (device matmul)."""
+        self._prints[layer] = self._fingerprint(hidden)
+
+    def check(self, hidden: torch.Tensor) -> tuple[int | None, ...] | None:
+        """Count one target-fed draft call; on sampled calls match its ``(..., W)`` input.
+
+        Returns, per target-width chunk of ``hidden`` (``W // H`` of them), the candidate layer whose
+        rows it matches, or None; returns None on unsampled calls. Synchronises the device.
+        """
+        sampled = self.due
+        self.fed_calls += 1
+        if not sampled:
+            return None
+        width = hidden.shape[-1]
+        if width % self.hidden_size or not self._prints:
+            return (None,) * max(1, width // self.hidden_size)
+        chunks = hidden.detach().split(self.hidden_size, dim=-1)
+        return tuple(self._match(self._fingerprint(chunk)) for chunk in chunks)
+
+    def _fingerprint(self, hidden: torch.Tensor) -> torch.Tensor:
+        projection = self._on_device.get(hidden.device)
+        if projection is None:
+            projection = self._on_device[hidden.device] = self._projection.to(hidden.device)
+        return hidden.detach().reshape(-1, self.hidden_size).float() @ projection  # (rows, 8)
+
+    def _match(self, rows: torch.Tensor) -> int | None:
+        # Candidates in configured-first order, strict improvement: a tie keeps the configured layer.
+        best, best_score = None, float("inf")
+        for layer in self.candidates:
+            prints = self._prints.get(layer)
+            if prints is None or rows.shape[0] == 0 or prints.shape[0] == 0:
+                continue
+            prints = prints.to(rows.device)
+            distance = torch.cdist(rows, prints)  # (draft rows, target rows)
+            nearest, index = distance.min(dim=1)
+            scale = prints.norm(dim=1)[index].clamp_min(1e-12)
+            score = float((nearest / scale).max().item())
+            if score < best_score:
+                best, best_score = layer, score
+        return best if best_score <= RELATIVE_TOLERANCE else None

@@ -1,0 +1,259 @@
+"""The :class:`Tracer`: run identity, counters, request / verify statistics and event emission."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from specscope.events import (
+    Event,
+    LoadReport,
+    ProvenanceEvent,
+    RankStart,
+    RankStatus,
+    RequestEnd,
+    RequestStart,
+    RunConfig,
+    RunStart,
+    TensorEvent,
+    VerifyStep,
+)
+from specscope.instrumentation._context import capture_probe, default_device, process_context
+from specscope.instrumentation._sampling import SamplingConfig, value_stats
+
+if TYPE_CHECKING:
+    from specscope.instrumentation._hooks import TensorPoint
+    from specscope.instrumentation._provenance import Provenance
+
+logger = logging.getLogger("specscope")
+
+
+class Sink(Protocol):
+    """Where events go (e.g. ``specscope.collector.Collector``). ``emit`` must never block."""
+
+    def emit(self, event: Event) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Tracer:
+    """Observes one engine process (rank) and sends what it sees to ``sink``.
+
+    Create one per rank, attach it with :func:`~specscope.instrumentation.instrument`, report requests
+    and verify steps from CPU-side values, and ``close()`` it (or use it as a context manager) to
+    remove every hook. The first of ``instrument`` / ``start_request`` / ``record_verify`` /
+    ``check_load`` / ``close`` starts the run: a :class:`RankStart` and a :class:`RunStart` (every rank
+    sends one; the store keeps the first). :class:`RankStatus` goes out every ``status_interval_s``
+    seconds (checked in ``record_verify``) and at close with ``finished=True``.
+
+    Arguments: ``run_id`` (default: a uuid4 hex; give all ranks the same one), run metadata
+    (``engine``, ``engine_version``, ``target_model``, ``draft_model``, ``config``: the target/draft
+    contract, ``fault``), sampling (:class:`SamplingConfig` fields), ``device`` (default: the draft's
+    device, else the current CUDA device, else ``"cpu"``). The tracer does not own the sink: ``close``
+    flushes it, its owner closes it. Raises :class:`ConfigError` for bad sampling values.
+    """
+
+    def __init__(self, sink: Sink, *, engine: str, engine_version: str, target_model: str,
+                 draft_model: str, config: RunConfig, run_id: str | None = None,
+                 fault: str | None = None, sample_every: int = 64, first_calls: int = 8,
+                 value_stats: bool = False, provenance_every: int = 0,
+                 status_interval_s: float = 5.0, device: str | None = None) -> None:
+        self.sink = sink
+        self.run_id = run_id or uuid.uuid4().hex
+        self.config = config
+        self.sampling = SamplingConfig(first_calls=first_calls, sample_every=sample_every,
+                                       value_stats=value_stats, provenance_every=provenance_every)
+        self.device = device
+        self._run = dict(engine=engine, engine_version=engine_version, target_model=target_model,
+                         draft_model=draft_model, fault=fault)
+        context = process_context()
+        self.host, self.pid, self.rank, self.world_size = (
+            context.host, context.pid, context.rank, context.world_size)
+        self.hook_calls = 0
+        self.hook_errors = 0
+        self._capture_calls = 0
+        self._capturing = capture_probe()
+        self._failed_points: set[str] = set()
+        self._handles: list[RemovableHandle] = []
+        self._started = self._closed = self.instrumented = False
+        self._status_interval_s = status_interval_s
+        self._next_status = 0.0
+        # Request tags: the request the engine last reported on this rank (exact at batch size 1).
+        self._steps: dict[str, int] = {}
+        self._request: str | None = None
+        self._step: int | None = None
+        # Target-fed bookkeeping (set by instrument): expected draft input widths, provenance.
+        self._target_fed = False
+        self._fused_width: int | None = config.expected_fused_width
+        self._draft_width: int | None = None
+        self._provenance: Provenance | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Emit :class:`RankStart` and :class:`RunStart` once (idempotent)."""
+        if self._started:
+            return
+        self._started = True
+        self._next_status = time.monotonic() + self._status_interval_s
+        self._emit(RankStart(self.run_id, self.rank, self.world_size, self.host, self.pid,
+                             self.device or default_device()))
+        self._emit(RunStart(self.run_id, config=self.config.to_dict(), world_size=self.world_size,
+                            host=self.host, rank=self.rank, **self._run))
+
+    def close(self) -> None:
+        """Remove every hook, send the final :class:`RankStatus` (``finished=True``), flush the sink."""
+        if self._closed:
+            return
+        self.start()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._closed = True
+        self.status(finished=True)
+        try:
+            self.sink.flush()
+        except Exception as exc:  # noqa: BLE001 - observing must not break the engine's shutdown
+            self._hook_failed("sink.flush", exc)
+
+    def __enter__(self) -> Tracer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def graph_mode(self) -> str:
+        """``"eager"``, ``"capture_only"`` (hooks only fired under CUDA-graph capture) or ``"mixed"``."""
+        if self._capture_calls == 0:
+            return "eager"
+        return "capture_only" if self._capture_calls == self.hook_calls else "mixed"
+
+    def status(self, finished: bool = False) -> RankStatus:
+        """Emit and return the current :class:`RankStatus`."""
+        event = RankStatus(self.run_id, self.rank, self.hook_calls, self.hook_errors,
+                           self.graph_mode, finished)
+        self._emit(event)
+        return event
+
+    # -- wiring (delegates) ------------------------------------------------------------------
+
+    def instrument(self, **kwargs: Any) -> Tracer:
+        """Same as :func:`specscope.instrumentation.instrument` with this tracer."""
+        from specscope.instrumentation._instrument import instrument
+        return instrument(self, **kwargs)
+
+    def check_load(self, module_or_param_names: Any, checkpoint: Any, **kwargs: Any) -> LoadReport:
+        """Same as :func:`specscope.instrumentation.check_load` with this tracer."""
+        from specscope.instrumentation._loadcheck import check_load
+        return check_load(self, module_or_param_names, checkpoint, **kwargs)
+
+    def _adopt(self, handles: Sequence[RemovableHandle]) -> None:
+        self._handles.extend(handles)
+
+    # -- requests and verify steps (CPU-side values only, never a device sync) -----------------
+
+    def start_request(self, request_id: str, prompt_tokens: int) -> None:
+        """A request entered the engine; its prompt length in tokens. The next draft call is target-fed."""
+        self.start()
+        request_id = str(request_id)
+        self._steps[request_id] = 0
+        self._request, self._step = request_id, 0
+        self._target_fed = True
+        self._emit(RequestStart(self.run_id, request_id, self.rank, int(prompt_tokens)))
+
+    def record_verify(self, request_id: str, proposed: int, accepted: int,
+                      accepted_mask: str | Sequence[int | bool] | None = None,
+                      draft_s: float | None = None, verify_s: float | None = None,
+                      emitted: Sequence[str] | None = None) -> None:
+        """One verify step of ``request_id``: ``proposed`` / ``accepted`` draft tokens (tokens).
+
+        ``accepted_mask``: ``'1101'`` or a sequence of bools/ints, position 0 first (None = chain
+        prefix); ``draft_s`` / ``verify_s``: phase wall times (s); ``emitted``: decoded tokens.
+        Python values only: pass no tensors (reading one would sync the device). The step index is
+        counted per request by the tracer; the next draft call is target-fed.
+        """
+        self.start()
+        request_id = str(request_id)
+        step = self._steps.get(request_id, 0)
+        self._steps[request_id] = step + 1
+        if accepted_mask is not None and not isinstance(accepted_mask, str):
+            accepted_mask = "".join("1" if bit else "0" for bit in accepted_mask)
+        self._emit(VerifyStep(self.run_id, request_id, self.rank, step, int(proposed), int(accepted),
+                              accepted_mask, draft_s, verify_s,
+                              None if emitted is None else tuple(emitted)))
+        self._request, self._step = request_id, step + 1
+        self._target_fed = True
+        now = time.monotonic()
+        if now >= self._next_status:
+            self._next_status = now + self._status_interval_s
+            self.status()
+
+    def finish_request(self, request_id: str, output_tokens: int, text: str | None = None) -> None:
+        """A request finished with ``output_tokens`` generated tokens (bonus tokens included)."""
+        self.start()
+        request_id = str(request_id)
+        steps = self._steps.pop(request_id, 0)
+        if self._request == request_id:
+            self._request = self._step = None
+        self._emit(RequestEnd(self.run_id, request_id, self.rank, int(output_tokens), steps, text))
+
+    # -- called from hooks ----------------------------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        try:
+            self.sink.emit(event)
+        except Exception as exc:  # noqa: BLE001 - a failing sink must not reach the engine
+            self._hook_failed("sink.emit", exc)
+
+    def _enter_hook(self) -> bool:
+        self.hook_calls += 1
+        capturing = self._capturing()
+        if capturing:
+            self._capture_calls += 1
+        return capturing
+
+    def _hook_failed(self, point: str, exc: Exception) -> None:
+        self.hook_errors += 1
+        if point not in self._failed_points:
+            self._failed_points.add(point)
+            logger.warning("specscope: hook %s failed (%s: %s); later failures there are only counted",
+                           point, type(exc).__name__, exc)
+
+    def _draft_call(self) -> tuple[bool, int | None]:
+        """``(target_fed, expected hidden width)`` of a draft forward call; consumes the fed flag."""
+        fed, self._target_fed = self._target_fed, False
+        return fed, self._fused_width if fed else self._draft_width
+
+    def _target_forward(self) -> None:
+        self._target_fed = True
+        if self._provenance is not None and self._provenance.due:
+            self._provenance.new_target_forward()
+
+    def _observe(self, point: TensorPoint, tensor: torch.Tensor, expected_width: int | None,
+                 capturing: bool) -> None:
+        """Hot path: count the call at ``point``; emit a :class:`TensorEvent` on sampled calls."""
+        if not point.sampler.tick((tensor.shape, tensor.dtype, tensor.device, expected_width)):
+            return
+        shape = tuple(tensor.shape)
+        expected = None if expected_width is None else (-1,) * (len(shape) - 1) + (expected_width,)
+        absmax = mean = nonfinite = None
+        if self.sampling.value_stats and not capturing:
+            absmax, mean, nonfinite = value_stats(tensor)
+        self._emit(TensorEvent(
+            self.run_id, self.rank, point.name, point.sampler.calls - 1, shape,
+            str(tensor.dtype).removeprefix("torch."), str(tensor.device), expected, absmax, mean,
+            nonfinite, self._request, self._step, "capture" if capturing else "eager"))
+
+    def _check_provenance(self, hidden: torch.Tensor, call_index: int) -> None:
+        provenance = self._provenance
+        received = provenance.check(hidden)
+        if received is not None:
+            self._emit(ProvenanceEvent(self.run_id, self.rank, call_index, provenance.configured,
+                                       received, int(hidden.shape[-1]), self._request, self._step))
