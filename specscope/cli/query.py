@@ -1,5 +1,98 @@
-"""`specscope query` (placeholder until its issue lands)."""
+"""`specscope query`: one read-only SQL statement on a trace store, as a table, JSON or CSV.
+
+The store is opened read-only (never created nor upgraded) and the database itself refuses writes
+(see :meth:`specscope.storage.Store.query`); a write, bad SQL or a missing store exits with status 2.
+Tables and views to query: specscope/storage/schema.py and specscope/storage/views.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from decimal import Decimal
+from typing import Any, TextIO
+
+from specscope.storage import open_store
 
 
-def register(sub):
-    sub.add_parser("query", help="(not built yet)").set_defaults(func=lambda args: 2)
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``query`` subcommand."""
+    parser = sub.add_parser(
+        "query", help="run one read-only SQL statement on a store",
+        description="Run one read-only SQL statement on a specscope store and print the rows. "
+                    "Views: v_run_summary, v_run_acceptance, v_rank_acceptance, v_request_acceptance, "
+                    "v_position_acceptance, v_tensor_contract.")
+    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
+                        "(postgresql+psycopg://user@host:5432/db)")
+    parser.add_argument("sql", help="one SQL statement (writes are refused)")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    output.add_argument("--csv", action="store_true", help="print CSV with a header row")
+    parser.add_argument("--limit", type=_non_negative, help="print at most N rows")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the statement's rows; 0 on success. Errors (StoreError) are exit 2 via the CLI shell."""
+    with open_store(args.db, create=False, read_only=True) as store:
+        columns, rows = store.query(args.sql, limit=args.limit)
+    if args.json:
+        write_json(columns, rows, sys.stdout)
+    elif args.csv:
+        write_csv(columns, rows, sys.stdout)
+    else:
+        write_table(columns, rows, sys.stdout)
+    return 0
+
+
+def write_json(columns: list[str], rows: list[tuple], out: TextIO) -> None:
+    """A JSON list with one object per row (NULL -> null, PostgreSQL numerics -> numbers)."""
+    json.dump([dict(zip(columns, row)) for row in rows], out, default=_json_value, indent=1)
+    out.write("\n")
+
+
+def write_csv(columns: list[str], rows: list[tuple], out: TextIO) -> None:
+    """CSV (``csv`` module, excel dialect) with a header row; NULL is an empty field."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+
+
+def write_table(columns: list[str], rows: list[tuple], out: TextIO) -> None:
+    """An aligned text table (numbers right-aligned, NULL shown as ``NULL``) and a row count."""
+    cells = [[_text(value) for value in row] for row in rows]
+    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(columns)]
+    numeric = [bool(rows) and all(isinstance(row[i], (int, float, Decimal)) or row[i] is None
+                                  for row in rows) for i in range(len(columns))]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w)
+                         for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    if columns:
+        out.write(line(columns) + "\n")
+        out.write("  ".join("-" * w for w in widths) + "\n")
+        for row in cells:
+            out.write(line(row) + "\n")
+    out.write(f"({len(rows)} row{'' if len(rows) == 1 else 's'})\n")
+
+
+def _text(value: Any) -> str:
+    return "NULL" if value is None else str(value)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, (bytes, memoryview)):
+        return bytes(value).hex()
+    return str(value)
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from specscope.errors import ConfigError
 from specscope.events import Event
 from specscope.storage import Store, open_store
 
@@ -36,6 +37,9 @@ class Collector:
         batch_size: most events per write transaction.
         flush_interval_s: longest time (seconds) an event waits before the writer picks it up.
 
+    Raises:
+        ConfigError: capacity or batch_size below 1, or flush_interval_s not positive.
+
     Attributes (read at any time, from any thread):
         written: events committed to the store.
         dropped: events lost: refused by a full buffer, emitted after close, or in a failed batch.
@@ -47,7 +51,8 @@ class Collector:
     def __init__(self, store: Store | str, *, capacity: int = 100_000, batch_size: int = 5_000,
                  flush_interval_s: float = 0.2) -> None:
         if capacity < 1 or batch_size < 1 or flush_interval_s <= 0:
-            raise ValueError("capacity and batch_size must be >= 1 and flush_interval_s > 0")
+            raise ConfigError(f"collector needs capacity >= 1, batch_size >= 1 and flush_interval_s > 0"
+                              f", got {capacity}, {batch_size}, {flush_interval_s}")
         self._store = store if isinstance(store, Store) else None
         self._store_url = None if isinstance(store, Store) else str(store)
         self._capacity = capacity

@@ -7,6 +7,7 @@ see :mod:`specscope.storage._errors`.
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -112,10 +113,13 @@ class Store:
             yield conn
 
     def runs(self) -> list[dict[str, Any]]:
-        """Rows of ``v_run_summary`` as dicts, newest run first (columns: see storage/views.py)."""
+        """Rows of ``v_run_summary`` as dicts, newest run first (columns: see storage/views.py).
+
+        Ratios are floats on both databases (PostgreSQL computes them as NUMERIC)."""
         with self.connect() as conn:
             result = conn.execute(sa.text("SELECT * FROM v_run_summary ORDER BY started_wall DESC"))
-            return [dict(row) for row in result.mappings()]
+            return [{name: float(value) if isinstance(value, Decimal) else value
+                     for name, value in row.items()} for row in result.mappings()]
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None,
               limit: int | None = None) -> tuple[list[str], list[tuple]]:
@@ -133,7 +137,7 @@ class Store:
         """
         if limit is not None and limit < 0:
             raise StoreError(f"query limit must be >= 0, got {limit}")
-        with self.connect() as conn:
+        with translate("query on", self.url), self._read_engine.connect() as conn:
             try:
                 if self.dialect == "postgresql":
                     return _query_postgres(conn, sql, params, limit)

@@ -1,0 +1,84 @@
+"""Shared pytest fixtures.
+
+Storage (real databases, no mocks):
+
+- ``store_url``: a fresh, empty store location, parametrized over ``sqlite`` (a file in ``tmp_path``)
+  and ``postgresql`` (a new schema of the server named by ``SPECSCOPE_TEST_PG_URL``, selected through
+  ``search_path`` and dropped afterwards, so parallel runs never collide).
+- ``pg_url``: the PostgreSQL case alone.
+- ``store``: an open :class:`~specscope.storage.Store` at ``store_url``, closed afterwards.
+
+PostgreSQL tests are skipped when the server is unreachable, unless ``SPECSCOPE_REQUIRE_PG=1`` (CI),
+which turns the skip into a failure. They carry the ``postgres`` marker.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from specscope.storage import Store, open_store
+
+PG_URL = os.environ.get("SPECSCOPE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@functools.cache
+def _pg_unreachable_reason() -> str | None:
+    engine = sa.create_engine(PG_URL, connect_args={"connect_timeout": 3})
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except Exception as exc:  # any failure means "no server for these tests"
+        return f"PostgreSQL at {PG_URL} unreachable: {str(exc).splitlines()[0]}"
+    finally:
+        engine.dispose()
+    return None
+
+
+def _pg_schema_url() -> Iterator[str]:
+    reason = _pg_unreachable_reason()
+    if reason is not None:
+        if os.environ.get("SPECSCOPE_REQUIRE_PG") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    schema = f"specscope_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    url = sa.make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """URL of a fresh PostgreSQL schema (skips or fails when the server is unreachable, see above)."""
+    yield from _pg_schema_url()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+    """A fresh store location: a SQLite path, or a PostgreSQL URL of a new, empty schema."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "store.db")
+    else:
+        yield from _pg_schema_url()
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    """A newly created, open store at ``store_url``; closed after the test."""
+    opened = open_store(store_url)
+    try:
+        yield opened
+    finally:
+        opened.close()

@@ -1,0 +1,157 @@
+"""The collector against real stores: batching, flush, drop-and-count, failing and recovering stores.
+
+Blocked writes use a real SQLite lock held by another connection (``BEGIN EXCLUSIVE``), never a mock.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+import pytest
+
+from specscope import events as ev
+from specscope.collector import Collector
+from specscope.errors import ConfigError
+from specscope.storage import Store, open_store
+
+RUN = "run-c"
+
+
+def _tensor(i: int, rank: int = 0) -> ev.TensorEvent:
+    return ev.TensorEvent(run_id=RUN, rank=rank, hook_point="draft.forward:hidden_states", call_index=i,
+                          shape=(1, 1, 1728), dtype="float32", device="cpu", ts_wall=1000.0 + i)
+
+
+def _count(store: Store, table: str = "tensor_events") -> int:
+    return store.query(f"SELECT COUNT(*) FROM {table}")[1][0][0]
+
+
+def _rank_counters(store: Store, rank: int = 0) -> tuple[int, int]:
+    rows = store.query("SELECT events_written, events_dropped FROM run_ranks WHERE run_id = :r AND "
+                       "rank = :k", {"r": RUN, "k": rank})[1]
+    return rows[0] if rows else (0, 0)
+
+
+def _locked(path) -> sqlite3.Connection:
+    """Another connection holding the store's write lock until it rolls back."""
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    return blocker
+
+
+def test_events_are_written_in_batches_with_counters(store: Store) -> None:
+    with Collector(store, batch_size=7, flush_interval_s=0.01) as collector:
+        collector.emit(ev.RankStart(run_id=RUN, rank=0, world_size=2, host="h", pid=1, device="cpu"))
+        for i in range(50):
+            collector.emit(_tensor(i, rank=i % 2))
+        assert collector.flush(timeout_s=60)
+        assert (collector.written, collector.dropped, collector.write_errors) == (51, 0, 0)
+        assert _count(store) == 50
+        assert _rank_counters(store, 0) == (26, 0)
+        assert _rank_counters(store, 1) == (25, 0)
+        calls = [row[0] for row in store.query("SELECT call_index FROM tensor_events ORDER BY id")[1]]
+        assert calls == list(range(50))  # emit order kept
+
+
+def test_flush_covers_everything_emitted_before_it(tmp_path) -> None:
+    path = str(tmp_path / "s.db")
+    collector = Collector(path, batch_size=1000, flush_interval_s=60.0)  # only flush makes it write
+    for i in range(10):
+        collector.emit(_tensor(i))
+    assert collector.flush(timeout_s=60)
+    with open_store(path, read_only=True) as reader:  # another connection sees it committed
+        assert _count(reader) == 10
+    collector.close()
+    assert collector.flush(timeout_s=1)  # nothing pending after close
+
+
+def test_close_flushes_and_later_emits_are_dropped(tmp_path) -> None:
+    path = str(tmp_path / "s.db")
+    collector = Collector(path, flush_interval_s=60.0)
+    for i in range(5):
+        collector.emit(_tensor(i))
+    collector.close()
+    collector.close()  # idempotent
+    collector.emit(_tensor(99))
+    assert (collector.written, collector.dropped) == (5, 1)
+    with open_store(path, read_only=True) as reader:
+        assert _count(reader) == 5
+
+
+def test_full_buffer_drops_and_counts_per_rank(tmp_path) -> None:
+    path = tmp_path / "s.db"
+    store = open_store(str(path), busy_timeout_s=120.0)  # the blocked writer waits for the lock
+    blocker = _locked(path)
+    collector = Collector(store, capacity=10, batch_size=5, flush_interval_s=0.01)
+    for i in range(25):  # the writer cannot commit: at most 10 are held, 15 dropped
+        collector.emit(_tensor(i))
+    assert collector.dropped == 15
+    blocker.rollback()
+    assert collector.flush(timeout_s=120)
+    assert (collector.written, collector.dropped, collector.write_errors) == (10, 15, 0)
+    assert [r[0] for r in store.query("SELECT call_index FROM tensor_events ORDER BY id")[1]] == list(
+        range(10))
+    collector.close()
+    assert _rank_counters(store) == (10, 15)
+    store.close()
+
+
+def test_locked_store_drops_logs_once_and_recovers(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s.db"
+    store = open_store(str(path), busy_timeout_s=0.05)  # give up on the lock quickly
+    blocker = _locked(path)
+    collector = Collector(store, batch_size=5, flush_interval_s=0.01)
+    with caplog.at_level(logging.INFO, logger="specscope"):
+        for round_ in range(3):
+            for i in range(10):
+                collector.emit(_tensor(round_ * 10 + i))  # never raises, never blocks
+            assert not collector.flush(timeout_s=60)  # processed, but not committed
+        assert collector.written == 0 and collector.dropped == 30 and collector.write_errors >= 2
+        blocker.rollback()
+        for i in range(3):
+            collector.emit(_tensor(100 + i))
+        assert collector.flush(timeout_s=60)
+        collector.close()
+    errors = [r for r in caplog.records if r.name == "specscope" and r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "cannot write to store" in errors[0].getMessage()
+    assert (collector.written, collector.dropped) == (3, 30)
+    assert _count(store) == 3
+    assert _rank_counters(store) == (3, 30)  # the drops reached the store after it recovered
+    store.close()
+
+
+def test_unwritable_path_keeps_the_engine_going(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("x")  # a file where a directory should be: unwritable even for root
+    with caplog.at_level(logging.ERROR, logger="specscope"):
+        collector = Collector(str(not_a_dir / "store.db"), batch_size=4, flush_interval_s=0.01)
+        for round_ in range(3):
+            for i in range(8):
+                collector.emit(_tensor(i))
+            assert not collector.flush(timeout_s=60)
+        collector.close()
+    assert (collector.written, collector.dropped) == (0, 24)
+    assert collector.write_errors >= 3
+    errors = [r for r in caplog.records if r.name == "specscope"]
+    assert len(errors) == 1 and "a-file" in errors[0].getMessage()
+
+
+def test_flush_times_out_while_the_store_is_locked(tmp_path) -> None:
+    path = tmp_path / "s.db"
+    store = open_store(str(path), busy_timeout_s=120.0)
+    blocker = _locked(path)
+    collector = Collector(store, flush_interval_s=0.01)
+    collector.emit(_tensor(0))
+    assert not collector.flush(timeout_s=0.05)
+    blocker.rollback()
+    assert collector.flush(timeout_s=120)
+    collector.close()
+    assert collector.written == 1
+    store.close()
+
+
+@pytest.mark.parametrize("settings", [{"capacity": 0}, {"batch_size": 0}, {"flush_interval_s": 0.0}])
+def test_invalid_settings_are_refused(tmp_path, settings: dict) -> None:
+    with pytest.raises(ConfigError):
+        Collector(str(tmp_path / "s.db"), **settings)

@@ -1,0 +1,161 @@
+"""Schema versions: fresh stores, upgrades, newer stores, things that are not stores, concurrent opens."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from specscope.errors import SchemaVersionError, StoreError
+from specscope.storage import SCHEMA_VERSION, migrations, open_store, schema
+from specscope.storage.views import VIEWS
+
+
+def _engine(url: str) -> sa.Engine:
+    """A plain SQLAlchemy engine on the store, to tamper with it as another program would."""
+    return sa.create_engine(url if "://" in url else f"sqlite:///{url}")
+
+
+def _versions(url: str) -> list[tuple]:
+    with open_store(url, read_only=True) as store:
+        return store.query("SELECT version, name FROM schema_migrations ORDER BY version")[1]
+
+
+def test_fresh_store_has_the_current_version_tables_views_and_positions(store_url: str) -> None:
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        with store.connect() as conn:
+            inspector = sa.inspect(conn)
+            assert set(schema.metadata.tables) <= set(inspector.get_table_names())
+            assert set(VIEWS) <= set(inspector.get_view_names())
+        assert store.query("SELECT MIN(pos), MAX(pos), COUNT(*) FROM positions")[1] == [
+            (0, schema.MAX_POSITIONS - 1, schema.MAX_POSITIONS)]
+    assert _versions(store_url) == [(m.version, m.name) for m in migrations.MIGRATIONS]
+    assert migrations.MIGRATIONS[-1].version == SCHEMA_VERSION
+
+
+def test_reopening_applies_nothing_twice(store_url: str) -> None:
+    open_store(store_url).close()
+    open_store(store_url).close()
+    assert len(_versions(store_url)) == SCHEMA_VERSION
+
+
+def test_newer_store_is_refused_naming_both_versions(store_url: str) -> None:
+    open_store(store_url).close()
+    engine = _engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(schema.schema_migrations.insert().values(
+            version=SCHEMA_VERSION + 1, name="from_the_future", applied_wall=0.0))
+    engine.dispose()
+    for read_only in (False, True):
+        with pytest.raises(SchemaVersionError, match=rf"version {SCHEMA_VERSION + 1}.*{SCHEMA_VERSION}"):
+            open_store(store_url, read_only=read_only)
+
+
+def test_older_store_gets_the_pending_steps(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    open_store(store_url).close()  # a store at today's version plays the "older" one
+    applied = []
+
+    def add_notes(conn: sa.Connection) -> None:
+        applied.append(True)
+        conn.exec_driver_sql("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+
+    next_version = SCHEMA_VERSION + 1
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", next_version)
+    monkeypatch.setattr(migrations, "MIGRATIONS",
+                        (*migrations.MIGRATIONS, migrations.Migration(next_version, "add_notes", add_notes)))
+    with pytest.raises(StoreError, match="open it once writable"):
+        open_store(store_url, read_only=True)
+    with open_store(store_url) as store:
+        assert store.schema_version == next_version
+        assert store.query("SELECT COUNT(*) FROM notes")[1] == [(0,)]
+        assert store.runs() == []  # views recreated and usable
+    open_store(store_url).close()
+    assert applied == [True]
+    assert _versions(store_url)[-1] == (next_version, "add_notes")
+
+
+def test_a_missing_view_is_recreated(store_url: str) -> None:
+    open_store(store_url).close()
+    engine = _engine(store_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP VIEW v_run_summary")
+    engine.dispose()
+    with open_store(store_url) as store:
+        assert store.runs() == []
+
+
+def test_foreign_sqlite_database_is_not_a_store(tmp_path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="not a specscope store.*customers"):
+            open_store(str(path), read_only=read_only)
+    with sqlite3.connect(path) as conn:  # untouched
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["customers"]
+
+
+def test_foreign_postgres_schema_is_not_a_store(pg_url: str) -> None:
+    engine = sa.create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+    engine.dispose()
+    with pytest.raises(StoreError, match="not a specscope store.*customers"):
+        open_store(pg_url)
+
+
+def test_text_file_is_not_a_store(tmp_path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("this is not a database, just some notes\n" * 20)
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="not a database"):
+            open_store(str(path), read_only=read_only)
+    assert path.read_text().startswith("this is not a database")
+
+
+def test_missing_store_without_create(tmp_path) -> None:
+    path = tmp_path / "absent" / "store.db"
+    with pytest.raises(StoreError, match="no specscope store"):
+        open_store(str(path), create=False)
+    with pytest.raises(StoreError, match="no specscope store"):
+        open_store(str(path), read_only=True)
+    assert not path.parent.exists()
+
+
+def test_empty_postgres_schema_without_create(pg_url: str) -> None:
+    with pytest.raises(StoreError, match="no specscope store"):
+        open_store(pg_url, create=False)
+
+
+def test_create_makes_parent_directories(tmp_path) -> None:
+    path = tmp_path / "a" / "b" / "store.db"
+    open_store(str(path)).close()
+    assert path.is_file()
+
+
+def test_unwritable_location_is_a_store_error(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(StoreError, match="a-file"):
+        open_store(str(blocker / "store.db"))
+
+
+def test_concurrent_first_opens_create_one_store(store_url: str) -> None:
+    errors: list[BaseException] = []
+
+    def opener() -> None:
+        try:
+            open_store(store_url).close()
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(_versions(store_url)) == SCHEMA_VERSION
