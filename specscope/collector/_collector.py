@@ -1,12 +1,14 @@
 """The in-process sink: the engine thread appends events, a background thread writes them in batches.
 
-Design (DESIGN.md sections 2 and 9; the prometheus ``collect()`` habit of copying under the lock and
-working outside it): ``emit`` appends to a list under a lock held for a few instructions and never
-waits on the database; the writer thread swaps the list out under the lock and writes each batch in
-ONE store transaction together with the per-(run, rank) written / dropped counters. ``capacity`` bounds
-every event held, queued or being written; beyond it ``emit`` drops and counts. A failing store (locked,
-unwritable, unreachable) costs the failed batch, counted as dropped, and one logged error per outage;
-the writer retries with the next batch, so it recovers when the store does.
+Design (DESIGN.md sections 2 and 9): ``emit`` is a bounds check and a ``deque.append`` (atomic in
+CPython, no lock, never waits on the database); the writer thread takes up to ``batch_size`` events
+off the deque and writes them in ONE store transaction together with the per-(run, rank) written /
+dropped counters. ``flush`` enqueues a marker and waits for the writer to reach it, so FIFO order is
+the whole synchronisation. ``capacity`` bounds the events held, queued or being written (checked
+without a lock: concurrent emitters can overshoot it by at most one event each); beyond it ``emit``
+drops and counts. A failing store (locked, unwritable, unreachable) costs the failed batch, counted as
+dropped, and one logged error per outage; the writer goes on with the next batch, so it recovers
+when the store does.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import time
+from collections import deque
 from collections.abc import Sequence
 
 from specscope.errors import ConfigError
@@ -24,6 +26,16 @@ from specscope.storage import Store, open_store
 logger = logging.getLogger("specscope")
 
 Key = tuple[str, int]  # (run_id, rank)
+
+
+class _FlushMarker:
+    """Placed in the queue by flush(); the writer sets ``done`` once everything before it is handled."""
+
+    __slots__ = ("done", "committed")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.committed = True
 
 
 class Collector:
@@ -45,7 +57,7 @@ class Collector:
         dropped: events lost: refused by a full buffer, emitted after close, or in a failed batch.
         write_errors: failed write attempts (a failed batch counts once).
 
-    Usable as a context manager; also flushed at interpreter exit until closed.
+    Usable as a context manager; also flushed and closed at interpreter exit (``atexit``) until closed.
     """
 
     def __init__(self, store: Store | str, *, capacity: int = 100_000, batch_size: int = 5_000,
@@ -61,20 +73,16 @@ class Collector:
         self.written = 0
         self.dropped = 0
         self.write_errors = 0
-        # Guarded by _cond: the buffer, events held, sequence numbers, drops not yet recorded.
-        self._cond = threading.Condition(threading.Lock())
-        self._buffer: list[Event] = []
-        self._held = 0
-        self._accepted = 0  # sequence number of the last event emit() accepted
-        self._processed = 0  # sequence number of the last event the writer committed or dropped
-        self._lost: list[list[int]] = []  # [first, last] sequence ranges lost to failed writes
-        self._acknowledged = 0  # every flush before this sequence number has returned
-        self._emit_drops: dict[Key, int] = {}
-        self._wake = False
+        self._queue: deque[Event | _FlushMarker] = deque()
+        self._in_flight = 0  # events taken off the queue and not yet handled (writer thread only)
+        self._wake = threading.Event()
         self._closing = False
         self._closed = False
-        # Owned by the writer thread: drops not yet committed to run_ranks.events_dropped.
+        self._drop_lock = threading.Lock()  # guards dropped and _emit_drops (the rare path)
+        self._emit_drops: dict[Key, int] = {}
+        # Writer thread only: drops not yet committed to run_ranks, failures since the last marker.
         self._pending_drops: dict[Key, int] = {}
+        self._failed_since_marker = False
         self._failing = False
         self._thread = threading.Thread(target=self._run, name="specscope-collector", daemon=True)
         self._thread.start()
@@ -87,100 +95,103 @@ class Collector:
         self.close()
 
     def emit(self, event: Event) -> None:
-        """Queue one event for writing. Never blocks on the store and never raises; when
-        ``capacity`` events are held, the event is dropped and counted for its (run_id, rank)."""
-        with self._cond:
-            if self._held < self._capacity and not self._closed:
-                self._buffer.append(event)
-                self._held += 1
-                self._accepted += 1
-                if len(self._buffer) == self._batch_size:
-                    self._cond.notify_all()
-                return
-            self.dropped += 1
-            key = _key(event)
-            self._emit_drops[key] = self._emit_drops.get(key, 0) + 1
+        """Queue one event for writing (about a microsecond). Never blocks on the store and never
+        raises; when ``capacity`` events are held, or after close, the event is dropped and counted
+        for its (run_id, rank)."""
+        queue = self._queue
+        if self._closed or len(queue) + self._in_flight >= self._capacity:
+            self._drop(event)
+            return
+        queue.append(event)
+        if len(queue) == self._batch_size:
+            self._wake.set()
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until every event accepted before this call has been written or dropped.
+        """Wait until every event emitted before this call has been written or dropped.
 
         Returns:
             True when all of them were committed (the store holds them, durably); False when the
-            timeout (seconds) expired first or a write of any of them failed.
+            timeout (seconds) expired first, the collector is closed with events left, or a write of
+            any event emitted since the previous flush failed.
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._cond:
-            target, since = self._accepted, self._acknowledged
-            self._wake = True
-            self._cond.notify_all()
-            while self._processed < target:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if (remaining is not None and remaining <= 0) or not self._thread.is_alive():
-                    return False
-                self._cond.wait(remaining)
-            committed = not any(first <= target and last > since for first, last in self._lost)
-            self._acknowledged = max(self._acknowledged, target)
-            self._lost = [r for r in self._lost if r[1] > self._acknowledged]
-            return committed
+        if not self._thread.is_alive():  # closed: nothing can be written any more
+            return all(isinstance(item, _FlushMarker) for item in self._queue)
+        marker = _FlushMarker()
+        self._queue.append(marker)
+        self._wake.set()
+        return marker.done.wait(timeout_s) and marker.committed
 
     def close(self, timeout_s: float | None = None) -> None:
         """Flush, stop the writer thread and close a store this collector opened. Idempotent;
         events emitted afterwards are dropped and counted."""
         atexit.unregister(self.close)
-        with self._cond:
-            if self._closing:
-                return
-            self._closing = True
-            self._cond.notify_all()
+        self._closing = True
+        self._wake.set()
         self._thread.join(timeout_s)
         if self._store_url is not None and self._store is not None and not self._thread.is_alive():
             self._store.close()
 
+    def _drop(self, event: Event) -> None:
+        key = (getattr(event, "run_id", None), getattr(event, "rank", 0))
+        with self._drop_lock:
+            self.dropped += 1
+            self._emit_drops[key] = self._emit_drops.get(key, 0) + 1
+
     # --- writer thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        queue = self._queue
         while True:
-            with self._cond:
-                if not self._buffer and not self._closing and not self._wake:
-                    self._cond.wait(self._interval)
-                self._wake = False
-                batch, self._buffer = self._buffer, []
-                drops, self._emit_drops = self._emit_drops, {}
-                first = self._processed + 1
-                closing = self._closing
-            _add(self._pending_drops, drops)
-            for start in range(0, max(len(batch), 1), self._batch_size):
-                chunk = batch[start:start + self._batch_size]
-                ok = self._write(chunk)
-                with self._cond:
-                    if not ok and chunk:
-                        self._record_loss(first + start, first + start + len(chunk) - 1)
-                    self._held -= len(chunk)
-                    self._processed += len(chunk)
-                    self._cond.notify_all()
-            if closing:
-                with self._cond:
-                    if not self._buffer:
-                        self._closed = True  # from now on emit() drops: nobody would write it
-                        return
+            self._wake.clear()
+            if not queue and not self._closing:
+                self._wake.wait(self._interval)
+            chunk: list[Event] = []
+            marker = None
+            while queue and len(chunk) < self._batch_size:
+                item = queue.popleft()
+                if isinstance(item, _FlushMarker):
+                    marker = item
+                    break
+                chunk.append(item)
+                self._in_flight += 1
+            if not self._write(chunk) and chunk:
+                self._failed_since_marker = True
+            self._in_flight = 0
+            if marker is not None:
+                marker.committed = not self._failed_since_marker
+                self._failed_since_marker = False
+                marker.done.set()
+            if self._closing and (not queue or self._failing):
+                self._closed = True  # emit() drops from now on: nobody would write it
+                self._abandon()  # a failing store at close: do not hold the process up per batch
+                return
 
-    def _record_loss(self, first: int, last: int) -> None:
-        if self._lost and self._lost[-1][1] == first - 1:
-            self._lost[-1][1] = last  # consecutive failed batches: one range per outage
-        else:
-            self._lost.append([first, last])
+    def _abandon(self) -> None:
+        lost = 0
+        while self._queue:
+            item = self._queue.popleft()
+            if isinstance(item, _FlushMarker):
+                item.committed = False
+                item.done.set()
+            else:
+                lost += 1
+        with self._drop_lock:
+            self.dropped += lost
 
     def _write(self, chunk: Sequence[Event]) -> bool:
         """Write one batch with the pending counters in one transaction; False when it failed."""
-        written: dict[Key, int] = {}
-        for event in chunk:
-            key = _key(event)
-            written[key] = written.get(key, 0) + 1
+        with self._drop_lock:
+            emit_drops, self._emit_drops = self._emit_drops, {}
+        _add(self._pending_drops, emit_drops)
         if not chunk and not self._pending_drops:
             return True
-        counters = {key: (written.get(key, 0), self._pending_drops.get(key, 0))
-                    for key in written.keys() | self._pending_drops.keys()}
+        written: dict[Key, int] = {}
         try:
+            for event in chunk:
+                key = (event.run_id, event.rank)
+                written[key] = written.get(key, 0) + 1
+            counters = {key: (written.get(key, 0), self._pending_drops.get(key, 0))
+                        for key in written.keys() | self._pending_drops.keys()}
             self._open().write(chunk, counters=counters)
         except Exception as exc:  # StoreError, or a bug: either way the writer thread must live on
             self._failed(written, len(chunk), exc)
@@ -194,7 +205,7 @@ class Collector:
 
     def _failed(self, lost: dict[Key, int], count: int, exc: Exception) -> None:
         self.write_errors += 1
-        with self._cond:
+        with self._drop_lock:
             self.dropped += count
         _add(self._pending_drops, lost)
         if not self._failing:  # one error per outage, not one per batch
@@ -209,10 +220,6 @@ class Collector:
 
     def _describe(self) -> str:
         return self._store.url if self._store is not None else str(self._store_url)
-
-
-def _key(event: Event) -> Key:
-    return (getattr(event, "run_id", None), getattr(event, "rank", 0))
 
 
 def _add(into: dict[Key, int], counts: dict[Key, int]) -> None:

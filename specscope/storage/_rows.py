@@ -7,6 +7,7 @@ mask of a verify step as ``VerifyStep.mask()``.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -34,6 +35,7 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+@functools.lru_cache(maxsize=4096)  # a run sees few distinct shapes; the join is the row's main cost
 def _shape(shape: tuple[int, ...] | None) -> str | None:
     return None if shape is None else "x".join(map(str, shape))
 
@@ -77,42 +79,50 @@ def _request_end(e: ev.RequestEnd) -> Row:
             "verify_steps": e.verify_steps, "text": e.text, "finished_wall": e.ts_wall}
 
 
-def _verify_step(e: ev.VerifyStep) -> Row:
-    return {"run_id": e.run_id, "request_id": e.request_id, "rank": e.rank, "step": e.step,
-            "proposed": e.proposed, "accepted": e.accepted, "accepted_mask": e.mask(),
-            "draft_s": e.draft_s, "verify_s": e.verify_s,
-            "emitted": None if e.emitted is None else _json(e.emitted), "ts_wall": e.ts_wall}
+# Plain inserts (the high-volume tables): rows are tuples in these column orders, handed straight to
+# the driver's executemany (SQLAlchemy's per-row parameter processing would cost more than SQLite).
+INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "verify_steps": ("run_id", "request_id", "rank", "step", "proposed", "accepted", "accepted_mask",
+                     "draft_s", "verify_s", "emitted", "ts_wall"),
+    "tensor_events": ("run_id", "rank", "hook_point", "call_index", "shape", "width", "dtype", "device",
+                      "expected_shape", "expected_width", "absmax", "mean", "nonfinite", "request_id",
+                      "step", "graph_phase", "ts_wall"),
+    "provenance": ("run_id", "rank", "call_index", "configured", "received", "matches", "width",
+                   "request_id", "step", "ts_wall"),
+    "load_reports": ("run_id", "rank", "module", "source", "strict", "loaded", "missing", "unexpected",
+                     "renamed", "ts_wall"),
+    "findings": ("run_id", "source", "code", "severity", "message", "evidence", "fix", "ts_wall"),
+}
 
 
-def _tensor(e: ev.TensorEvent) -> Row:
+def _verify_step(e: ev.VerifyStep) -> tuple:
+    return (e.run_id, e.request_id, e.rank, e.step, e.proposed, e.accepted, e.mask(), e.draft_s,
+            e.verify_s, None if e.emitted is None else _json(e.emitted), e.ts_wall)
+
+
+def _tensor(e: ev.TensorEvent) -> tuple:
     shape, expected = e.shape, e.expected_shape
-    return {"run_id": e.run_id, "rank": e.rank, "hook_point": e.hook_point,
-            "call_index": e.call_index, "shape": "x".join(map(str, shape)),
-            "width": shape[-1] if shape else None, "dtype": e.dtype, "device": e.device,
-            "expected_shape": _shape(expected), "expected_width": _width(expected),
-            "absmax": e.absmax, "mean": e.mean, "nonfinite": e.nonfinite, "request_id": e.request_id,
-            "step": e.step, "graph_phase": e.graph_phase, "ts_wall": e.ts_wall}
+    return (e.run_id, e.rank, e.hook_point, e.call_index, _shape(tuple(shape)),
+            shape[-1] if shape else None, e.dtype, e.device,
+            None if expected is None else _shape(tuple(expected)), _width(expected),
+            e.absmax, e.mean, e.nonfinite, e.request_id, e.step, e.graph_phase, e.ts_wall)
 
 
-def _provenance(e: ev.ProvenanceEvent) -> Row:
-    return {"run_id": e.run_id, "rank": e.rank, "call_index": e.call_index,
-            "configured": _json(e.configured), "received": _json(e.received),
-            "matches": tuple(e.received) == tuple(e.configured), "width": e.width,
-            "request_id": e.request_id, "step": e.step, "ts_wall": e.ts_wall}
+def _provenance(e: ev.ProvenanceEvent) -> tuple:
+    return (e.run_id, e.rank, e.call_index, _json(e.configured), _json(e.received),
+            tuple(e.received) == tuple(e.configured), e.width, e.request_id, e.step, e.ts_wall)
 
 
-def _load_report(e: ev.LoadReport) -> Row:
-    return {"run_id": e.run_id, "rank": e.rank, "module": e.module, "source": e.source,
-            "strict": e.strict, "loaded": e.loaded, "missing": _json(e.missing),
-            "unexpected": _json(e.unexpected), "renamed": _json(e.renamed), "ts_wall": e.ts_wall}
+def _load_report(e: ev.LoadReport) -> tuple:
+    return (e.run_id, e.rank, e.module, e.source, e.strict, e.loaded, _json(e.missing),
+            _json(e.unexpected), _json(e.renamed), e.ts_wall)
 
 
-def _finding(e: ev.Finding) -> Row:
-    return {"run_id": e.run_id, "source": e.source, "code": e.code, "severity": e.severity,
-            "message": e.message, "evidence": _json(e.evidence), "fix": e.fix, "ts_wall": e.ts_wall}
+def _finding(e: ev.Finding) -> tuple:
+    return (e.run_id, e.source, e.code, e.severity, e.message, _json(e.evidence), e.fix, e.ts_wall)
 
 
-ROUTES: dict[str, tuple[str, Callable[[Any], Row]]] = {
+ROUTES: dict[str, tuple[str, Callable[[Any], Row | tuple]]] = {
     ev.RunStart.kind: ("runs", _run),
     ev.RankStart.kind: ("rank_start", _rank_start),
     ev.RankStatus.kind: ("rank_status", _rank_status),
@@ -135,11 +145,13 @@ _KEYS: dict[str, tuple[tuple[str, ...], bool]] = {  # statement -> (key columns,
 }
 
 
-def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row]]:
-    """Rows per statement name of :data:`STATEMENTS` (statements without rows are absent).
+def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
+    """Rows per statement name of :data:`STATEMENTS` (statements without rows are absent): tuples in
+    :data:`INSERT_COLUMNS` order for the plain inserts, dicts of column values for the others.
 
     Raises:
-        KeyError: an object whose ``kind`` is not an event kind of :mod:`specscope.events`.
+        KeyError: an object whose ``kind`` is not an event kind of :mod:`specscope.events`;
+        AttributeError / TypeError: an event with fields of the wrong type.
     """
     grouped: dict[str, list[Row]] = {}
     for event in events:

@@ -14,6 +14,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Connection, Engine
 
 from specscope.errors import ReadOnlyViolation, SchemaVersionError, StoreError
@@ -21,7 +23,7 @@ from specscope.events import Event
 from specscope.storage import migrations, schema
 from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S, Target, create_engine, parse_target
 from specscope.storage._errors import translate
-from specscope.storage._rows import STATEMENTS, Counters, counter_rows, group_rows
+from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, counter_rows, group_rows
 
 _PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
 
@@ -47,6 +49,7 @@ class Store:
         self._write_engine = write_engine
         self._read_engine = read_engine
         self._statements = _write_statements(self.dialect)
+        self._inserts = _insert_sql(self.dialect)
 
     def __repr__(self) -> str:
         mode = "read-only" if self.read_only else "read-write"
@@ -84,8 +87,9 @@ class Store:
             raise ReadOnlyViolation(f"store {self.url} was opened read-only")
         try:
             grouped = group_rows(events)
-        except (KeyError, AttributeError) as exc:
-            raise StoreError(f"writing to {self.url}: not a specscope event: {exc}") from exc
+        except (KeyError, AttributeError, TypeError, ValueError) as exc:
+            raise StoreError(f"writing to {self.url}: not a specscope event or a malformed one: "
+                             f"{type(exc).__name__}: {exc}") from exc
         if counters:
             rows = counter_rows(counters, time.time())
             if rows:
@@ -95,7 +99,11 @@ class Store:
         with translate("writing to", self.url), self._write_engine.begin() as conn:
             for name in STATEMENTS:
                 rows = grouped.get(name)
-                if rows:
+                if not rows:
+                    continue
+                if name in self._inserts:
+                    conn.exec_driver_sql(self._inserts[name], rows)
+                else:
                     conn.execute(self._statements[name], rows)
 
     def add_counters(self, run_id: str, rank: int, written: int, dropped: int) -> None:
@@ -173,8 +181,18 @@ def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None
         return [column.name for column in cursor.description], [tuple(row) for row in rows]
 
 
+def _insert_sql(dialect: str) -> dict[str, str]:
+    """Driver-level INSERT of each plain-insert table, positional parameters in ``INSERT_COLUMNS``
+    order (compiled by SQLAlchemy from schema.py; psycopg's ``format`` paramstyle takes tuples)."""
+    compiler_dialect = (PGDialect_psycopg(paramstyle="format") if dialect == "postgresql"
+                        else SQLiteDialect_pysqlite())
+    return {name: str(schema.metadata.tables[name].insert().compile(
+                dialect=compiler_dialect, column_keys=list(columns), for_executemany=True))
+            for name, columns in INSERT_COLUMNS.items()}
+
+
 def _write_statements(dialect: str) -> dict[str, sa.Executable]:
-    """The statement of each name in ``_rows.STATEMENTS``; upserts use the dialect's INSERT ... ON
+    """The SQLAlchemy statement of each name in ``_rows.STATEMENTS`` that is not a plain insert; upserts use the dialect's INSERT ... ON
     CONFLICT construct (same API in SQLAlchemy's sqlite and postgresql dialects)."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     ranks, requests = schema.run_ranks, schema.requests
@@ -204,11 +222,6 @@ def _write_statements(dialect: str) -> dict[str, sa.Executable]:
         "rank_status": rank_status,
         "request_start": insert(requests).on_conflict_do_nothing(index_elements=["run_id", "request_id"]),
         "request_end": request_end,
-        "verify_steps": schema.verify_steps.insert(),
-        "tensor_events": schema.tensor_events.insert(),
-        "provenance": schema.provenance.insert(),
-        "load_reports": schema.load_reports.insert(),
-        "findings": schema.findings.insert(),
         "counters": counters,
     }
 

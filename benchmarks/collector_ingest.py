@@ -1,0 +1,160 @@
+"""Sustained ingest of the collector into SQLite, against raw ``sqlite3`` on the same rows (DESIGN.md §9).
+
+Run: ``python -m benchmarks.collector_ingest [--events N] [--batch-size B] [--repeat R]``.
+
+The mix is what an instrumented EAGLE-3 decode produces: per verify step one VerifyStep and six
+TensorEvents (draft input, fc input/output, three target capture layers), plus a request start / end
+every 64 steps. Events are built before timing (that is the engine's cost, not the collector's).
+
+Three ways into a fresh store file with the full schema (indexes included), each the median of R runs:
+
+- ``raw sqlite3``: prebuilt row tuples, ``executemany`` per table, ONE transaction: the floor.
+- ``Store.write``: events -> rows -> executemany, one transaction per batch of B events.
+- ``Collector``: ``emit()`` on this thread, writes on the collector's thread, until ``flush()``
+  returns; capacity = N so nothing is dropped. Also reports the engine-thread cost of ``emit()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from specscope import events as ev
+from specscope.collector import Collector
+from specscope.storage import open_store
+from specscope.storage._rows import INSERT_COLUMNS, group_rows
+
+RUN = "bench"
+HOOKS = (("draft.forward:hidden_states", (1, 1, 1728), (1, -1, 1728)),
+         ("draft.fc:input", (1, 1, 1728), (1, -1, 1728)),
+         ("draft.fc:output", (1, 1, 576), (1, -1, 576)),
+         ("target.layers.2:input", (1, 1, 576), None),
+         ("target.layers.15:input", (1, 1, 576), None),
+         ("target.layers.27:input", (1, 1, 576), None))
+
+
+def make_events(n: int) -> list[ev.Event]:
+    """About ``n`` events of the decode mix described in the module docstring."""
+    events: list[ev.Event] = [
+        ev.RunStart(run_id=RUN, engine="reference", engine_version="0", target_model="t",
+                    draft_model="d", config={"k": 4}),
+        ev.RankStart(run_id=RUN, rank=0, world_size=1, host="h", pid=1, device="cpu")]
+    step = call = 0
+    while len(events) < n:
+        request = f"req-{step // 64}"
+        if step % 64 == 0:
+            events.append(ev.RequestStart(run_id=RUN, request_id=request, rank=0, prompt_tokens=40))
+        events.append(ev.VerifyStep(run_id=RUN, request_id=request, rank=0, step=step % 64, proposed=4,
+                                    accepted=step % 5, draft_s=0.004, verify_s=0.011))
+        for hook, shape, expected in HOOKS:
+            events.append(ev.TensorEvent(run_id=RUN, rank=0, hook_point=hook, call_index=call,
+                                         shape=shape, dtype="float32", device="cpu",
+                                         expected_shape=expected, request_id=request, step=step % 64))
+            call += 1
+        if step % 64 == 63:
+            events.append(ev.RequestEnd(run_id=RUN, request_id=request, rank=0, output_tokens=190,
+                                        verify_steps=64))
+        step += 1
+    return events[:n]
+
+
+def _fresh_store(folder: Path, name: str) -> str:
+    path = str(folder / f"{name}.db")
+    open_store(path).close()
+    return path
+
+
+def run_raw(events: list[ev.Event], folder: Path) -> float:
+    """Seconds to insert the plain-insert rows of ``events`` with sqlite3 executemany, one transaction.
+    (Runs, ranks and requests, under 1% of the mix, go through Store.write untimed.)"""
+    path = _fresh_store(folder, "raw")
+    grouped = group_rows(events)
+    with open_store(path) as store:
+        store.write([e for e in events if e.kind in ("run_start", "rank_start", "request_start")])
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    statements = {name: f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+                  for name, cols in INSERT_COLUMNS.items()}
+    start = time.perf_counter()
+    conn.execute("BEGIN")
+    for name, sql in statements.items():
+        if grouped.get(name):
+            conn.executemany(sql, grouped[name])
+    conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return elapsed
+
+
+def run_store(events: list[ev.Event], folder: Path, batch_size: int) -> float:
+    """Seconds for Store.write over batches of ``batch_size`` events."""
+    with open_store(_fresh_store(folder, "store")) as store:
+        start = time.perf_counter()
+        for i in range(0, len(events), batch_size):
+            store.write(events[i:i + batch_size], counters={(RUN, 0): (batch_size, 0)})
+        return time.perf_counter() - start
+
+
+def run_collector(events: list[ev.Event], folder: Path, batch_size: int) -> tuple[float, float, int]:
+    """(seconds until flush() returned, seconds spent in emit(), events dropped)."""
+    collector = Collector(_fresh_store(folder, "collector"), capacity=len(events), batch_size=batch_size)
+    emit = collector.emit
+    start = time.perf_counter()
+    for event in events:
+        emit(event)
+    emitted = time.perf_counter()
+    if not collector.flush(timeout_s=600):
+        raise RuntimeError("collector flush failed")
+    done = time.perf_counter()
+    collector.close()
+    return done - start, emitted - start, collector.dropped
+
+
+def _median(fn: Callable[[Path], float], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="specscope-bench-") as folder:
+            times.append(fn(Path(folder)))
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--batch-size", type=int, default=5_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    events = make_events(args.events)
+    n = len(events)
+    share = {kind: sum(e.kind == kind for e in events) / n for kind in ("tensor", "verify_step")}
+
+    raw = _median(lambda folder: run_raw(events, folder), args.repeat)
+    store = _median(lambda folder: run_store(events, folder, args.batch_size), args.repeat)
+    emits: list[float] = []
+    drops: list[int] = []
+
+    def collector_run(folder: Path) -> float:
+        total, emit_s, dropped = run_collector(events, folder, args.batch_size)
+        emits.append(emit_s)
+        drops.append(dropped)
+        return total
+
+    collector = _median(collector_run, args.repeat)
+
+    print(f"collector ingest into SQLite {sqlite3.sqlite_version}: {n} events "
+          f"({share['tensor']:.0%} TensorEvent, {share['verify_step']:.0%} VerifyStep), "
+          f"batch {args.batch_size}, median of {args.repeat}")
+    print(f"{'path':<16}{'seconds':>10}{'events/s':>12}{'vs raw':>9}")
+    for name, seconds in (("raw sqlite3", raw), ("Store.write", store), ("Collector", collector)):
+        print(f"{name:<16}{seconds:>10.3f}{n / seconds:>12,.0f}{raw / seconds:>9.0%}")
+    print(f"emit() on the engine thread: {statistics.median(emits) / n * 1e6:.2f} µs/event; "
+          f"dropped: {max(drops)}; target (DESIGN.md §9): 200,000 events/s")
+
+
+if __name__ == "__main__":
+    main()
