@@ -291,3 +291,10 @@ def test_single_file_uses_sibling_config(ckpt):
     report = inspect_checkpoint(ckpt.write() / "model.safetensors", engine="vllm")
     assert report.exit_code == 0 and report.format == "eagle3"
     assert ("midlayer.hidden_norm.weight", "layers.0.hidden_norm.weight") in report.plan.renamed
+
+
+def test_exported_names_are_complete():
+    import specscope.inspector as inspector
+
+    assert all(hasattr(inspector, name) for name in inspector.__all__)
+    assert {"inspect_checkpoint", "InspectionReport", "render_text"} <= set(inspector.__all__)

@@ -49,8 +49,8 @@ def inspect_checkpoint(path: str | Path, engine: str = "sglang",
     ``model.safetensors.index.json``) or one ``.safetensors`` file. ``target_config``: the target's
     ``config.json`` (path or :class:`TargetConfig`) for the size checks. ``serve_dtype``: ``"bf16"``,
     ``"fp16"`` or ``"fp32"`` (the fp16 range check runs for ``"fp16"``).
-    Peak memory stays near one read chunk (32 MiB of data) plus the small maps, whatever the size of
-    the checkpoint. Raises :class:`~specscope.errors.CheckpointError` for an unreadable checkpoint and
+    Peak memory stays near a few float32 copies of one read chunk (4 MiB of data), whatever the
+    size of the checkpoint (``benchmarks/inspect_memory.py``). Raises :class:`~specscope.errors.CheckpointError` for an unreadable checkpoint and
     :class:`~specscope.errors.ConfigError` for an unknown engine, serve dtype or target config.
     """
     if engine not in ENGINES:

@@ -32,13 +32,17 @@ class TensorStats:
 
 
 def tensor_stats(reader: CheckpointReader, name: str) -> TensorStats:
-    """Statistics of floating-point tensor ``name``, reading it chunk by chunk (float64 sums)."""
+    """Statistics of floating-point tensor ``name``, reading it chunk by chunk.
+
+    Element-wise work is float32 on one chunk at a time (a few chunk-sized temporaries); the running
+    sums are Python floats (float64).
+    """
     n = nonfinite = 0
     s1 = s2 = s4 = 0.0
     absmax = 0.0
     all_ones = all_zero = True
     for chunk in reader.chunks(name):
-        x = chunk.reshape(-1).to(torch.float64)
+        x = chunk.reshape(-1).to(torch.float32)
         finite = torch.isfinite(x)
         bad = int(x.numel() - finite.sum())
         if bad:
@@ -47,16 +51,16 @@ def tensor_stats(reader: CheckpointReader, name: str) -> TensorStats:
         nonfinite += bad
         n += x.numel()
         if x.numel():
-            absmax = max(absmax, float(x.abs().max()))
+            absmax = max(absmax, float(x.max()), -float(x.min()))
             all_ones = all_ones and bool((x == 1).all())
             all_zero = all_zero and bool((x == 0).all())
             s1 += float(x.sum())
-            x2 = x * x
-            s2 += float(x2.sum())
-            s4 += float((x2 * x2).sum())
+            x.square_()  # in place: one chunk-sized buffer for every moment
+            s2 += float(x.sum())
+            s4 += float(x.square_().sum())
     mean = s1 / n if n else 0.0
-    var = max(s2 / n - mean * mean, 0.0) if n else 0.0
     m2 = s2 / n if n else 0.0
+    var = max(m2 - mean * mean, 0.0)
     kurtosis = (s4 / n) / (m2 * m2) if m2 > 0 else 0.0
     return TensorStats(n + nonfinite, nonfinite, absmax, mean, math.sqrt(var), kurtosis,
                        all_ones and n > 0, all_zero and n > 0)
