@@ -4,7 +4,8 @@ Formulas (DESIGN.md section 4, also in :mod:`specscope.storage.schema`'s docstri
 ``mean_acceptance_length = 1 + accepted / verify_steps``, ``acceptance_rate = accepted / proposed``,
 ``p_i = steps with position i accepted / verify_steps``. Every division is guarded: a run or request
 with no verify step, or nothing proposed, gets NULL, never a division error. The SQL is portable
-between SQLite and PostgreSQL (no engine-specific functions).
+between SQLite and PostgreSQL (no engine-specific functions); ratios are cast to DOUBLE PRECISION so
+PostgreSQL returns floats, not NUMERIC.
 
 | view | one row per | what |
 |---|---|---|
@@ -22,13 +23,13 @@ _ACCEPTANCE_COLUMNS = """
     COUNT(*) AS verify_steps,
     SUM(proposed) AS proposed,
     SUM(accepted) AS accepted,
-    1.0 + 1.0 * SUM(accepted) / COUNT(*) AS mean_acceptance_length,
-    CASE WHEN SUM(proposed) > 0 THEN 1.0 * SUM(accepted) / SUM(proposed) END AS acceptance_rate,
+    1.0 + CAST(SUM(accepted) AS DOUBLE PRECISION) / COUNT(*) AS mean_acceptance_length,
+    CASE WHEN SUM(proposed) > 0 THEN CAST(SUM(accepted) AS DOUBLE PRECISION) / SUM(proposed) END AS acceptance_rate,
     SUM(accepted) + COUNT(*) AS emitted_tokens,
     MIN(ts_wall) AS first_wall,
     MAX(ts_wall) AS last_wall,
     CASE WHEN MAX(ts_wall) > MIN(ts_wall)
-         THEN (SUM(accepted) + COUNT(*)) / (MAX(ts_wall) - MIN(ts_wall)) END AS tokens_per_s
+         THEN CAST(SUM(accepted) + COUNT(*) AS DOUBLE PRECISION) / (MAX(ts_wall) - MIN(ts_wall)) END AS tokens_per_s
 """
 
 VIEWS: dict[str, str] = {
@@ -43,9 +44,9 @@ FROM verify_steps GROUP BY run_id, rank
     "v_request_acceptance": """
 SELECT r.run_id, r.request_id, r.rank, r.prompt_tokens, r.output_tokens,
        COALESCE(s.verify_steps, 0) AS verify_steps, s.proposed, s.accepted,
-       CASE WHEN s.verify_steps > 0 THEN 1.0 + 1.0 * s.accepted / s.verify_steps END
+       CASE WHEN s.verify_steps > 0 THEN 1.0 + CAST(s.accepted AS DOUBLE PRECISION) / s.verify_steps END
            AS mean_acceptance_length,
-       CASE WHEN s.proposed > 0 THEN 1.0 * s.accepted / s.proposed END AS acceptance_rate,
+       CASE WHEN s.proposed > 0 THEN CAST(s.accepted AS DOUBLE PRECISION) / s.proposed END AS acceptance_rate,
        r.started_wall, r.finished_wall,
        r.finished_wall - r.started_wall AS duration_s
 FROM requests r
@@ -58,7 +59,8 @@ LEFT JOIN (SELECT run_id, request_id, COUNT(*) AS verify_steps, SUM(proposed) AS
 SELECT v.run_id, p.pos AS position,
        SUM(CASE WHEN SUBSTR(v.accepted_mask, p.pos + 1, 1) = '1' THEN 1 ELSE 0 END) AS accepted_steps,
        COUNT(*) AS verify_steps,
-       1.0 * SUM(CASE WHEN SUBSTR(v.accepted_mask, p.pos + 1, 1) = '1' THEN 1 ELSE 0 END) / COUNT(*)
+       CAST(SUM(CASE WHEN SUBSTR(v.accepted_mask, p.pos + 1, 1) = '1' THEN 1 ELSE 0 END)
+            AS DOUBLE PRECISION) / COUNT(*)
            AS acceptance
 FROM verify_steps v JOIN positions p ON p.pos < v.proposed
 GROUP BY v.run_id, p.pos

@@ -1,0 +1,225 @@
+"""The reference engine: chain speculative decoding with an EAGLE-3 draft, greedy and lossless.
+
+Per verify step (k drafts), following SGLang's EAGLE worker (``python/sglang/srt/speculative/
+eagle_worker.py``) reduced to a chain of top-1 drafts:
+
+1. the draft proposes d_1..d_k: d_1 from its last target-fed call, each later d_j from a chained call
+   that reads the draft's own previous hidden state;
+2. the target verifies ``[x_n, d_1..d_k]`` in one forward on its KV cache; the longest prefix with
+   ``d_i == argmax`` is accepted plus one bonus token (the target's own choice), so the output equals the
+   target's greedy decoding token for token;
+3. both caches roll back: the target's drops the rejected positions, the draft's drops its chained
+   entries and re-runs the accepted tokens with the target's aux hidden states ("draft extend").
+
+The engine knows only the instrumentation API (``tracer.start_request / record_verify /
+finish_request``) and runs identically without it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from specscope import metrics
+from specscope.engine.checkpoint import DEFAULT_DRAFT_DIR, DRAFT_MODEL_ID, LoadedDraft, load_draft
+from specscope.engine.draft import DraftCache
+from specscope.engine.faults import check_fault
+from specscope.engine.target import TARGET_MODEL_ID, load_target
+from specscope.errors import ConfigError
+from specscope.events import RunConfig
+
+ENGINE_NAME = "specscope-reference"
+ENGINE_VERSION = "0.1.0"
+
+
+@dataclass
+class RequestResult:
+    """One served request. Token counts are in target-vocabulary tokens; durations in seconds."""
+
+    request_id: str
+    prompt: str
+    prompt_tokens: int
+    token_ids: list[int]
+    text: str
+    accepted: list[int] = field(default_factory=list)  # accepted drafts per verify step
+    proposed: list[int] = field(default_factory=list)  # drafts verified per verify step
+    duration_s: float = 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens per verify step, bonus included (DESIGN.md section 4)."""
+        return metrics.mean_acceptance_length(self.accepted)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens."""
+        return metrics.acceptance_rate(self.accepted, self.proposed)
+
+
+class Engine:
+    """Target SmolLM2-135M-Instruct + reference EAGLE-3 draft, one request at a time on the CPU.
+
+    Args:
+        draft_dir: EAGLE-3 checkpoint folder (default: the head shipped with specscope).
+        fault: a fault switch from :data:`specscope.engine.faults.FAULTS`, or None.
+        k: draft tokens per verify step (>= 1).
+        tracer: optional instrumentation (``specscope.instrumentation.Tracer``); None = not observed.
+        target: an already loaded ``(model, tokenizer)`` pair to share between engines.
+
+    Raises:
+        ConfigError: unknown fault or k < 1. CheckpointError: the draft checkpoint does not load.
+        ModelNotFoundError: the target model package is missing.
+    """
+
+    def __init__(self, draft_dir: str | Path = DEFAULT_DRAFT_DIR, fault: str | None = None, k: int = 4,
+                 tracer=None, target=None) -> None:
+        if k < 1:
+            raise ConfigError(f"k must be at least 1, got {k}")
+        self.fault = check_fault(fault)
+        self.k = k
+        self.tracer = tracer
+        self.target, self.tokenizer = target if target is not None else load_target()
+        self.loaded: LoadedDraft = load_draft(draft_dir, self.target.get_input_embeddings(), fault)
+        self.draft = self.loaded.model
+        cfg = self.draft.config
+        shift = 1 if fault == "aux-off-by-one" else 0
+        # Physical capture points: "hidden state entering layer i" = HF hidden_states[i].
+        self.capture_ids = tuple(i + shift for i in cfg.aux_layer_ids)
+        self.eos_id = self.tokenizer.eos_token_id
+
+    def run_config(self) -> RunConfig:
+        """The target/draft contract for instrumentation (widths in elements)."""
+        cfg = self.draft.config
+        return RunConfig(aux_layer_ids_configured=cfg.aux_layer_ids, aux_layer_ids_resolved=cfg.aux_layer_ids,
+                         target_hidden_size=self.target.config.hidden_size,
+                         expected_fused_width=self.draft.fc.in_features, k=self.k,
+                         num_target_layers=self.target.config.num_hidden_layers, dtype="float32")
+
+    @property
+    def model_ids(self) -> tuple[str, str]:
+        """``(target model id, draft model id)`` as recorded in runs."""
+        return TARGET_MODEL_ID, DRAFT_MODEL_ID
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        """Chat-template a user prompt: (1, P) token ids."""
+        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                 add_generation_prompt=True, return_tensors="pt")
+        return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+
+    def _aux(self, hidden_states) -> torch.Tensor:
+        """The draft's input features from a target forward: (1, T, W)."""
+        if self.fault == "no-aux-capture":  # capture never activated: final (normed) hidden state
+            return hidden_states[-1]
+        return torch.cat([hidden_states[i] for i in self.capture_ids], dim=-1)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], max_new_tokens: int = 64, request_ids: list[str] | None = None
+                 ) -> list[RequestResult]:
+        """Serve ``prompts`` one after another with speculative decoding.
+
+        Returns one :class:`RequestResult` per prompt, in order; ``request_ids`` default to
+        ``req-<index>``.
+        """
+        ids = request_ids or [f"req-{i}" for i in range(len(prompts))]
+        if len(ids) != len(prompts):
+            raise ConfigError(f"{len(prompts)} prompts but {len(ids)} request ids")
+        return [self._serve(rid, p, max_new_tokens) for rid, p in zip(ids, prompts)]
+
+    def _serve(self, rid: str, prompt: str, max_new_tokens: int) -> RequestResult:
+        start = time.perf_counter()
+        prompt_ids = self.encode(prompt)
+        if self.tracer is not None:
+            self.tracer.start_request(rid, prompt_tokens=prompt_ids.shape[1])
+        result = RequestResult(rid, prompt, prompt_ids.shape[1], [], "")
+        state = _State(self, prompt_ids)
+        out = state.tokens[-1:]
+        while len(out) < max_new_tokens and out[-1] != self.eos_id:
+            t0 = time.perf_counter()
+            drafts = state.propose(self.k)
+            t1 = time.perf_counter()
+            accepted, new = state.verify(drafts)
+            t2 = time.perf_counter()
+            new = _truncate(new, max_new_tokens - len(out), self.eos_id)
+            out += new
+            result.accepted.append(accepted)
+            result.proposed.append(len(drafts))
+            if self.tracer is not None:
+                self.tracer.record_verify(rid, proposed=len(drafts), accepted=accepted, draft_s=t1 - t0,
+                                          verify_s=t2 - t1, emitted=[self.tokenizer.decode([t]) for t in new])
+        result.token_ids = out[:max_new_tokens]
+        result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        result.duration_s = time.perf_counter() - start
+        if self.tracer is not None:
+            self.tracer.finish_request(rid, output_tokens=len(result.token_ids), text=result.text)
+        return result
+
+    @torch.no_grad()
+    def greedy(self, prompt: str, max_new_tokens: int = 64) -> list[int]:
+        """The target's own greedy decoding, one token per forward (the lossless reference)."""
+        ids = self.encode(prompt)
+        cache = DynamicCache(config=self.target.config)
+        out: list[int] = []
+        while len(out) < max_new_tokens and (not out or out[-1] != self.eos_id):
+            logits = self.target(ids, past_key_values=cache, use_cache=True).logits
+            out.append(int(logits[0, -1].argmax()))
+            ids = torch.tensor([[out[-1]]])
+        return out
+
+
+def _truncate(new: list[int], room: int, eos: int) -> list[int]:
+    new = new[:room]
+    return new[: new.index(eos) + 1] if eos in new else new
+
+
+class _State:
+    """Caches and positions of one request. ``tokens`` holds every token so far; the target cache
+    covers all but the last one; the draft cache holds one target-fed entry per position 1..n."""
+
+    def __init__(self, engine: Engine, prompt_ids: torch.Tensor) -> None:
+        self.engine, self.target, self.draft = engine, engine.target, engine.draft
+        self.cache = DynamicCache(config=self.target.config)
+        self.dcache = DraftCache()
+        out = self.target(prompt_ids, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
+        self.tokens = prompt_ids[0].tolist() + [int(out.logits[0, -1].argmax())]
+        self._extend(self.tokens[1:], start=1, aux=engine._aux(out.hidden_states))
+
+    def _extend(self, new_tokens: list[int], start: int, aux: torch.Tensor) -> None:
+        """Target-fed draft call: tokens at positions start.. with the target's features (1, T, W)."""
+        ids = torch.tensor([new_tokens])
+        positions = torch.arange(start, start + len(new_tokens))[None]
+        logits, hidden = self.draft(ids, positions, aux, self.dcache)
+        self.last_logits, self.last_hidden = logits[:, -1], hidden[:, -1:]
+
+    def propose(self, k: int) -> list[int]:
+        """k chained draft tokens (target ids)."""
+        n = len(self.tokens) - 1
+        logits, hidden, drafts = self.last_logits, self.last_hidden, []
+        for j in range(k):
+            token = self.draft.to_target_ids(logits.argmax(-1))  # (1,)
+            drafts.append(int(token))
+            if j + 1 < k:
+                out, hidden = self.draft(token[None], torch.tensor([[n + 1 + j]]), hidden, self.dcache)
+                logits, hidden = out[:, -1], hidden[:, -1:]
+        return drafts
+
+    def verify(self, drafts: list[int]) -> tuple[int, list[int]]:
+        """Target forward on ``[x_n, d_1..d_k]``; returns (accepted drafts, emitted tokens)."""
+        n, k = len(self.tokens) - 1, len(drafts)
+        ids = torch.tensor([[self.tokens[-1], *drafts]])  # (1, k+1)
+        out = self.target(ids, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
+        greedy = out.logits[0].argmax(-1).tolist()  # (k+1,) the target's choice after each prefix
+        m = 0
+        while m < k and drafts[m] == greedy[m]:
+            m += 1
+        new = drafts[:m] + [greedy[m]]
+        if k - m:
+            self.cache.crop(-(k - m))  # transformers 5: a negative count of tokens to drop
+        self.dcache.crop(n)  # drop the chained entries; the accepted tokens are re-run target-fed
+        aux = self.engine._aux(out.hidden_states)[:, : m + 1]  # (1, m+1, W): positions n..n+m
+        self.tokens += new
+        self._extend(new, start=n + 1, aux=aux)
+        return m, new

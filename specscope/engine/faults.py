@@ -1,0 +1,25 @@
+"""Fault switches: each reproduces a publicly reported EAGLE-3 serving failure by changing only the
+plumbing between target and draft. Verification stays lossless (the output text is unchanged);
+acceptance is what suffers, silently — which is what specscope must make visible.
+"""
+
+from __future__ import annotations
+
+from specscope.errors import ConfigError
+
+FAULTS: dict[str, str] = {
+    "no-aux-capture": "aux capture never activated: the draft receives the target's final hidden state "
+                      "(width H) and fc is skipped because that width equals the embedding width",
+    "aux-off-by-one": "capture ids shifted by +1 (an explicit-id convention mix-up between engines)",
+    "unrenamed-keys": "the draft layer is stored as layers.0.* while the loader maps midlayer.* "
+                      "non-strictly, so the layer silently keeps its random init",
+    "d2t-absolute": "d2t holds absolute target ids, so adding the index again maps drafts to wrong tokens",
+    "lm-head-missing": "the draft's lm_head is missing from the checkpoint and stays at random init",
+}
+
+
+def check_fault(name: str | None) -> str | None:
+    """Return ``name`` if it is a known fault (or None). Raises ConfigError listing the valid names."""
+    if name is not None and name not in FAULTS:
+        raise ConfigError(f"unknown fault {name!r}; choose one of: {', '.join(FAULTS)}")
+    return name
