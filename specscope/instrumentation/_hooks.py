@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from specscope.instrumentation._sampling import PointSampler, SamplingConfig
+from specscope.instrumentation._sampling import SamplingConfig, TensorPoint
 
 if TYPE_CHECKING:
     from specscope.instrumentation._provenance import Provenance
@@ -27,25 +27,16 @@ MAX_ITEMS = 16
 LayerInput = Callable[[tuple, dict], "torch.Tensor | None"]
 
 
-class TensorPoint:
-    """One hook point (e.g. ``draft.forward:hidden_states``) and its sampling state."""
-
-    __slots__ = ("name", "sampler")
-
-    def __init__(self, name: str, sampling: SamplingConfig) -> None:
-        self.name = name
-        self.sampler = PointSampler(sampling)
-
-
 class PointTable:
     """Hook points of one module hook, made on first sight: ``prefix:key`` or ``prefix:key.index``."""
 
-    __slots__ = ("_prefix", "_sampling", "_points")
+    __slots__ = ("_prefix", "_sampling", "_points", "_runs")
 
     def __init__(self, prefix: str, sampling: SamplingConfig) -> None:
         self._prefix = prefix
         self._sampling = sampling
         self._points: dict[Any, TensorPoint] = {}
+        self._runs: dict[tuple[str, int], tuple[TensorPoint, ...]] = {}
 
     def get(self, key: str | tuple[str, Any]) -> TensorPoint:
         point = self._points.get(key)
@@ -54,14 +45,26 @@ class PointTable:
             point = self._points[key] = TensorPoint(f"{self._prefix}:{suffix}", self._sampling)
         return point
 
+    def run(self, name: str, count: int) -> tuple[TensorPoint, ...]:
+        """Points ``name.0`` .. ``name.{count-1}`` (cached: a tuple output costs no name building)."""
+        points = self._runs.get((name, count))
+        if points is None:
+            points = self._runs[(name, count)] = tuple(self.get((name, i)) for i in range(count))
+        return points
 
-def guarded(tracer: Tracer, name: str, body: Callable[..., None]) -> Callable[..., None]:
-    """Wrap a hook body ``body(capturing, module, *hook_args)``: count the call, swallow errors."""
-    enter, failed = tracer._enter_hook, tracer._hook_failed
 
-    def hook(module: nn.Module, *hook_args: Any) -> None:
+def guarded(tracer: Tracer, name: str, body: Callable[[bool, nn.Module, Any, Any], None]) -> Callable:
+    """Wrap ``body(capturing, module, args, kwargs_or_output)``: count the call, tag CUDA-graph
+    capture, swallow and count any exception. The counters are bumped inline (hot path)."""
+    probe, failed = tracer._capturing, tracer._hook_failed
+
+    def hook(module: nn.Module, args: tuple, extra: Any = None) -> None:
+        tracer.hook_calls += 1
         try:
-            body(enter(), module, *hook_args)
+            capturing = probe()
+            if capturing:
+                tracer._capture_calls += 1
+            body(capturing, module, args, extra)
         except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
             failed(name, exc)
 
@@ -73,9 +76,9 @@ def _visit(tracer: Tracer, table: PointTable, name: str, value: Any, capturing: 
     if isinstance(value, torch.Tensor):
         tracer._observe(table.get(name), value, None, capturing)
     elif isinstance(value, (tuple, list)):
-        for index, item in enumerate(value[:MAX_ITEMS]):
+        for point, item in zip(table.run(name, min(len(value), MAX_ITEMS)), value):
             if isinstance(item, torch.Tensor):
-                tracer._observe(table.get((name, index)), item, None, capturing)
+                tracer._observe(point, item, None, capturing)
     elif isinstance(value, Mapping):
         for count, (key, item) in enumerate(value.items()):
             if count == MAX_ITEMS:
@@ -94,33 +97,39 @@ def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def draft_forward_hooks(tracer: Tracer, draft: nn.Module, hidden_arg: str,
+def draft_forward_hooks(tracer: Tracer, draft: nn.Module, hidden_arg: str, draft_width: int,
                         provenance: Provenance | None) -> tuple[Callable, Callable]:
     """``(pre_hook, forward_hook)`` for the draft's forward.
 
     The pre-hook (``with_kwargs=True``) records every tensor argument as ``draft.forward:<argname>``;
-    ``hidden_arg`` is recorded with its expected width (fused on a target-fed call, the draft hidden
-    size on chained calls) and, on sampled target-fed calls, checked for provenance. The forward hook
-    records ``draft.forward:output`` (``output.0``, ``output.1``, ... for a tuple).
+    ``hidden_arg`` is recorded with its expected width (``config.expected_fused_width`` on a
+    target-fed call, ``draft_width`` on chained calls) and, on sampled target-fed calls, checked for
+    provenance. The forward hook records ``draft.forward:output`` (``output.0``, ... for a tuple).
     """
     names = positional_names(draft.forward)
     inputs = PointTable("draft.forward", tracer.sampling)
     outputs = PointTable("draft.forward", tracer.sampling)
+    positional = tuple((name, inputs.get(name)) for name in names)
+    hidden_point = inputs.get(hidden_arg)
+    fused = tracer.config.expected_fused_width
     observe = tracer._observe
 
     def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        fed, expected = tracer._draft_call()
-        pairs = chain(zip(names, args), kwargs.items()) if kwargs else zip(names, args)
-        if len(args) > len(names):  # beyond a *args: name them by position
-            pairs = chain(pairs, ((f"args.{i}", a) for i, a in enumerate(args[len(names):], len(names))))
-        for name, value in pairs:
-            if name == hidden_arg and isinstance(value, torch.Tensor):
-                point = inputs.get(name)
-                observe(point, value, expected, capturing)
-                if fed and provenance is not None and not capturing:
-                    tracer._check_provenance(value, point.sampler.calls - 1)
-            else:
+        fed = tracer._target_fed
+        tracer._target_fed = False
+        items = zip(positional, args)
+        if kwargs or len(args) > len(names):
+            extra = ((f"args.{i}", a) for i, a in enumerate(args[len(names):], len(names)))
+            items = chain(items, (((k, inputs.get(k)), v) for k, v in chain(extra, kwargs.items())))
+        for (name, point), value in items:
+            if not isinstance(value, torch.Tensor):
                 _visit(tracer, inputs, name, value, capturing)
+            elif point is not hidden_point:
+                observe(point, value, None, capturing)
+            else:
+                observe(point, value, fused if fed else draft_width, capturing)
+                if fed and provenance is not None and not capturing:
+                    tracer._check_provenance(value, point.calls - 1)
 
     def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
         _visit(tracer, outputs, "output", output, capturing)
@@ -146,7 +155,7 @@ def target_layer_hook(tracer: Tracer, index: int, record: bool, first: bool,
     width = tracer.config.target_hidden_size
 
     def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if first:
+        if first:  # a new target forward: the next draft call is target-fed
             tracer._target_forward()
         hidden = layer_input(args, kwargs)
         if hidden is None:
@@ -177,7 +186,7 @@ def module_hooks(tracer: Tracer, name: str) -> tuple[Callable, Callable]:
     """
     table = PointTable(name, tracer.sampling)
 
-    def pre(capturing: bool, module: nn.Module, args: tuple) -> None:
+    def pre(capturing: bool, module: nn.Module, args: tuple, unused: None) -> None:
         _visit(tracer, table, "input", args[0] if len(args) == 1 else args, capturing)
 
     def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:

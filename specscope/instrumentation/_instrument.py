@@ -76,12 +76,11 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
         for index, layer in layer_hooks:
             hook = target_layer_hook(tracer, index, index in aux, index == first, provenance, read_input)
             handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
-    pre, post = draft_forward_hooks(tracer, draft, draft_hidden_arg, provenance)
+    pre, post = draft_forward_hooks(tracer, draft, draft_hidden_arg, draft_width, provenance)
     handles += [draft.register_forward_pre_hook(pre, with_kwargs=True), draft.register_forward_hook(post)]
     for name, module in extra:
         pre, post = module_hooks(tracer, name)
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    tracer._draft_width = draft_width
     tracer._provenance = provenance
     tracer.device = tracer.device or module_device(draft)
     tracer._adopt(handles)

@@ -37,28 +37,26 @@ class SamplingConfig:
             raise ConfigError("first_calls, provenance_every and max_signatures must be >= 0")
 
 
-class PointSampler:
-    """Per-hook-point call counter and sampling decision. ``tick`` is the hot path: no device access."""
+class TensorPoint:
+    """One hook point (e.g. ``draft.forward:hidden_states``): its call count and the signatures seen.
 
-    __slots__ = ("calls", "_seen", "_first", "_every", "_max")
+    The sampling decision itself is inlined in ``Tracer._observe`` (the hot path); this class only
+    holds the state and the rarely taken "new signature" branch.
+    """
 
-    def __init__(self, config: SamplingConfig) -> None:
+    __slots__ = ("name", "calls", "seen", "_max")
+
+    def __init__(self, name: str, sampling: SamplingConfig) -> None:
+        self.name = name
         self.calls = 0
-        self._seen: set[tuple] = set()
-        self._first = config.first_calls
-        self._every = config.sample_every
-        self._max = config.max_signatures
+        self.seen: set[tuple] = set()
+        self._max = sampling.max_signatures
 
-    def tick(self, signature: tuple) -> bool:
-        """Count one call (index ``calls - 1`` afterwards); True when this call is to be recorded."""
-        index = self.calls
-        self.calls = index + 1
-        if signature not in self._seen:
-            if len(self._seen) >= self._max:
-                self._seen.clear()
-            self._seen.add(signature)
-            return True
-        return index < self._first or index % self._every == 0
+    def remember(self, signature: tuple) -> None:
+        """Add a new (shape, dtype, device, expected width) signature; start over when full."""
+        if len(self.seen) >= self._max:
+            self.seen.clear()
+        self.seen.add(signature)
 
 
 def value_stats(tensor: torch.Tensor) -> tuple[float | None, float | None, int | None]:

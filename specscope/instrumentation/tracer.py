@@ -28,7 +28,7 @@ from specscope.instrumentation._context import capture_probe, default_device, pr
 from specscope.instrumentation._sampling import SamplingConfig, value_stats
 
 if TYPE_CHECKING:
-    from specscope.instrumentation._hooks import TensorPoint
+    from specscope.instrumentation._sampling import TensorPoint
     from specscope.instrumentation._provenance import Provenance
 
 logger = logging.getLogger("specscope")
@@ -75,6 +75,8 @@ class Tracer:
         context = process_context()
         self.host, self.pid, self.rank, self.world_size = (
             context.host, context.pid, context.rank, context.world_size)
+        self._first_calls, self._sample_every = first_calls, sample_every
+        # Counters bumped inline by the hooks (see _hooks.guarded).
         self.hook_calls = 0
         self.hook_errors = 0
         self._capture_calls = 0
@@ -88,10 +90,8 @@ class Tracer:
         self._steps: dict[str, int] = {}
         self._request: str | None = None
         self._step: int | None = None
-        # Target-fed bookkeeping (set by instrument): expected draft input widths, provenance.
+        # Set by start_request / record_verify / a target forward, consumed by the next draft call.
         self._target_fed = False
-        self._fused_width: int | None = config.expected_fused_width
-        self._draft_width: int | None = None
         self._provenance: Provenance | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -212,24 +212,12 @@ class Tracer:
         except Exception as exc:  # noqa: BLE001 - a failing sink must not reach the engine
             self._hook_failed("sink.emit", exc)
 
-    def _enter_hook(self) -> bool:
-        self.hook_calls += 1
-        capturing = self._capturing()
-        if capturing:
-            self._capture_calls += 1
-        return capturing
-
     def _hook_failed(self, point: str, exc: Exception) -> None:
         self.hook_errors += 1
         if point not in self._failed_points:
             self._failed_points.add(point)
             logger.warning("specscope: hook %s failed (%s: %s); later failures there are only counted",
                            point, type(exc).__name__, exc)
-
-    def _draft_call(self) -> tuple[bool, int | None]:
-        """``(target_fed, expected hidden width)`` of a draft forward call; consumes the fed flag."""
-        fed, self._target_fed = self._target_fed, False
-        return fed, self._fused_width if fed else self._draft_width
 
     def _target_forward(self) -> None:
         self._target_fed = True
@@ -238,18 +226,25 @@ class Tracer:
 
     def _observe(self, point: TensorPoint, tensor: torch.Tensor, expected_width: int | None,
                  capturing: bool) -> None:
-        """Hot path: count the call at ``point``; emit a :class:`TensorEvent` on sampled calls."""
-        if not point.sampler.tick((tensor.shape, tensor.dtype, tensor.device, expected_width)):
-            return
+        """Hot path: count the call at ``point``; emit a :class:`TensorEvent` on sampled calls
+        (first calls, a new signature, every Nth call). Reads tensor metadata only."""
+        signature = (tensor.shape, tensor.dtype, tensor.device, expected_width)
+        index = point.calls
+        point.calls = index + 1
+        if signature in point.seen:
+            if index >= self._first_calls and index % self._sample_every:
+                return
+        else:
+            point.remember(signature)
         shape = tuple(tensor.shape)
         expected = None if expected_width is None else (-1,) * (len(shape) - 1) + (expected_width,)
         absmax = mean = nonfinite = None
         if self.sampling.value_stats and not capturing:
             absmax, mean, nonfinite = value_stats(tensor)
         self._emit(TensorEvent(
-            self.run_id, self.rank, point.name, point.sampler.calls - 1, shape,
-            str(tensor.dtype).removeprefix("torch."), str(tensor.device), expected, absmax, mean,
-            nonfinite, self._request, self._step, "capture" if capturing else "eager"))
+            self.run_id, self.rank, point.name, index, shape, str(tensor.dtype).removeprefix("torch."),
+            str(tensor.device), expected, absmax, mean, nonfinite, self._request, self._step,
+            "capture" if capturing else "eager"))
 
     def _check_provenance(self, hidden: torch.Tensor, call_index: int) -> None:
         provenance = self._provenance
