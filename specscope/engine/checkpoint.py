@@ -28,13 +28,15 @@ _KEEP_DTYPE = ("d2t", "t2d")
 @dataclass(frozen=True)
 class LoadedDraft:
     """A loaded draft and what its loader saw: ``checkpoint_keys`` as stored (after any fault's
-    rewrite), ``missing`` parameters left at init, ``unexpected`` keys dropped."""
+    rewrite), ``missing`` parameters left at init, ``unexpected`` keys dropped, and whether the load
+    was ``strict`` (raises on either) or lenient (silent, like the engines' ``load_weights``)."""
 
     model: Eagle3Draft
     path: Path
     checkpoint_keys: tuple[str, ...]
     missing: tuple[str, ...]
     unexpected: tuple[str, ...]
+    strict: bool
 
 
 def save_draft(folder: str | Path, draft: Eagle3Draft) -> None:
@@ -85,7 +87,7 @@ def load_draft(folder: str | Path, embed_tokens: nn.Module, fault: str | None = 
                               f"{sorted(result.missing_keys)}, unexpected keys {sorted(result.unexpected_keys)}")
     model.to(dtype).eval()
     return LoadedDraft(model, Path(folder), tuple(state), tuple(result.missing_keys),
-                       tuple(result.unexpected_keys))
+                       tuple(result.unexpected_keys), strict)
 
 
 def _apply_fault(state: dict[str, torch.Tensor], fault: str | None) -> dict[str, torch.Tensor]:

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import (
     LlamaConfig,
@@ -231,8 +230,7 @@ class Eagle3Draft(nn.Module):
             k, v = cache.append(k, v)
         else:
             past = 0
-        mask = _causal_mask(q.shape[-2], past, q.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        out = _attend(q, k, v, _causal_mask(q.shape[-2], past, q.device))
         hidden_out = self.midlayer.finish(attn.output(out), hidden)  # (B, T, H)
         return self.lm_head(self.norm(hidden_out)), hidden_out
 
@@ -243,6 +241,18 @@ class Eagle3Draft(nn.Module):
         vocabulary so the engine keeps running and the failure stays silent, as in the engines.
         """
         return (draft_ids + self.d2t[draft_ids]) % self.config.vocab_size
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Plain grouped-query attention: q (B, h, T, d), k/v (B, kvh, S, d), mask (T, S) -> (B, h, T, d).
+
+    Written out because torch's CPU SDPA kernel costs ~10 ms for the draft's 1-token queries, several
+    times the whole draft step done this way.
+    """
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, h, T, S)
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
 
 
 def _causal_mask(t: int, past: int, device: torch.device) -> torch.Tensor:

@@ -76,6 +76,7 @@ def generate_data(model, tokenizer, prompts, aux_ids, max_new_tokens: int, batch
             labels = torch.full((len(tokens),), -1, dtype=torch.int64)
             labels[width - pad - 1: len(tokens) - 1] = greedy[r, :n_ans]
             data.append((tokens, feats.to(torch.float16), labels))
+        print(f"  generated {len(data)}/{len(prompts)} sequences", flush=True)
     return data
 
 
@@ -176,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-cache", type=Path, default=None, help="reuse/save generated data here")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t0 = time.time()
     torch.manual_seed(args.seed)
     target, tokenizer = load_target()

@@ -1,0 +1,96 @@
+"""The reference engine, measured side by side in one process on the held-out prompts.
+
+Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--k K] [--rounds R]``.
+
+1. Acceptance at k (DESIGN.md section 4): mean acceptance length, acceptance rate, per-position
+   acceptance, over every held-out prompt, healthy and under each fault.
+2. Decode speed: speculative decoding vs the target's own greedy decoding (tokens/s), the same
+   prompts and token counts, alternating so machine load hits both alike.
+3. Instrumentation overhead: the same speculative decode with a specscope Tracer at default settings
+   (shape sampling, no value statistics, no provenance) writing through a Collector into a temporary
+   SQLite store vs not instrumented; ``rounds`` alternating rounds, median tokens/s each, ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from specscope import metrics
+from specscope.collector import Collector
+from specscope.engine import ENGINE_NAME, ENGINE_VERSION, FAULTS, Engine, heldout_prompts, load_target
+from specscope.instrumentation import Tracer, instrument
+
+
+def acceptance(engine: Engine, prompts: list[str], max_new: int) -> dict:
+    results = engine.generate(prompts, max_new_tokens=max_new)
+    accepted = [a for r in results for a in r.accepted]
+    proposed = [p for r in results for p in r.proposed]
+    return {"al": metrics.mean_acceptance_length(accepted), "rate": metrics.acceptance_rate(accepted, proposed),
+            "pos": metrics.per_position_acceptance(accepted, engine.k), "steps": len(accepted),
+            "tokens": sum(len(r.token_ids) for r in results)}
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    tokens = fn()
+    return tokens / (time.perf_counter() - start)
+
+
+def speed(engine: Engine, prompts: list[str], max_new: int, rounds: int) -> tuple[float, float]:
+    """Median tokens/s of (speculative, target-only greedy) over alternating rounds."""
+    spec, greedy = [], []
+    for _ in range(rounds):
+        spec.append(_timed(lambda: sum(len(r.token_ids) for r in engine.generate(prompts, max_new))))
+        greedy.append(_timed(lambda: sum(len(engine.greedy(p, max_new)) for p in prompts)))
+    return statistics.median(spec), statistics.median(greedy)
+
+
+def overhead(engine: Engine, prompts: list[str], max_new: int, rounds: int) -> tuple[float, float]:
+    """Median tokens/s of (not instrumented, instrumented) over alternating rounds."""
+    bare, traced = [], []
+    target_id, draft_id = engine.model_ids
+    with tempfile.TemporaryDirectory() as tmp, Collector(str(Path(tmp) / "bench.db")) as collector:
+        for _ in range(rounds):
+            engine.tracer = None
+            bare.append(_timed(lambda: sum(len(r.token_ids) for r in engine.generate(prompts, max_new))))
+            with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
+                        draft_model=draft_id, config=engine.run_config()) as tracer:
+                instrument(tracer, draft=engine.draft, target=engine.target)
+                engine.tracer = tracer
+                traced.append(_timed(lambda: sum(len(r.token_ids) for r in engine.generate(prompts, max_new))))
+            engine.tracer = None
+    return statistics.median(bare), statistics.median(traced)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=None, help="held-out prompts to use (default all)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds for the timings")
+    parser.add_argument("--speed-prompts", type=int, default=4, help="prompts per timing round")
+    args = parser.parse_args(argv)
+    target = load_target()
+    prompts = heldout_prompts()[: args.prompts]
+    print(f"held-out prompts: {len(prompts)}, max_new_tokens {args.max_new_tokens}, k={args.k}\n")
+    print(f"{'fault':<16} {'AL':>6} {'rate':>6} {'steps':>6}  per-position acceptance")
+    for fault in [None, *FAULTS]:
+        row = acceptance(Engine(target=target, fault=fault, k=args.k), prompts, args.max_new_tokens)
+        pos = " ".join(f"{p:.2f}" for p in row["pos"])
+        print(f"{fault or 'healthy':<16} {row['al']:6.3f} {row['rate']:6.3f} {row['steps']:6d}  {pos}", flush=True)
+    engine = Engine(target=target, k=args.k)
+    few = prompts[: args.speed_prompts]
+    spec, greedy = speed(engine, few, args.max_new_tokens, args.rounds)
+    print(f"\ndecode tokens/s (median of {args.rounds}): speculative {spec:.1f}, target-only greedy "
+          f"{greedy:.1f}, speed-up x{spec / greedy:.2f}")
+    bare, traced = overhead(engine, few, args.max_new_tokens, args.rounds)
+    print(f"instrumented decode (median of {args.rounds}): {traced:.1f} vs {bare:.1f} tokens/s bare, "
+          f"overhead {100 * (bare / traced - 1):+.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The demo job: the reference engine, instrumented, serving built-in prompts into a trace store.
+
+One process per rank; with ``ranks > 1`` the ranks form a torch.distributed (gloo) group and split
+the requests, so per-rank views hold real data. Every rank writes through its own collector into the
+same store; rank 0 also stores the checkpoint inspection of the draft. Provenance sampling is on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import uuid
+from dataclasses import dataclass
+
+from specscope.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What one demo run does. ``max_new_tokens`` and ``k`` in tokens; ``provenance_every``: compare
+    fingerprints on every Nth target-fed draft call (0 = off)."""
+
+    db: str
+    requests: int = 8
+    fault: str | None = None
+    ranks: int = 1
+    k: int = 4
+    max_new_tokens: int = 48
+    provenance_every: int = 4
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def check(self) -> None:
+        """Raise ConfigError for values the demo cannot run with."""
+        from specscope.engine.faults import check_fault
+
+        check_fault(self.fault)
+        if self.requests < 1 or self.ranks < 1 or self.k < 1 or self.max_new_tokens < 1:
+            raise ConfigError("--requests, --ranks, --k and --max-new-tokens must be at least 1")
+        if self.ranks > self.requests:
+            raise ConfigError(f"--ranks {self.ranks} exceeds --requests {self.requests}: a rank would idle")
+
+
+def run_demo(opts: DemoOptions) -> str:
+    """Run the demo into ``opts.db`` and return the run id. Raises ConfigError for bad options."""
+    opts.check()
+    if opts.ranks == 1:
+        _serve_rank(0, opts, None)
+    else:
+        import torch.multiprocessing as mp
+
+        mp.spawn(_serve_rank, args=(opts, _free_port()), nprocs=opts.ranks, join=True)
+    return opts.run_id
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_rank(rank: int, opts: DemoOptions, port: int | None) -> None:
+    import torch.distributed as dist
+
+    from specscope.collector import Collector
+
+    if port is not None:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=opts.ranks)
+    try:
+        with Collector(opts.db) as collector:
+            _serve(rank, opts, collector)
+    finally:
+        if port is not None:
+            dist.destroy_process_group()
+
+
+def _serve(rank: int, opts: DemoOptions, collector) -> None:
+    from specscope.engine import DEFAULT_DRAFT_DIR, ENGINE_NAME, ENGINE_VERSION, Engine, demo_prompts
+    from specscope.inspector import inspect_checkpoint
+    from specscope.instrumentation import Tracer, instrument
+
+    engine = Engine(fault=opts.fault, k=opts.k)
+    target_id, draft_id = engine.model_ids
+    with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
+                draft_model=draft_id, config=engine.run_config(), run_id=opts.run_id, fault=opts.fault,
+                provenance_every=opts.provenance_every) as tracer:
+        instrument(tracer, draft=engine.draft, target=engine.target, modules=["fc"])
+        tracer.check_load(engine.draft, list(engine.loaded.checkpoint_keys), engine="reference",
+                          strict=engine.loaded.strict)
+        if rank == 0:
+            for finding in inspect_checkpoint(DEFAULT_DRAFT_DIR, engine="reference").findings:
+                collector.emit(dataclasses.replace(finding, run_id=opts.run_id))
+        engine.tracer = tracer
+        mine = list(range(opts.requests))[rank::opts.ranks]
+        prompts = demo_prompts(opts.requests)
+        engine.generate([prompts[i] for i in mine], max_new_tokens=opts.max_new_tokens,
+                        request_ids=[f"req-{i:03d}" for i in mine])
