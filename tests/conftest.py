@@ -82,3 +82,12 @@ def store(store_url: str) -> Iterator[Store]:
         yield opened
     finally:
         opened.close()
+
+
+@pytest.fixture(scope="session")
+def target_pair():
+    """The real SmolLM2-135M-Instruct target and tokenizer, loaded once per session (from the
+    dequantized cache after the first run)."""
+    from specscope.engine import load_target
+
+    return load_target()
