@@ -1,7 +1,8 @@
 """Real small models for the instrumentation tests: a random Llama target, an EAGLE-3-shaped draft and
 a chain-drafting loop that feeds the draft real aux hidden states (no engine code involved).
 
-``ListSink`` is a test-only sink (the package's real one is ``specscope.collector.Collector``).
+``ListSink`` (re-exported from ``_list_sink``) is a test-only sink; the package's real one is
+``specscope.collector.Collector``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from _list_sink import ListSink  # noqa: F401 - re-exported for the tests
 from specscope.events import RunConfig
 
 HIDDEN = 64
@@ -19,30 +21,6 @@ LAYERS = 8
 VOCAB = 256
 AUX = (2, 4, 6)
 K = 3
-
-
-class ListSink:
-    """Collects events in a list (tests only)."""
-
-    def __init__(self) -> None:
-        self.events: list = []
-        self.flushes = 0
-        self.closed = False
-
-    def emit(self, event) -> None:
-        self.events.append(event)
-
-    def flush(self) -> None:
-        self.flushes += 1
-
-    def close(self) -> None:
-        self.closed = True
-
-    def of(self, cls) -> list:
-        return [e for e in self.events if isinstance(e, cls)]
-
-    def tensors(self, hook_point: str) -> list:
-        return [e for e in self.events if getattr(e, "hook_point", None) == hook_point]
 
 
 class TinyEagle3Draft(nn.Module):

@@ -370,3 +370,66 @@ def test_a_tracer_instruments_once(models):
         instrument(tracer, draft=draft, target=target)
         with pytest.raises(ConfigError):
             tracer.instrument(draft=draft)
+
+
+def test_reference_engine_draft_module_is_observed(models):
+    """The reference engine's Eagle3Draft (a DraftCache argument, shared embedding, d2t/t2d buffers)."""
+    from specscope.engine.draft import DraftCache, DraftConfig, Eagle3Draft
+
+    target, _ = models
+    torch.manual_seed(1)
+    draft = Eagle3Draft(DraftConfig(hidden_size=HIDDEN, target_hidden_size=HIDDEN, intermediate_size=128,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    vocab_size=256, draft_vocab_size=256, aux_layer_ids=AUX),
+                        target.get_input_embeddings()).eval()
+    plain = run_engine(target, draft, requests=1, steps=2, draft_kwargs={"cache": DraftCache()})
+    for capture, received in (("ok", AUX), ("off", (LAYERS,))):
+        sink = ListSink()
+        with make_tracer(sink, provenance_every=1) as tracer:
+            instrument(tracer, draft=draft, target=target, modules=("fc", "midlayer"))
+            traced = run_engine(target, draft, tracer, capture=capture, requests=1, steps=2,
+                                draft_kwargs={"cache": DraftCache()})
+        assert tracer.hook_errors == 0
+        fed = [e for e in sink.tensors("draft.forward:hidden_states") if e.expected_shape[-1] == FUSED]
+        assert [e.shape[-1] for e in fed] == [len(received) * HIDDEN] * 2
+        assert {e.received for e in sink.of(ProvenanceEvent)} == {received}
+        assert sink.tensors("draft.forward:output.0")[0].shape == (1, 6, 256)
+        assert not any(e.hook_point.startswith("draft.forward:cache") for e in sink.of(TensorEvent))
+        if capture == "ok":
+            assert len(traced) == len(plain) and all(torch.equal(a, b) for a, b in zip(plain, traced))
+    assert all(not m._forward_pre_hooks for m in draft.modules())
+
+
+def test_rank_and_world_size_come_from_torch_distributed(tmp_path):
+    from _rank_worker import run_rank  # a light module: the spawned ranks skip transformers
+
+    torch.multiprocessing.spawn(run_rank, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=2)
+    assert (tmp_path / "rank0.txt").read_text() == "0 2 2 [0]"
+    assert (tmp_path / "rank1.txt").read_text() == "1 2 2 [1]"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_capture_is_tagged_and_replay_is_invisible():
+    draft = TinyEagle3Draft().cuda().eval()
+    args = (torch.zeros(1, 1, dtype=torch.long, device="cuda"), torch.zeros(1, 1, dtype=torch.long, device="cuda"),
+            torch.randn(1, 1, HIDDEN, device="cuda"))
+    sink = ListSink()
+    tracer = make_tracer(sink)
+    instrument(tracer, draft=draft)
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            draft(*args)  # eager warm-up, as torch.cuda.graph requires
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            draft(*args)
+        calls = tracer.hook_calls
+        graph.replay()
+        torch.cuda.synchronize()
+    assert tracer.hook_calls == calls  # replays never reach a hook
+    tracer.close()
+    phases = [e.graph_phase for e in sink.tensors("draft.forward:hidden_states")]
+    assert phases == ["eager", "capture"]
+    assert sink.of(RankStatus)[-1].graph_mode == "mixed" and tracer.hook_errors == 0

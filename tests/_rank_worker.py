@@ -1,0 +1,27 @@
+"""One rank of a 2-process gloo group for the tracer's rank / world-size test (spawned)."""
+
+from __future__ import annotations
+
+import torch
+
+from _list_sink import ListSink
+from specscope.events import RankStart, RunConfig, RunStart
+from specscope.instrumentation import Tracer
+
+
+def run_rank(rank: int, store_file: str, out_dir: str) -> None:
+    """Join the group, run a tracer, write ``rank world_size run_world_size [ranks seen]``."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    try:
+        sink = ListSink()
+        config = RunConfig(aux_layer_ids_resolved=(2,), target_hidden_size=8, expected_fused_width=8,
+                           k=1, num_target_layers=4)
+        with Tracer(sink, run_id="shared", engine="e", engine_version="0", target_model="t",
+                    draft_model="d", config=config) as tracer:
+            tracer.start_request(f"r{rank}", 4)
+        start = sink.of(RankStart)[0]
+        ranks = sorted({e.rank for e in sink.events})  # every event names its rank
+        with open(f"{out_dir}/rank{rank}.txt", "w") as fh:
+            fh.write(f"{start.rank} {start.world_size} {sink.of(RunStart)[0].world_size} {ranks}")
+    finally:
+        torch.distributed.destroy_process_group()
