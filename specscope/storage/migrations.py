@@ -39,8 +39,16 @@ def create_tables(conn: Connection) -> None:
     conn.execute(schema.positions.insert(), [{"pos": pos} for pos in range(schema.MAX_POSITIONS)])
 
 
+def add_tensor_contract_index(conn: Connection) -> None:
+    """Version 2: ``ix_tensor_events_contract``, the covering index of the dashboard's shape-contract
+    queries (a fresh store already has it from step 1)."""
+    index = next(ix for ix in schema.tensor_events.indexes if ix.name == "ix_tensor_events_contract")
+    index.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
+    Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
 )
 
 

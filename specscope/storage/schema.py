@@ -25,7 +25,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -120,6 +120,10 @@ tensor_events = Table(
     Column("graph_phase", String(16), nullable=False),
     Column("ts_wall", Float, nullable=False),
     Index("ix_tensor_events_run_point", "run_id", "hook_point", "rank"),
+    # Covers the dashboard's shape-contract queries (one index range per run, no table reads): the
+    # distinct shapes per hook point and rank with their first / last time. Schema version 2.
+    Index("ix_tensor_events_contract", "run_id", "hook_point", "rank", "shape", "expected_shape",
+          "dtype", "graph_phase", "ts_wall"),
 )
 
 provenance = Table(
