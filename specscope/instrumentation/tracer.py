@@ -75,7 +75,7 @@ class Tracer:
         context = process_context()
         self.host, self.pid, self.rank, self.world_size = (
             context.host, context.pid, context.rank, context.world_size)
-        self._first_calls, self._sample_every = first_calls, sample_every
+        self._first_calls, self._sample_every = first_calls, sample_every  # plain attrs: hot path
         # Counters bumped inline by the hooks (see _hooks.guarded).
         self.hook_calls = 0
         self.hook_errors = 0
