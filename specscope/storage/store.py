@@ -19,7 +19,7 @@ from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Connection, Engine
 
 from specscope.errors import ReadOnlyViolation, SchemaVersionError, StoreError
-from specscope.events import Event
+from specscope.events import Event, Finding
 from specscope.storage import migrations, schema
 from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S, Target, create_engine, parse_target
 from specscope.storage._errors import translate
@@ -105,6 +105,31 @@ class Store:
                     conn.exec_driver_sql(self._inserts[name], rows)
                 else:
                     conn.execute(self._statements[name], rows)
+
+    def replace_findings(self, source: str, run_ids: Sequence[str], findings: Sequence[Finding]) -> None:
+        """Delete the ``source`` findings (``"doctor"`` / ``"inspect"``) of ``run_ids`` and write
+        ``findings`` in ONE transaction, so a reader sees the old set or the new one, never a mix.
+
+        Raises:
+            ReadOnlyViolation: the store was opened read-only.
+            StoreError: as :meth:`write`.
+        """
+        if self._write_engine is None:
+            raise ReadOnlyViolation(f"store {self.url} was opened read-only")
+        try:
+            if any(f.kind != "finding" for f in findings):
+                raise TypeError("only Finding events can replace findings")
+            rows = group_rows(findings).get("findings", [])
+        except (KeyError, AttributeError, TypeError, ValueError) as exc:
+            raise StoreError(f"writing to {self.url}: not a specscope finding or a malformed one: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        table = schema.findings
+        with translate("writing to", self.url), self._write_engine.begin() as conn:
+            if run_ids:
+                conn.execute(table.delete().where(table.c.source == source,
+                                                  table.c.run_id.in_(list(run_ids))))
+            if rows:
+                conn.exec_driver_sql(self._inserts["findings"], rows)
 
     def add_counters(self, run_id: str, rank: int, written: int, dropped: int) -> None:
         """Add ``written`` / ``dropped`` to ``run_ranks.events_written`` / ``events_dropped`` of one
