@@ -1,5 +1,36 @@
-"""`specscope doctor` (placeholder until its issue lands)."""
+"""`specscope doctor --db URL [--run ID] [--json]`: runtime findings over a trace store (DESIGN.md
+section 6).
+
+The store is opened read-only (never created nor upgraded). Exit status: 0 no error finding, 1 at
+least one error finding, 2 unusable input (missing store, unknown run: one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from specscope.doctor import diagnose, render_text
+from specscope.storage import open_store
 
 
-def register(sub):
-    sub.add_parser("doctor", help="(not built yet)").set_defaults(func=lambda args: 2)
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``doctor`` subcommand."""
+    parser = sub.add_parser(
+        "doctor", help="diagnose recorded runs (aux capture, acceptance, weights, observation)",
+        description="Run the runtime rules over the runs of a specscope store and print the findings, "
+                    "errors first, each with evidence and a fix.")
+    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
+                        "(postgresql+psycopg://user@host:5432/db)")
+    parser.add_argument("--run", metavar="ID", help="diagnose this run only (default: every run)")
+    parser.add_argument("--json", action="store_true", help="print the machine format of DESIGN.md "
+                        "section 6")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; returns 0 / 1 (StoreError, ConfigError: exit 2 via the CLI shell)."""
+    with open_store(args.db, create=False, read_only=True) as store:
+        report = diagnose(store, args.run)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else render_text(report))
+    return report.exit_code

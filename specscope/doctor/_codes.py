@@ -1,0 +1,41 @@
+"""Runtime finding codes and their severities (DESIGN.md section 6), and the one way to build one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from specscope.events import Finding
+
+SEVERITY = {
+    "AUX_NOT_FUSED": "error",
+    "AUX_CAPTURE_SILENT": "error",
+    "AUX_CAPTURE_PARTIAL": "error",
+    "AUX_LAYER_MISMATCH": "error",
+    "ACCEPT_COLLAPSE": "error",
+    "ACCEPT_SATURATED": "warning",
+    "POSITION0_LOW": "warning",
+    "NONFINITE_ACTIVATIONS": "error",
+    "RANK_DIVERGENCE": "warning",
+    "WEIGHTS_DROPPED": "error",
+    "EVENTS_DROPPED": "warning",
+    "HOOK_ERRORS": "warning",
+    "GRAPH_MODE_BLIND": "info",
+}
+CODES = tuple(SEVERITY)
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+# Engine knobs named in fixes (DESIGN.md section 7).
+CAPTURE_KNOBS = ("SGLang `set_eagle3_layers_to_capture`, vLLM `set_aux_hidden_state_layers`, "
+                 "draft config `eagle_aux_hidden_state_layer_ids`")
+
+
+def finding(code: str, run_id: str, message: str, evidence: dict[str, Any], fix: str) -> Finding:
+    """A :class:`~specscope.events.Finding` of ``code`` with its fixed severity, ``source="doctor"``."""
+    return Finding(code=code, severity=SEVERITY[code], message=message, evidence=evidence, fix=fix,
+                   run_id=run_id, source="doctor")
+
+
+def by_severity(findings: Iterable[Finding]) -> list[Finding]:
+    """Errors first, then warnings, then info; stable within a severity."""
+    return sorted(findings, key=lambda f: _ORDER[f.severity])

@@ -1,0 +1,95 @@
+"""Run the rules over a store's runs, and save their findings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from specscope.doctor._codes import by_severity
+from specscope.doctor._context import RunContext, parse_json
+from specscope.doctor._report import DoctorReport, RunSummary
+from specscope.doctor._rules_accept import check_collapse, check_position0, check_saturated
+from specscope.doctor._rules_capture import (
+    check_capture_partial,
+    check_capture_silent,
+    check_layer_mismatch,
+    check_not_fused,
+)
+from specscope.doctor._rules_health import (
+    check_events_dropped,
+    check_graph_mode,
+    check_hook_errors,
+    check_nonfinite,
+    check_weights_dropped,
+)
+from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
+from specscope.errors import ConfigError
+from specscope.events import Finding
+from specscope.storage import Store
+
+Rule = Callable[[RunContext], list[Finding]]
+
+RULES: tuple[Rule, ...] = (
+    check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
+    check_collapse, check_saturated, check_position0, check_nonfinite, check_rank_acceptance,
+    check_rank_shapes, check_weights_dropped, check_events_dropped, check_hook_errors,
+    check_graph_mode,
+)
+"""Every runtime rule, in report order within a severity. Each reads one :class:`RunContext`."""
+
+_RUNS = sa.text("SELECT run_id, engine, fault, config FROM runs ORDER BY started_wall DESC, run_id")
+_RUN = sa.text("SELECT run_id, engine, fault, config FROM runs WHERE run_id = :run_id")
+_KNOWN_SHOWN = 20
+
+
+def diagnose(store: Store, run_id: str | None = None) -> DoctorReport:
+    """Run every rule of :data:`RULES` over one run (``run_id``) or all runs of ``store``.
+
+    Read-only (one read-only connection, nothing written); every aggregate is computed in SQL with
+    per-run filters, so the cost grows with a run's recorded events, not with the store.
+
+    Raises:
+        ConfigError: ``run_id`` is not in the store (the message names the known run ids).
+        StoreError: the store cannot be read, or holds malformed JSON in a run's columns.
+    """
+    with store.connect() as conn:
+        if run_id is None:
+            rows = list(conn.execute(_RUNS))
+        else:
+            rows = list(conn.execute(_RUN, {"run_id": run_id}))
+            if not rows:
+                raise ConfigError(f"no run {run_id!r} in {store.url}; {_known_runs(conn)}")
+        runs, findings = [], []
+        for row in rows:
+            ctx = RunContext(conn, row.run_id, row.engine, row.fault,
+                             parse_json(row.config, "runs.config", row.run_id))
+            runs.append(_summary(ctx))
+            for rule in RULES:
+                findings.extend(rule(ctx))
+    return DoctorReport(runs, by_severity(findings))
+
+
+def _known_runs(conn: sa.Connection) -> str:
+    ids = [row.run_id for row in conn.execute(_RUNS)]
+    if not ids:
+        return "the store holds no run"
+    more = f" and {len(ids) - _KNOWN_SHOWN} more" if len(ids) > _KNOWN_SHOWN else ""
+    return f"known runs: {', '.join(ids[:_KNOWN_SHOWN])}{more}"
+
+
+def _summary(ctx: RunContext) -> RunSummary:
+    acc = ctx.acceptance
+    return RunSummary(ctx.run_id, ctx.engine, ctx.fault, acc.requests, acc.verify_steps,
+                      acc.mean_acceptance_length, acc.acceptance_rate, ctx.per_position)
+
+
+def save_findings(store: Store, report: DoctorReport) -> None:
+    """Store ``report``'s findings (``source="doctor"``), replacing the doctor findings stored
+    earlier for the runs of ``report`` (one transaction; ``inspect`` findings stay).
+
+    Raises:
+        ReadOnlyViolation: ``store`` was opened read-only.
+        StoreError: the write failed (nothing changed).
+    """
+    store.replace_findings("doctor", [run.run_id for run in report.runs], report.findings)

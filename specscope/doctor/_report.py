@@ -1,0 +1,96 @@
+"""The doctor's report: the data, its JSON form (DESIGN.md section 6) and the human rendering."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specscope.events import Finding
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run's acceptance (DESIGN.md section 4, from the store's views). ``fault`` is the reference
+    engine's fault switch, shown only; AL (tokens per verify step) and rate are None without verify
+    steps; ``per_position_acceptance`` holds p_0, p_1, ..."""
+
+    run_id: str
+    engine: str
+    fault: str | None
+    requests: int
+    verify_steps: int
+    mean_acceptance_length: float | None
+    acceptance_rate: float | None
+    per_position_acceptance: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "engine": self.engine, "fault": self.fault,
+                "requests": self.requests, "verify_steps": self.verify_steps,
+                "mean_acceptance_length": self.mean_acceptance_length,
+                "acceptance_rate": self.acceptance_rate,
+                "per_position_acceptance": list(self.per_position_acceptance)}
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Result of :func:`specscope.doctor.diagnose`: runs newest first, findings errors first."""
+
+    runs: list[RunSummary]
+    findings: list[Finding]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any finding is an error, else 0 (DESIGN.md section 6)."""
+        return 1 if any(f.severity == "error" for f in self.findings) else 0
+
+    def codes(self, run_id: str | None = None) -> list[str]:
+        """Finding codes, of one run when ``run_id`` is given."""
+        return [f.code for f in self.findings if run_id is None or f.run_id == run_id]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"runs": [...], "findings": [FINDING + "run_id", ...]}`` (DESIGN.md section 6)."""
+        return {"runs": [r.to_dict() for r in self.runs],
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+_LISTED = 3  # list items shown per evidence value in text; --json has them all
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _evidence_line(evidence: dict[str, Any]) -> str:
+    """Scalars and flat lists (long ones shortened); nested details stay in ``--json``."""
+    shown = []
+    for key, value in evidence.items():
+        if isinstance(value, dict) or (isinstance(value, list)
+                                       and any(isinstance(x, (dict, list)) for x in value)):
+            continue
+        if isinstance(value, list) and len(value) > _LISTED:
+            value = "[" + ", ".join(map(str, value[:_LISTED])) + f", +{len(value) - _LISTED} more]"
+        shown.append(f"{key}={value}")
+    return ", ".join(shown)
+
+
+def render_text(report: DoctorReport) -> str:
+    """Per run one summary line, then the findings (errors first) with evidence and fix."""
+    lines = []
+    for run in report.runs:
+        fault = f" fault={run.fault}" if run.fault else ""
+        positions = " ".join(f"{p:.2f}" for p in run.per_position_acceptance) or "n/a"
+        lines.append(f"run {run.run_id} [{run.engine}{fault}]: {run.requests} request(s), "
+                     f"{run.verify_steps} verify step(s), AL {_number(run.mean_acceptance_length, '.2f')}, "
+                     f"rate {_number(run.acceptance_rate, '.1%')}, p_i {positions}")
+    if not report.runs:
+        lines.append("no runs in this store")
+    errors = sum(f.severity == "error" for f in report.findings)
+    warnings = sum(f.severity == "warning" for f in report.findings)
+    lines.append(f"{errors} error(s), {warnings} warning(s), "
+                 f"{len(report.findings) - errors - warnings} info")
+    for f in report.findings:
+        lines.append(f"{f.severity.upper():7} {f.code} [run {f.run_id}]: {f.message}")
+        if ev := _evidence_line(f.evidence):
+            lines.append(f"        evidence: {ev}")
+        lines.append(f"        fix: {f.fix}")
+    return "\n".join(lines)

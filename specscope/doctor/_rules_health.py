@@ -1,0 +1,128 @@
+"""Rules on the health of the run and of its observation: activations, weights, lost events, hooks."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from specscope.doctor._codes import finding
+from specscope.doctor._context import RunContext, number, parse_json
+from specscope.events import Finding
+
+MAX_LISTED = 10
+"""Keys or hook points listed in evidence at most."""
+
+
+def check_nonfinite(ctx: RunContext) -> list[Finding]:
+    """NONFINITE_ACTIVATIONS [error]: recorded value statistics counted inf/nan elements."""
+    rows = ctx.rows("nonfinite")
+    if not rows:
+        return []
+    first = rows[0]  # earliest seen: where the non-finite values entered
+    return [finding(
+        "NONFINITE_ACTIVATIONS", ctx.run_id,
+        f"{number(first.elements)} inf/nan element(s) at {first.hook_point} ({first.events} recorded "
+        f"call(s)), first of {len(rows)} hook point(s) with non-finite values",
+        {"hook_point": first.hook_point, "count": number(first.elements), "events": int(first.events),
+         "expected": 0,
+         "hook_points": [{"hook_point": r.hook_point, "count": number(r.elements)} for r in rows[:MAX_LISTED]]},
+        f"Trace the inf/nan back from {first.hook_point}: serve in bf16 instead of fp16 when activations "
+        "overflow, and check the draft weights with `specscope inspect --serve-dtype fp16`.")]
+
+
+def check_weights_dropped(ctx: RunContext) -> list[Finding]:
+    """WEIGHTS_DROPPED [error]: a load left parameters at their init or dropped checkpoint keys.
+
+    Reported whatever the load's ``strict`` flag: the run went on, so the keys were dropped and the
+    parameters left at init (vLLM, for one, is strict about unknown keys but not about missing ones)."""
+    findings = []
+    for row in ctx.rows("load_reports"):
+        missing = parse_json(row.missing, "load_reports.missing", ctx.run_id)
+        dropped = parse_json(row.unexpected, "load_reports.unexpected", ctx.run_id)
+        evidence = {"module": row.module, "source": row.source, "strict": bool(row.strict),
+                    "loaded": int(row.loaded), "dropped": len(dropped), "missing": len(missing),
+                    "expected_dropped": 0, "expected_missing": 0,
+                    "dropped_keys": dropped[:MAX_LISTED], "missing_params": missing[:MAX_LISTED],
+                    "rank": row.rank}
+        rename = prefix_rename(dropped, missing)
+        if rename:
+            evidence["rename"] = list(rename)
+        hint = (f"rename checkpoint keys `{rename[0]}*` to `{rename[1]}*`" if rename
+                else "make the checkpoint keys match the parameters the loader maps")
+        findings.append(finding(
+            "WEIGHTS_DROPPED", ctx.run_id,
+            f"loading {row.module} from {row.source} dropped {len(dropped)} checkpoint key(s) and left "
+            f"{len(missing)} parameter(s) at their init"
+            + (f" ({rename[0]}* not mapped to {rename[1]}*)" if rename else ""),
+            evidence,
+            f"Fix the checkpoint before serving: {hint} (or use a loader that renames them) and load "
+            "strictly; `specscope inspect --engine ENGINE` lists every dropped key."))
+    return findings
+
+
+def prefix_rename(dropped: list[str], missing: list[str]) -> tuple[str, str] | None:
+    """The most common ``(dropped prefix, missing prefix)`` pair of keys equal after their prefixes
+    (``layers.0.mlp.up_proj.weight`` / ``midlayer.mlp.up_proj.weight`` -> ``("layers.0.", "midlayer.")``)."""
+    by_suffix: dict[str, str] = {}
+    for name in missing:
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            by_suffix.setdefault(".".join(parts[i:]), ".".join(parts[:i]) + ".")
+    pairs: Counter = Counter()
+    for key in dropped:
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            target = by_suffix.get(".".join(parts[i:]))
+            if target is not None:
+                pairs[(".".join(parts[:i]) + ".", target)] += 1
+                break
+    return pairs.most_common(1)[0][0] if pairs else None
+
+
+def check_events_dropped(ctx: RunContext) -> list[Finding]:
+    """EVENTS_DROPPED [warning]: the collector lost events (full buffer, failed batch)."""
+    ranks = [r for r in ctx.rank_status if r.events_dropped]
+    if not ranks:
+        return []
+    dropped = sum(int(r.events_dropped) for r in ctx.rank_status)
+    written = sum(int(r.events_written) for r in ctx.rank_status)
+    return [finding(
+        "EVENTS_DROPPED", ctx.run_id,
+        f"{dropped} event(s) were dropped ({written} written) on rank(s) {[r.rank for r in ranks]}: "
+        "figures of this run undercount",
+        {"events_dropped": dropped, "events_written": written, "expected_dropped": 0,
+         "ranks": [r.rank for r in ranks], "dropped_per_rank": [int(r.events_dropped) for r in ranks]},
+        "Give the collector room (`Collector(capacity=..., batch_size=...)`), record fewer events "
+        "(`sample_every`, `first_calls`) or write to a faster store.")]
+
+
+def check_hook_errors(ctx: RunContext) -> list[Finding]:
+    """HOOK_ERRORS [warning]: hooks raised (caught, counted, never reached the engine)."""
+    ranks = [r for r in ctx.rank_status if r.hook_errors]
+    if not ranks:
+        return []
+    errors = sum(int(r.hook_errors) for r in ranks)
+    calls = sum(int(r.hook_calls) for r in ctx.rank_status)
+    return [finding(
+        "HOOK_ERRORS", ctx.run_id,
+        f"{errors} hook call(s) failed out of {calls} on rank(s) {[r.rank for r in ranks]}; "
+        "what those hooks should have recorded is missing",
+        {"hook_errors": errors, "hook_calls": calls, "expected_errors": 0,
+         "ranks": [r.rank for r in ranks], "errors_per_rank": [int(r.hook_errors) for r in ranks]},
+        "Read the engine log's first 'specscope: hook ... failed' warning of each failing hook point "
+        "and fix or unhook that point (`instrument(modules=...)`).")]
+
+
+def check_graph_mode(ctx: RunContext) -> list[Finding]:
+    """GRAPH_MODE_BLIND [info]: hooks saw CUDA-graph capture, not (all of) its replays."""
+    ranks = [r for r in ctx.rank_status if r.graph_mode != "eager"]
+    if not ranks:
+        return []
+    modes = [r.graph_mode for r in ranks]
+    return [finding(
+        "GRAPH_MODE_BLIND", ctx.run_id,
+        f"hooks ran under CUDA-graph capture on rank(s) {[r.rank for r in ranks]} ({', '.join(sorted(set(modes)))}): "
+        "per-step values of replayed steps are invisible; recorded shapes still hold",
+        {"graph_mode": modes[0], "expected_graph_mode": "eager", "ranks": [r.rank for r in ranks],
+         "modes": modes},
+        "For per-step values run a canary with eager decode (SGLang `--disable-cuda-graph`, vLLM "
+        "`enforce_eager=True`); acceptance figures and shapes stay valid either way.")]

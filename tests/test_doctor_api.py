@@ -1,0 +1,106 @@
+"""The doctor's public surface: exported names, all-runs reports, unknown runs, read-only use,
+saving findings, the JSON form and the text rendering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+import _traces as T
+import specscope.doctor as doctor
+from specscope.doctor import CODES, SEVERITY, diagnose, render_text, save_findings
+from specscope.errors import ConfigError, ReadOnlyViolation
+from specscope.events import Finding
+from specscope.storage import open_store
+
+RUNTIME_CODES = {  # DESIGN.md section 6, runtime
+    "AUX_NOT_FUSED": "error", "AUX_CAPTURE_SILENT": "error", "AUX_CAPTURE_PARTIAL": "error",
+    "AUX_LAYER_MISMATCH": "error", "ACCEPT_COLLAPSE": "error", "ACCEPT_SATURATED": "warning",
+    "POSITION0_LOW": "warning", "NONFINITE_ACTIVATIONS": "error", "RANK_DIVERGENCE": "warning",
+    "WEIGHTS_DROPPED": "error", "EVENTS_DROPPED": "warning", "HOOK_ERRORS": "warning",
+    "GRAPH_MODE_BLIND": "info",
+}
+
+
+def test_exported_members():
+    assert sorted(doctor.__all__) == sorted(n for n in dir(doctor) if not n.startswith("_")
+                                            and n not in {"annotations"})
+    assert SEVERITY == RUNTIME_CODES and set(CODES) == set(RUNTIME_CODES)
+
+
+def doctor_findings(store) -> list[tuple]:
+    with store.connect() as conn:
+        return list(conn.execute(sa.text(
+            "SELECT run_id, code, source FROM findings ORDER BY run_id, code, source")))
+
+
+def test_all_runs_newest_first_errors_first(store):
+    for trace in (T.hook_errors(), T.healthy(), T.no_aux_capture()):
+        trace.write(store)
+    report = diagnose(store)
+    assert {r.run_id for r in report.runs} == {"hook-errors", "healthy", "no-aux"}
+    order = [{"error": 0, "warning": 1, "info": 2}[f.severity] for f in report.findings]
+    assert order == sorted(order) and order[0] == 0 and order[-1] == 1
+    assert {f.run_id for f in report.findings} == {"hook-errors", "no-aux"}
+    assert report.exit_code == 1
+
+
+def test_unknown_run_names_known_ones(store):
+    T.healthy().write(store)
+    with pytest.raises(ConfigError, match="no run 'nope'.*known runs: healthy"):
+        diagnose(store, "nope")
+
+
+def test_empty_store(store):
+    report = diagnose(store)
+    assert (report.runs, report.findings, report.exit_code) == ([], [], 0)
+    assert "no runs" in render_text(report)
+
+
+def test_diagnose_is_read_only_and_save_replaces(store_url):
+    with open_store(store_url) as store:
+        T.no_aux_capture().write(store)
+        T.healthy().write(store)
+        store.write([Finding("KEYS_DROPPED", "error", "m", {}, "f", run_id="no-aux", source="inspect")])
+    with open_store(store_url, read_only=True) as ro:
+        report = diagnose(ro, "no-aux")  # works on a read-only store, writes nothing
+        assert len(doctor_findings(ro)) == 1
+        with pytest.raises(ReadOnlyViolation):
+            save_findings(ro, report)
+    with open_store(store_url) as store:
+        save_findings(store, report)
+        save_findings(store, diagnose(store, "no-aux"))  # replaces, does not add
+        rows = doctor_findings(store)
+        assert rows == sorted([("no-aux", code, "doctor") for code in report.codes()]
+                              + [("no-aux", "KEYS_DROPPED", "inspect")])
+        assert store.runs()[0]["error_findings"] + store.runs()[1]["error_findings"] == 4
+        save_findings(store, diagnose(store, "healthy"))  # other runs' findings stay
+        assert len(doctor_findings(store)) == len(rows)
+
+
+def test_to_dict_is_the_design_schema(store):
+    T.off_by_one().write(store)
+    data = json.loads(json.dumps(diagnose(store).to_dict()))
+    assert set(data) == {"runs", "findings"}
+    assert data["runs"] == [{
+        "run_id": "off-by-one", "engine": "specscope-reference", "fault": "aux-off-by-one",
+        "requests": 4, "verify_steps": 32, "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625,
+        "per_position_acceptance": [0.25, 0.0, 0.0, 0.0]}]
+    for finding in data["findings"]:
+        assert set(finding) == {"code", "severity", "message", "evidence", "fix", "run_id"}
+        assert finding["run_id"] == "off-by-one" and "\n" not in finding["message"]
+    assert [f["code"] for f in data["findings"]] == ["AUX_LAYER_MISMATCH", "POSITION0_LOW"]
+
+
+def test_render_text(store):
+    T.dropped_keys().write(store)
+    text = render_text(diagnose(store))
+    lines = text.splitlines()
+    assert lines[0].startswith("run dropped-keys [specscope-reference fault=unrenamed-keys]: 4 request(s), "
+                               "32 verify step(s), AL 1.00, rate 0.0%")
+    assert lines[1] == "2 error(s), 0 warning(s), 0 info"
+    assert any(line.startswith("ERROR   WEIGHTS_DROPPED [run dropped-keys]") for line in lines)
+    assert "rename=['layers.0.', 'midlayer.']" in text and "+7 more]" in text
+    assert sum(line.strip().startswith("fix: ") for line in lines) == 2

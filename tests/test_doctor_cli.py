@@ -1,0 +1,72 @@
+"""`specscope doctor --db URL [--run ID] [--json]`: output, JSON schema and exit status 0 / 1 / 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import _traces as T
+from specscope.cli import main
+from specscope.storage import open_store
+
+
+@pytest.fixture
+def db(store_url) -> str:
+    with open_store(store_url) as store:
+        T.healthy().write(store)
+        T.no_aux_capture().write(store)
+    return store_url
+
+
+def doctor(capsys, *args: str) -> tuple[int, str, str]:
+    status = main(["doctor", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_json_matches_the_design_schema(db, capsys):
+    status, out, _ = doctor(capsys, "--db", db, "--json")
+    data = json.loads(out)
+    assert status == 1
+    assert set(data) == {"runs", "findings"}
+    for run in data["runs"]:
+        assert set(run) == {"run_id", "engine", "fault", "requests", "verify_steps",
+                            "mean_acceptance_length", "acceptance_rate", "per_position_acceptance"}
+    assert {r["run_id"] for r in data["runs"]} == {"healthy", "no-aux"}
+    assert [f["code"] for f in data["findings"]] == ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT",
+                                                     "ACCEPT_COLLAPSE"]
+    fused = data["findings"][0]
+    assert set(fused) == {"code", "severity", "message", "evidence", "fix", "run_id"}
+    assert (fused["run_id"], fused["evidence"]["observed_width"], fused["evidence"]["expected_width"]) == (
+        "no-aux", 576, 1728)
+
+
+def test_exit_status_per_run(db, capsys):
+    status, out, _ = doctor(capsys, "--db", db, "--run", "healthy")
+    assert status == 0
+    assert out.splitlines()[:2] == [
+        "run healthy [specscope-reference]: 4 request(s), 32 verify step(s), AL 2.00, rate 25.0%, "
+        "p_i 0.75 0.25 0.00 0.00", "0 error(s), 0 warning(s), 0 info"]
+    status, out, _ = doctor(capsys, "--db", db, "--run", "no-aux")
+    assert status == 1 and "ERROR   AUX_NOT_FUSED [run no-aux]" in out
+
+
+def test_unknown_run_is_bad_input(db, capsys):
+    status, out, err = doctor(capsys, "--db", db, "--run", "missing")
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1 and "no run 'missing'" in err and "no-aux" in err
+
+
+def test_missing_store_is_bad_input(tmp_path, capsys):
+    path = tmp_path / "absent.db"
+    status, out, err = doctor(capsys, "--db", str(path), "--json")
+    assert (status, out) == (2, "")
+    assert err.startswith("specscope doctor: error: no specscope store") and not Path(path).exists()
+
+
+def test_db_is_required(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["doctor"])
+    assert exc.value.code == 2

@@ -1,0 +1,159 @@
+"""Doctor rules over realistic stored traces (tests/_traces.py), on SQLite and PostgreSQL: each fault
+gives its code with the evidence numbers; the healthy run gives no error or warning."""
+
+from __future__ import annotations
+
+import pytest
+
+import _traces as T
+from specscope.doctor import diagnose
+from specscope.doctor._rules_capture import classify
+from specscope.doctor._rules_health import prefix_rename
+
+
+def run(store, trace: T.Trace):
+    trace.write(store)
+    return diagnose(store, trace.run_id)
+
+
+def only(report, code: str):
+    found = [f for f in report.findings if f.code == code]
+    assert len(found) == 1, report.codes()
+    assert found[0].source == "doctor" and found[0].run_id == report.runs[0].run_id
+    return found[0]
+
+
+def test_healthy_run_has_no_finding(store):
+    report = run(store, T.healthy())
+    assert report.findings == []
+    assert report.exit_code == 0
+    summary = report.runs[0]
+    assert (summary.requests, summary.verify_steps) == (4, 32)
+    assert summary.mean_acceptance_length == pytest.approx(2.0)
+    assert summary.acceptance_rate == pytest.approx(0.25)
+    assert summary.per_position_acceptance == pytest.approx([0.75, 0.25, 0.0, 0.0])
+
+
+def test_fault_label_is_never_read(store):
+    """A healthy trace labelled with a fault switch stays clean: rules read observations only."""
+    report = run(store, T.healthy("labelled", fault="no-aux-capture"))
+    assert report.findings == [] and report.runs[0].fault == "no-aux-capture"
+
+
+def test_no_aux_capture(store):
+    report = run(store, T.no_aux_capture())
+    assert report.codes() == ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "ACCEPT_COLLAPSE"]
+    assert report.exit_code == 1
+    fused = only(report, "AUX_NOT_FUSED")
+    assert fused.severity == "error"
+    assert {k: fused.evidence[k] for k in ("observed_width", "expected_width", "calls", "hook_point")} == {
+        "observed_width": 576, "expected_width": 1728, "calls": 36,  # 4 requests x (1 + 8) fed calls
+        "hook_point": "draft.forward:hidden_states"}
+    silent = only(report, "AUX_CAPTURE_SILENT").evidence
+    assert silent["received"] == [30] and silent["final_hidden_state"] == 30
+    assert (silent["samples"], silent["silent_samples"], silent["matching_samples"]) == (18, 18, 0)
+    assert "capture_layer_events" not in silent  # the target's layers ran: only provenance tells
+    collapse = only(report, "ACCEPT_COLLAPSE").evidence
+    assert collapse["mean_acceptance_length"] == pytest.approx(1.0)
+    assert (collapse["verify_steps"], collapse["threshold"]) == (32, 1.05)
+
+
+def test_aux_off_by_one(store):
+    report = run(store, T.off_by_one())
+    mismatch = only(report, "AUX_LAYER_MISMATCH")
+    assert mismatch.severity == "error"
+    assert mismatch.evidence == {"configured": [2, 15, 27], "received": [3, 16, 28], "ranks": [0],
+                                 "samples": 18, "matching_samples": 0, "mismatch_samples": 18, "shift": 1}
+    assert "AUX_NOT_FUSED" not in report.codes()  # the width is right; the layers are not
+    p0 = only(report, "POSITION0_LOW").evidence
+    assert p0["position0_acceptance"] == pytest.approx(0.25) and p0["threshold"] == 0.3
+
+
+def test_dropped_keys(store):
+    report = run(store, T.dropped_keys())
+    dropped = only(report, "WEIGHTS_DROPPED").evidence
+    assert (dropped["dropped"], dropped["missing"], dropped["strict"]) == (10, 10, False)
+    assert dropped["dropped_keys"][0] == "layers.0.self_attn.q_proj.weight"
+    assert dropped["missing_params"][0] == "midlayer.self_attn.q_proj.weight"
+    assert dropped["rename"] == ["layers.0.", "midlayer."]
+    assert "ACCEPT_COLLAPSE" in report.codes()
+
+
+def test_nonfinite_activations(store):
+    report = run(store, T.nonfinite())
+    evidence = only(report, "NONFINITE_ACTIVATIONS").evidence
+    # 4 requests x (9 target-fed + 8 x 3 chained) draft calls, 3 inf/nan elements each
+    assert (evidence["hook_point"], evidence["events"], evidence["count"]) == (
+        "draft.forward:output.1", 132, 396)
+    assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("trace, code, expected", [
+    (T.dropped_events(), "EVENTS_DROPPED", {"events_dropped": 120, "dropped_per_rank": [120]}),
+    (T.hook_errors(), "HOOK_ERRORS", {"hook_errors": 3, "errors_per_rank": [3]}),
+    (T.capture_only(), "GRAPH_MODE_BLIND", {"graph_mode": "capture_only", "ranks": [0]}),
+])
+def test_observation_health(store, trace, code, expected):
+    report = run(store, trace)
+    assert report.codes() == [code]
+    finding = only(report, code)
+    assert {k: finding.evidence[k] for k in expected} == expected
+    assert finding.severity == ("info" if code == "GRAPH_MODE_BLIND" else "warning")
+    assert report.exit_code == 0
+
+
+def test_two_ranks_diverging(store):
+    report = run(store, T.two_ranks_diverging())
+    divergence = [f.evidence for f in report.findings if f.code == "RANK_DIVERGENCE"]
+    by_acceptance = next(e for e in divergence if "spread" in e)
+    assert by_acceptance["ranks"] == [0, 1]
+    assert by_acceptance["mean_acceptance_length"] == pytest.approx([2.0, 1.0])
+    assert by_acceptance["verify_steps"] == [32, 32] and by_acceptance["margin"] == 0.5
+    by_shape = next(e for e in divergence if "widths" in e)
+    assert (by_shape["hook_point"], by_shape["expected_width"]) == ("draft.forward:hidden_states", 1728)
+    assert by_shape["widths"] == [[1728], [576]]
+    # the broken rank is not outvoted by the healthy one
+    assert only(report, "AUX_CAPTURE_SILENT").evidence["ranks"] == [1]
+    assert only(report, "AUX_NOT_FUSED").evidence["ranks"] == [1]
+    assert "ACCEPT_COLLAPSE" not in report.codes()  # AL 1.5 over both ranks
+
+
+def test_partial_capture(store):
+    evidence = only(run(store, T.partial_capture()), "AUX_CAPTURE_PARTIAL").evidence
+    assert (evidence["fired"], evidence["missing"]) == ([2, 27], [15])
+    assert (evidence["observed_width"], evidence["observed_layers"], evidence["expected_layers"]) == (
+        1152, 2, 3)
+    assert (evidence["received"], evidence["partial_samples"]) == ([2, 27], 18)
+
+
+def test_capture_layers_never_fire(store):
+    report = run(store, T.capture_layers_silent())
+    evidence = only(report, "AUX_CAPTURE_SILENT").evidence
+    assert evidence == {"configured": [2, 15, 27], "capture_layer_events": 0}
+
+
+def test_saturated_acceptance(store):
+    report = run(store, T.saturated())
+    assert report.codes() == ["ACCEPT_SATURATED"]
+    evidence = only(report, "ACCEPT_SATURATED").evidence
+    assert (evidence["accepted"], evidence["proposed"], evidence["acceptance_rate"]) == (128, 128, 1.0)
+
+
+@pytest.mark.parametrize("trace", [T.few_steps(), T.draft_only()], ids=["few-steps", "draft-only"])
+def test_no_finding_without_enough_evidence(store, trace):
+    """8 collapsed steps are below the 16-step minimum; a draft-only trace proves nothing about capture."""
+    assert run(store, trace).findings == []
+
+
+@pytest.mark.parametrize("received, verdict", [
+    ((2, 15, 27), "match"), ((30,), "silent"), ((None, None, None), "silent"),
+    ((3, 16, 28), "mismatch"), ((27, 15, 2), "mismatch"), ((2, 27), "partial"), ((2, None, 27), "partial"),
+])
+def test_classify_provenance(received, verdict):
+    assert classify(received, (2, 15, 27), 30) == verdict
+
+
+def test_prefix_rename():
+    assert prefix_rename(["layers.0.mlp.up_proj.weight", "extra.bias"],
+                         ["midlayer.mlp.up_proj.weight"]) == ("layers.0.", "midlayer.")
+    assert prefix_rename(["foo.weight"], ["bar.bias"]) is None
