@@ -8,6 +8,7 @@ same store; rank 0 also stores the checkpoint inspection of the draft. Provenanc
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import uuid
 from dataclasses import dataclass
@@ -59,10 +60,14 @@ def _free_port() -> int:
 
 
 def _serve_rank(rank: int, opts: DemoOptions, port: int | None) -> None:
+    import torch
     import torch.distributed as dist
 
     from specscope.collector import Collector
 
+    # Ranks share the host's cores: oversubscribed OpenMP threads spin against each other and slow
+    # the target's forward by an order of magnitude.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // opts.ranks))
     if port is not None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=opts.ranks)

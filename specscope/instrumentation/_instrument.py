@@ -82,6 +82,7 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
         pre, post = module_hooks(tracer, name)
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     tracer._provenance = provenance
+    tracer._sees_target = target is not None
     tracer.device = tracer.device or module_device(draft)
     tracer._adopt(handles)
     tracer.instrumented = True

@@ -90,8 +90,11 @@ class Tracer:
         self._steps: dict[str, int] = {}
         self._request: str | None = None
         self._step: int | None = None
-        # Set by start_request / record_verify / a target forward, consumed by the next draft call.
+        # Set by a target forward (when the target is hooked; else by start_request / record_verify),
+        # consumed by the next draft call. Engines differ in when they report a verify step relative
+        # to the draft extend that follows it, so a hooked target forward is the only reliable mark.
         self._target_fed = False
+        self._sees_target = False
         self._provenance: Provenance | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -160,12 +163,13 @@ class Tracer:
     # -- requests and verify steps (CPU-side values only, never a device sync) -----------------
 
     def start_request(self, request_id: str, prompt_tokens: int) -> None:
-        """A request entered the engine; its prompt length in tokens. The next draft call is target-fed."""
+        """A request entered the engine; its prompt length in tokens. Without target hooks, the next draft
+        call counts as target-fed."""
         self.start()
         request_id = str(request_id)
         self._steps[request_id] = 0
         self._request, self._step = request_id, 0
-        self._target_fed = True
+        self._target_fed = self._target_fed or not self._sees_target
         self._emit(RequestStart(self.run_id, request_id, self.rank, int(prompt_tokens)))
 
     def record_verify(self, request_id: str, proposed: int, accepted: int,
@@ -177,7 +181,8 @@ class Tracer:
         ``accepted_mask``: ``'1101'`` or a sequence of bools/ints, position 0 first (None = chain
         prefix); ``draft_s`` / ``verify_s``: phase wall times (s); ``emitted``: decoded tokens.
         Python values only: pass no tensors (reading one would sync the device). The step index is
-        counted per request by the tracer; the next draft call is target-fed.
+        counted per request by the tracer; without target hooks, the next draft call counts as
+        target-fed.
         """
         self.start()
         request_id = str(request_id)
@@ -189,7 +194,7 @@ class Tracer:
                               accepted_mask, draft_s, verify_s,
                               None if emitted is None else tuple(emitted)))
         self._request, self._step = request_id, step + 1
-        self._target_fed = True
+        self._target_fed = self._target_fed or not self._sees_target
         now = time.monotonic()
         if now >= self._next_status:
             self._next_status = now + self._status_interval_s

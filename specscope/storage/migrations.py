@@ -46,9 +46,18 @@ def add_tensor_contract_index(conn: Connection) -> None:
     index.create(conn, checkfirst=True)
 
 
+def add_position_and_nonfinite_indexes(conn: Connection) -> None:
+    """Version 3: ``ix_verify_steps_masks`` (per-position acceptance grouped by mask) and the partial
+    ``ix_tensor_events_nonfinite``; views are recreated after the step (new v_position_acceptance)."""
+    for table, name in ((schema.verify_steps, "ix_verify_steps_masks"),
+                        (schema.tensor_events, "ix_tensor_events_nonfinite")):
+        next(ix for ix in table.indexes if ix.name == name).create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
+    Migration(3, "add_position_and_nonfinite_indexes", add_position_and_nonfinite_indexes),
 )
 
 

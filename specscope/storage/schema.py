@@ -23,9 +23,10 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -97,6 +98,8 @@ verify_steps = Table(
     Column("ts_wall", Float, nullable=False),
     Index("ix_verify_steps_run_req", "run_id", "request_id", "step"),
     Index("ix_verify_steps_run_rank", "run_id", "rank"),
+    # Covers v_position_acceptance's grouping by mask and v_run_acceptance's sums. Schema version 3.
+    Index("ix_verify_steps_masks", "run_id", "accepted_mask", "proposed", "accepted"),
 )
 
 tensor_events = Table(
@@ -124,6 +127,9 @@ tensor_events = Table(
     # distinct shapes per hook point and rank with their first / last time. Schema version 2.
     Index("ix_tensor_events_contract", "run_id", "hook_point", "rank", "shape", "expected_shape",
           "dtype", "graph_phase", "ts_wall"),
+    # The doctor's non-finite check reads only the rare rows with inf/nan. Schema version 3.
+    Index("ix_tensor_events_nonfinite", "run_id", "hook_point", sqlite_where=text("nonfinite > 0"),
+          postgresql_where=text("nonfinite > 0")),
 )
 
 provenance = Table(

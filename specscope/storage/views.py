@@ -55,15 +55,20 @@ LEFT JOIN (SELECT run_id, request_id, COUNT(*) AS verify_steps, SUM(proposed) AS
            FROM verify_steps GROUP BY run_id, request_id) s
   ON s.run_id = r.run_id AND s.request_id = r.request_id
 """,
+    # Grouped by mask first: a run has at most a few dozen distinct masks, so the per-position
+    # expansion joins those few rows, not every verify step (a covering index serves the grouping).
     "v_position_acceptance": """
-SELECT v.run_id, p.pos AS position,
-       SUM(CASE WHEN SUBSTR(v.accepted_mask, p.pos + 1, 1) = '1' THEN 1 ELSE 0 END) AS accepted_steps,
-       COUNT(*) AS verify_steps,
-       CAST(SUM(CASE WHEN SUBSTR(v.accepted_mask, p.pos + 1, 1) = '1' THEN 1 ELSE 0 END)
-            AS DOUBLE PRECISION) / COUNT(*)
-           AS acceptance
-FROM verify_steps v JOIN positions p ON p.pos < v.proposed
-GROUP BY v.run_id, p.pos
+SELECT m.run_id, p.pos AS position,
+       SUM(CASE WHEN SUBSTR(m.accepted_mask, p.pos + 1, 1) = '1' THEN m.steps ELSE 0 END) AS accepted_steps,
+       t.verify_steps,
+       CAST(SUM(CASE WHEN SUBSTR(m.accepted_mask, p.pos + 1, 1) = '1' THEN m.steps ELSE 0 END)
+            AS DOUBLE PRECISION) / t.verify_steps AS acceptance
+FROM (SELECT run_id, accepted_mask, COUNT(*) AS steps FROM verify_steps
+      GROUP BY run_id, accepted_mask) m
+JOIN (SELECT run_id, COUNT(*) AS verify_steps, MAX(proposed) AS max_proposed FROM verify_steps
+      GROUP BY run_id) t ON t.run_id = m.run_id
+JOIN positions p ON p.pos < t.max_proposed
+GROUP BY m.run_id, p.pos, t.verify_steps
 """,
     "v_tensor_contract": """
 SELECT run_id, rank, hook_point, shape, width, dtype, device, expected_shape, expected_width,
