@@ -52,6 +52,6 @@ def run(args: argparse.Namespace) -> int:
             print(render_text(report))
     if args.no_dashboard:
         return max(r.exit_code for r in reports)
-    from specscope.cli.dashboard import serve
+    from specscope.cli import dashboard
 
-    return serve(args.db, host=args.host, port=args.port)
+    return dashboard.run(argparse.Namespace(db=args.db, host=args.host, port=args.port))
