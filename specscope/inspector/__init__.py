@@ -5,72 +5,10 @@ only where a check needs them, in chunks), works out what the engine's loader do
 (:func:`specscope.conventions.plan_load`) and runs the checkpoint checks of DESIGN.md section 6.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
-from pathlib import Path
-
-from specscope.conventions import ENGINES, expected_draft_params, plan_load
-from specscope.errors import ConfigError
-from specscope.events import Finding
-from specscope.inspector._checks_keys import check_keys_dropped, check_lm_head, check_params_missing
-from specscope.inspector._checks_shapes import (
-    check_aux_convention,
-    check_aux_count,
-    check_fc,
-    check_head_rows,
-    check_target_sizes,
-    check_tied,
-)
-from specscope.inspector._checks_values import check_fp16_range, check_nonfinite, check_untrained
-from specscope.inspector._checks_vocab import check_vocab_maps
 from specscope.inspector._config import DraftConfig, TargetConfig, draft_config, load_target_config
-from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import CODES, SEVERITY, by_severity
-from specscope.inspector._format import check_format, detect_format
-from specscope.inspector._reader import CheckpointReader
+from specscope.inspector._findings import CODES, SEVERITY
+from specscope.inspector._inspect import CHECKS, SERVE_DTYPES, inspect_checkpoint
 from specscope.inspector._report import InspectionReport, render_text
-
-SERVE_DTYPES = ("bf16", "fp16", "fp32")
-
-CHECKS: tuple[Callable[[CheckContext], list[Finding]], ...] = (
-    check_format, check_keys_dropped, check_params_missing, check_lm_head, check_fc, check_aux_count,
-    check_aux_convention, check_vocab_maps, check_head_rows, check_target_sizes, check_tied,
-    check_untrained, check_nonfinite, check_fp16_range,
-)
-
-
-def inspect_checkpoint(path: str | Path, engine: str = "sglang",
-                       target_config: str | Path | TargetConfig | None = None,
-                       serve_dtype: str | None = None) -> InspectionReport:
-    """Inspect the EAGLE-3 draft checkpoint at ``path`` for ``engine``'s loader.
-
-    ``path``: a folder (``config.json`` + ``model.safetensors`` or a sharded set with
-    ``model.safetensors.index.json``) or one ``.safetensors`` file. ``target_config``: the target's
-    ``config.json`` (path or :class:`TargetConfig`) for the size checks. ``serve_dtype``: ``"bf16"``,
-    ``"fp16"`` or ``"fp32"`` (the fp16 range check runs for ``"fp16"``).
-    Peak memory stays near a few float32 copies of one read chunk (4 MiB of data), whatever the
-    size of the checkpoint (``benchmarks/inspect_memory.py``). Raises :class:`~specscope.errors.CheckpointError` for an unreadable checkpoint and
-    :class:`~specscope.errors.ConfigError` for an unknown engine, serve dtype or target config.
-    """
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
-    if serve_dtype is not None and serve_dtype not in SERVE_DTYPES:
-        raise ConfigError(f"unknown serve dtype {serve_dtype!r}; expected one of {', '.join(SERVE_DTYPES)}")
-    if target_config is not None and not isinstance(target_config, TargetConfig):
-        target_config = load_target_config(target_config)
-    reader = CheckpointReader(path)
-    config = draft_config(reader.config)
-    keys = list(reader.tensors)
-    expected = expected_draft_params(engine, config.num_hidden_layers,
-                                     pruned_vocab=config.pruned_vocab or "d2t" in keys,
-                                     tied_embeddings=config.tie_word_embeddings)
-    ctx = CheckContext(reader=reader, config=config, engine=engine, plan=plan_load(engine, keys, expected),
-                       format=detect_format(keys, reader.config), target=target_config,
-                       serve_dtype=serve_dtype)
-    findings = [f for check in CHECKS for f in check(ctx)]
-    return InspectionReport(str(path), ctx.format, engine, tuple(by_severity(findings)), ctx.plan)
-
 
 __all__ = [
     "CODES", "CHECKS", "DraftConfig", "InspectionReport", "SERVE_DTYPES", "SEVERITY", "TargetConfig",
