@@ -273,5 +273,10 @@ class Finding:
 
 SEVERITIES = ("error", "warning", "info")
 
+
+def by_severity(findings) -> list[Finding]:
+    """Findings sorted errors first, then warnings, then info; stable within a severity."""
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+
 Event = Union[RunStart, RankStart, RankStatus, RequestStart, RequestEnd, VerifyStep, TensorEvent,
               ProvenanceEvent, LoadReport, Finding]

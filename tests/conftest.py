@@ -91,3 +91,19 @@ def target_pair():
     from specscope.engine import load_target
 
     return load_target()
+
+
+@pytest.fixture(scope="session")
+def demo_store(tmp_path_factory) -> str:
+    """A SQLite store holding two real reference-engine runs, healthy then ``no-aux-capture``, written
+    by ``specscope.demo`` exactly as ``make demo`` does (instrumented, provenance on), with the
+    doctor's findings saved. Returns the store path; the run ids are in ``runs`` (oldest first)."""
+    from specscope.demo import DemoOptions, run_demo
+    from specscope.doctor import diagnose, save_findings
+
+    path = str(tmp_path_factory.mktemp("demo") / "demo.db")
+    for fault in (None, "no-aux-capture"):
+        run_id = run_demo(DemoOptions(db=path, requests=4, fault=fault, max_new_tokens=32))
+        with open_store(path) as store:
+            save_findings(store, diagnose(store, run_id))
+    return path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from specscope.events import Finding
@@ -23,7 +22,6 @@ SEVERITY = {
     "GRAPH_MODE_BLIND": "info",
 }
 CODES = tuple(SEVERITY)
-_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 # Engine knobs named in fixes (DESIGN.md section 7).
 CAPTURE_KNOBS = ("SGLang `set_eagle3_layers_to_capture`, vLLM `set_aux_hidden_state_layers`, "
@@ -35,7 +33,3 @@ def finding(code: str, run_id: str, message: str, evidence: dict[str, Any], fix:
     return Finding(code=code, severity=SEVERITY[code], message=message, evidence=evidence, fix=fix,
                    run_id=run_id, source="doctor")
 
-
-def by_severity(findings: Iterable[Finding]) -> list[Finding]:
-    """Errors first, then warnings, then info; stable within a severity."""
-    return sorted(findings, key=lambda f: _ORDER[f.severity])

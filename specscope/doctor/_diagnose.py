@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from specscope.doctor._codes import by_severity
 from specscope.doctor._context import RunContext, parse_json
 from specscope.doctor._report import DoctorReport, RunSummary
 from specscope.doctor._rules_accept import check_collapse, check_position0, check_saturated
@@ -25,7 +24,7 @@ from specscope.doctor._rules_health import (
 )
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
 from specscope.errors import ConfigError
-from specscope.events import Finding
+from specscope.events import Finding, by_severity
 from specscope.storage import Store
 
 Rule = Callable[[RunContext], list[Finding]]

@@ -27,7 +27,6 @@ SEVERITY = {
     "TIED_EMBEDDINGS_MISMATCH": "warning",
 }
 CODES = tuple(SEVERITY)
-_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 def finding(code: str, message: str, evidence: dict[str, Any], fix: str) -> Finding:
@@ -35,7 +34,3 @@ def finding(code: str, message: str, evidence: dict[str, Any], fix: str) -> Find
     return Finding(code=code, severity=SEVERITY[code], message=message, evidence=evidence, fix=fix,
                    source="inspect")
 
-
-def by_severity(findings: list[Finding]) -> list[Finding]:
-    """Errors first, then warnings, then info; stable within a severity."""
-    return sorted(findings, key=lambda f: _ORDER[f.severity])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specscope.conventions import ENGINES, expected_draft_params, plan_load
 from specscope.errors import ConfigError
-from specscope.events import Finding
+from specscope.events import Finding, by_severity
 from specscope.inspector._checks_keys import check_keys_dropped, check_lm_head, check_params_missing
 from specscope.inspector._checks_shapes import (
     check_aux_convention,
@@ -19,12 +19,11 @@ from specscope.inspector._checks_shapes import (
 )
 from specscope.inspector._checks_values import check_fp16_range, check_nonfinite, check_untrained
 from specscope.inspector._checks_vocab import check_vocab_maps
-from specscope.inspector._config import DraftConfig, TargetConfig, draft_config, load_target_config
+from specscope.inspector._config import TargetConfig, draft_config, load_target_config
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import CODES, SEVERITY, by_severity
 from specscope.inspector._format import check_format, detect_format
 from specscope.inspector._reader import CheckpointReader
-from specscope.inspector._report import InspectionReport, render_text
+from specscope.inspector._report import InspectionReport
 
 SERVE_DTYPES = ("bf16", "fp16", "fp32")
 
