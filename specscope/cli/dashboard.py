@@ -1,5 +1,48 @@
-"""`specscope dashboard` (placeholder until its issue lands)."""
+"""`specscope dashboard`: serve the Streamlit dashboard on a trace store.
+
+The store is opened read-only first, so a missing store, a file that is not a specscope store or a
+newer schema is one line and exit 2 before any server starts. Then ``streamlit run`` of
+:data:`specscope.app.ENTRY` runs as a child process of this interpreter (headless, no usage stats),
+with the store in the :data:`specscope.app.DB_ENV` environment variable; its exit status is returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from specscope.app import DB_ENV, ENTRY
+from specscope.storage import open_store
 
 
-def register(sub):
-    sub.add_parser("dashboard", help="(not built yet)").set_defaults(func=lambda args: 2)
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``dashboard`` subcommand."""
+    parser = sub.add_parser("dashboard", help="serve the live dashboard on a store",
+                            description="Serve the specscope dashboard (Streamlit) on a trace store.")
+    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
+                        "(postgresql+psycopg://user@host:5432/db)")
+    parser.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.set_defaults(func=run)
+
+
+def streamlit_command(host: str, port: int) -> list[str]:
+    """The ``streamlit run`` command line of the dashboard (this interpreter, headless, no stats)."""
+    return [sys.executable, "-m", "streamlit", "run", str(ENTRY),
+            "--server.headless", "true", "--server.address", host, "--server.port", str(port),
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the store, then run the server until it stops (Ctrl-C); its exit status."""
+    with open_store(args.db, create=False, read_only=True):
+        pass  # raises StoreError / SchemaVersionError: one line, exit 2 (cli/__init__.py)
+    print(f"specscope dashboard on http://{args.host}:{args.port} (store {args.db})", flush=True)
+    env = {**os.environ, DB_ENV: args.db}
+    try:
+        return subprocess.call(streamlit_command(args.host, args.port), env=env)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,214 @@
+"""Every dashboard page query on a large store: DESIGN.md section 9 asks < 1 s per page on 1M verify
+steps and 5M tensor events.
+
+Run: ``python -m benchmarks.dashboard_queries [--db PATH_OR_URL] [--steps N] [--repeat R]``.
+
+The store (SQLite by default, cached under the temp dir and rebuilt only when the generator version
+or size changes) holds 4 runs of 1, 2, 4 and 8 ranks, 100-step requests, per verify step one row
+(chain of k=4, realistic masks and emitted-token JSON) and 5 tensor events (the target-fed and a
+chained draft input, three capture layers), plus provenance checks every 64 steps. Rows go in with
+driver ``executemany`` of INSERTs compiled by SQLAlchemy from ``schema.py``, in one transaction per
+table chunk. Queries are timed on the 1-rank run (all runs hold the same number of rows, a quarter of
+the store) through a read-only Store, median of R runs, grouped by the page that issues them
+(the doctor's ``diagnose`` included: the Overview's findings banner runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from specscope import events as ev
+from specscope.app import queries
+from specscope.doctor import diagnose
+from specscope.storage import Store, open_store, schema
+
+GENERATOR_VERSION = 3
+WORLD_SIZES = (1, 2, 4, 8)
+STEPS_PER_REQUEST = 100
+K = 4
+HIDDEN, FUSED = 576, 1728
+AUX = (2, 15, 27)
+CHUNK = 200_000
+TOKENS = ("the", " model", " speculative", " decoding", ",", " draft", " token", ".", " and", " a")
+
+
+def _run_events(index: int, world_size: int, t0: float) -> list:
+    run_id = f"bench-{index}"
+    config = ev.RunConfig(aux_layer_ids_resolved=AUX, target_hidden_size=HIDDEN,
+                          expected_fused_width=FUSED, k=K, num_target_layers=30).to_dict()
+    out: list = [ev.RunStart(run_id, "bench-engine", "1.0", "target", "draft", config,
+                             world_size=world_size, host="bench", ts_wall=t0)]
+    for rank in range(world_size):
+        out.append(ev.RankStart(run_id, rank, world_size, "bench", 1000 + rank, f"cuda:{rank}", ts_wall=t0))
+        out.append(ev.RankStatus(run_id, rank, 10**6, 0, "eager", finished=True, ts_wall=t0 + 3600))
+    return out
+
+
+def _steps(run_id: str, world_size: int, steps: int, t0: float, rng: random.Random) -> Iterator[tuple]:
+    dt = 3600.0 / steps
+    for i in range(steps):
+        request, step = divmod(i, STEPS_PER_REQUEST)
+        accepted = min(K, int(rng.expovariate(0.5)))
+        emitted = json.dumps([rng.choice(TOKENS) for _ in range(accepted + 1)])
+        yield (run_id, f"req-{request}", request % world_size, step, K, accepted,
+               "1" * accepted + "0" * (K - accepted), 0.004, 0.011, emitted, t0 + i * dt)
+
+
+def _tensors(run_id: str, world_size: int, steps: int, t0: float) -> Iterator[tuple]:
+    dt = 3600.0 / steps
+    points = [("draft.forward:hidden_states", FUSED, FUSED), ("draft.forward:hidden_states", HIDDEN, HIDDEN)]
+    points += [(f"target.layers.{i}:input", HIDDEN, HIDDEN) for i in AUX]
+    for i in range(steps):
+        request, step = divmod(i, STEPS_PER_REQUEST)
+        rank = request % world_size
+        for j, (point, width, expected) in enumerate(points):
+            yield (run_id, rank, point, 5 * i + j, f"1x1x{width}", width, "bfloat16", f"cuda:{rank}",
+                   f"-1x-1x{expected}", expected, None, None, None, f"req-{request}", step, "eager",
+                   t0 + i * dt)
+
+
+def _provenance(run_id: str, world_size: int, steps: int, t0: float) -> Iterator[tuple]:
+    dt = 3600.0 / steps
+    aux = json.dumps(list(AUX))
+    for i in range(0, steps, 64):
+        request, step = divmod(i, STEPS_PER_REQUEST)
+        yield (run_id, request % world_size, i, aux, aux, True, FUSED, f"req-{request}", step, t0 + i * dt)
+
+
+def _insert_sql(table: sa.Table, columns: tuple[str, ...]) -> str:
+    dialect = sa.dialects.sqlite.pysqlite.SQLiteDialect_pysqlite()
+    return str(table.insert().compile(dialect=dialect, column_keys=list(columns), for_executemany=True))
+
+
+def _bulk(engine: sa.Engine, table: sa.Table, columns: tuple[str, ...], rows: Iterator[tuple]) -> None:
+    sql = _insert_sql(table, columns)
+    chunk: list[tuple] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == CHUNK:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(sql, chunk)
+            chunk = []
+    if chunk:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(sql, chunk)
+
+
+def build(path: Path, steps: int) -> None:
+    """Write the benchmark store at ``path`` (a SQLite file): ``steps`` verify steps and 5x as many
+    tensor events in total, split evenly over the runs."""
+    rng = random.Random(0)
+    per_run = steps // len(WORLD_SIZES)
+    with open_store(str(path)) as store:
+        for index, world_size in enumerate(WORLD_SIZES):
+            t0 = 1_700_000_000.0 + index * 7200
+            store.write(_run_events(index, world_size, t0))
+            requests = [ev.RequestStart(f"bench-{index}", f"req-{r}", r % world_size, 200, ts_wall=t0 + r)
+                        for r in range(per_run // STEPS_PER_REQUEST)]
+            ends = [ev.RequestEnd(f"bench-{index}", e.request_id, e.rank, STEPS_PER_REQUEST * 2,
+                                  STEPS_PER_REQUEST, ts_wall=e.ts_wall + 30) for e in requests]
+            store.write(requests + ends)
+    engine = sa.create_engine(f"sqlite:///{path}")
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+        for index, world_size in enumerate(WORLD_SIZES):
+            run_id, t0 = f"bench-{index}", 1_700_000_000.0 + index * 7200
+            _bulk(engine, schema.verify_steps, _STEP_COLUMNS, _steps(run_id, world_size, per_run, t0, rng))
+            _bulk(engine, schema.tensor_events, _TENSOR_COLUMNS, _tensors(run_id, world_size, per_run, t0))
+            _bulk(engine, schema.provenance, _PROVENANCE_COLUMNS,
+                  _provenance(run_id, world_size, per_run, t0))
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
+    finally:
+        engine.dispose()
+
+
+_STEP_COLUMNS = ("run_id", "request_id", "rank", "step", "proposed", "accepted", "accepted_mask",
+                 "draft_s", "verify_s", "emitted", "ts_wall")
+_TENSOR_COLUMNS = ("run_id", "rank", "hook_point", "call_index", "shape", "width", "dtype", "device",
+                   "expected_shape", "expected_width", "absmax", "mean", "nonfinite", "request_id", "step",
+                   "graph_phase", "ts_wall")
+_PROVENANCE_COLUMNS = ("run_id", "rank", "call_index", "configured", "received", "matches", "width",
+                       "request_id", "step", "ts_wall")
+
+
+def cached_store(steps: int) -> Path:
+    """The benchmark store for ``steps`` verify steps, built once under the temp dir."""
+    path = Path(tempfile.gettempdir()) / f"specscope-dashboard-bench-v{GENERATOR_VERSION}-{steps}.db"
+    if not path.exists():
+        partial = path.with_suffix(".partial")
+        for stale in (partial, Path(f"{partial}-wal"), Path(f"{partial}-shm")):
+            stale.unlink(missing_ok=True)
+        started = time.perf_counter()
+        build(partial, steps)
+        partial.rename(path)
+        print(f"built {path} in {time.perf_counter() - started:.0f} s")
+    return path
+
+
+def page_queries(store: Store, run_id: str) -> list[tuple[str, str, Callable[[], object]]]:
+    """``(page, query, call)`` for every query a page issues, with the arguments the page uses."""
+    summary = queries.run_summary(store, run_id)
+    request_id = queries.requests(store, run_id, limit=1)[0]["request_id"]
+    return [
+        ("all pages", "runs", lambda: queries.runs(store)),
+        ("Overview", "run_summary", lambda: queries.run_summary(store, run_id)),
+        ("Overview", "acceptance_over_time", lambda: queries.acceptance_over_time(store, run_id)),
+        ("Overview", "position_acceptance", lambda: queries.position_acceptance(store, run_id)),
+        ("Overview", "doctor diagnose", lambda: diagnose(store, run_id).findings),
+        ("Overview", "stored_findings", lambda: queries.stored_findings(store, run_id)),
+        ("Requests", "requests (start)", lambda: queries.requests(store, run_id)),
+        ("Requests", "requests (worst AL)",
+         lambda: queries.requests(store, run_id, order="acceptance length")),
+        ("Requests", "request_steps", lambda: queries.request_steps(store, run_id, request_id)),
+        ("Requests", "request_positions", lambda: queries.request_positions(store, run_id, request_id)),
+        ("GPUs", "ranks", lambda: queries.ranks(store, run_id)),
+        ("GPUs / Tensors", "tensor_contract", lambda: queries.tensor_contract(store, run_id)),
+        ("Tensors", "provenance", lambda: queries.provenance(store, run_id)),
+        ("Findings", "load_reports", lambda: queries.load_reports(store, run_id)),
+        ("Findings", "stored_findings (inspect)",
+         lambda: queries.stored_findings(store, run_id, source="inspect")),
+    ] if summary is not None else []
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", help="an existing store to time instead of the generated one")
+    parser.add_argument("--run", help="run id to time (default: the generated store's 1-rank run)")
+    parser.add_argument("--steps", type=int, default=1_000_000, help="verify steps in the generated store")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    db = args.db or str(cached_store(args.steps))
+    with open_store(db, create=False, read_only=True) as store:
+        run_id = args.run or "bench-0"
+        counts = store.query("SELECT (SELECT COUNT(*) FROM verify_steps), (SELECT COUNT(*) FROM tensor_events)")
+        steps, tensors = counts[1][0]
+        print(f"store {db}: {steps:,} verify steps, {tensors:,} tensor events; timing run {run_id}")
+        print(f"{'page':<16} {'query':<28} {'median ms':>10} {'max ms':>8} {'rows':>6}")
+        totals: dict[str, float] = {}
+        for page, name, call in page_queries(store, run_id):
+            times, result = [], None
+            for _ in range(args.repeat):
+                started = time.perf_counter()
+                result = call()
+                times.append(time.perf_counter() - started)
+            median = statistics.median(times)
+            totals[page] = totals.get(page, 0.0) + median
+            rows = len(result) if isinstance(result, list) else 1
+            print(f"{page:<16} {name:<28} {median * 1e3:>10.1f} {max(times) * 1e3:>8.1f} {rows:>6}")
+        print("per page (sum of medians): " + ", ".join(f"{page} {total * 1e3:.0f} ms"
+                                                         for page, total in totals.items()))
+
+
+if __name__ == "__main__":
+    main()

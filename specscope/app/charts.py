@@ -1,0 +1,107 @@
+"""Plotly figures of the dashboard, built from the already aggregated rows of
+:mod:`specscope.app.queries` (no data access here). Times on x axes are seconds since the run started.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import plotly.graph_objects as go
+
+Row = dict[str, Any]
+OK, BAD, MUTED, DRAFT, TARGET = "#2e7d32", "#d32f2f", "#9e9e9e", "#c8e6c9", "#ffe0b2"
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 300) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=height,
+                      margin=dict(l=10, r=10, t=40, b=10), showlegend=True,
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+    return fig
+
+
+def acceptance_over_time(rows: list[Row], k: int | None) -> go.Figure:
+    """Mean acceptance length per time slice (:func:`queries.acceptance_over_time`), with the floor
+    AL = 1 (nothing accepted) and the ceiling k + 1 drawn."""
+    fig = go.Figure(go.Scatter(x=[r["t_s"] for r in rows], y=[r["mean_acceptance_length"] for r in rows],
+                               mode="lines+markers", name="acceptance length", line=dict(color=OK),
+                               customdata=[r["verify_steps"] for r in rows],
+                               hovertemplate="t=%{x:.1f}s AL=%{y:.2f} (%{customdata} steps)<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color=BAD, dash="dot"), annotation_text="AL 1.0: nothing accepted",
+                  annotation_position="bottom right")
+    if k:
+        fig.add_hline(y=k + 1, line=dict(color=MUTED, dash="dot"), annotation_text=f"k+1 = {k + 1}",
+                      annotation_position="top right")
+        fig.update_yaxes(range=[0.8, k + 1.3])
+    return _layout(fig, "Acceptance length over time", "seconds since run start", "tokens / verify step")
+
+
+def positions(rows: list[Row], title: str = "Per-position acceptance") -> go.Figure:
+    """p_i per draft position (:func:`queries.position_acceptance` rows)."""
+    fig = go.Figure(go.Bar(x=[f"pos {r['position']}" for r in rows], y=[r["acceptance"] for r in rows],
+                           marker_color=OK, name="p_i", text=[f"{r['acceptance']:.0%}" for r in rows],
+                           textposition="outside"))
+    fig.update_yaxes(range=[0, 1.1], tickformat=".0%")
+    return _layout(fig, title, "draft position", "steps accepted", height=260)
+
+
+def accepted_per_step(steps: list[Row], k: int | None) -> go.Figure:
+    """Accepted draft tokens per verify step of one request (:func:`queries.request_steps` rows)."""
+    accepted = [r["accepted"] for r in steps]
+    fig = go.Figure(go.Bar(x=[r["step"] for r in steps], y=accepted, name="accepted drafts",
+                           marker_color=[BAD if a == 0 else OK for a in accepted]))
+    if k:
+        fig.update_yaxes(range=[0, k + 0.5])
+    return _layout(fig, "Accepted draft tokens per verify step", "verify step", "accepted", height=260)
+
+
+def draft_widths(rows: list[Row], fused_width: int | None, t0: float) -> go.Figure:
+    """Observed width at the draft's hidden-state input over time, one segment per rank, call kind and
+    width (first to last time seen; :func:`queries.draft_input_widths` rows), against the expected
+    fused width (target-fed calls) and the draft hidden size (chained calls)."""
+    fig = go.Figure()
+    for row in sorted(rows, key=lambda r: r["call"] == "target-fed"):  # target-fed drawn on top
+        bad = row["width_mismatch"]
+        start, end = row["first_wall"] - t0, row["last_wall"] - t0
+        fig.add_trace(go.Scatter(
+            x=[start, end], y=[row["width"], row["width"]], mode="lines+markers",
+            line=dict(color=BAD if bad else (OK if row["call"] == "target-fed" else MUTED),
+                      width=10 if row["call"] == "target-fed" else 4),
+            name=f"{row['call']} rank {row['rank']}: {row['width']}"
+                 + (f" (expected {row['expected_width']})" if bad else ""),
+            hovertemplate=(f"{row['call']} calls, rank {row['rank']}: width {row['width']}, expected "
+                           f"{row['expected_width']}, {row['events']} events<extra></extra>")))
+    if fused_width:
+        fig.add_hline(y=fused_width, line=dict(color=OK, dash="dash"),
+                      annotation_text=f"expected fused width {fused_width}", annotation_position="top left")
+    widths = [r["width"] for r in rows] + ([fused_width] if fused_width else [])
+    if widths:
+        fig.update_yaxes(range=[0, max(widths) * 1.25])
+    return _layout(fig, "Draft input width vs expected fused width", "seconds since run start",
+                   "last dimension (elements)", height=320)
+
+
+def rank_acceptance(rows: list[Row]) -> go.Figure:
+    """Mean acceptance length per rank (:func:`queries.ranks` rows)."""
+    fig = go.Figure(go.Bar(x=[f"rank {r['rank']}" for r in rows],
+                           y=[r["mean_acceptance_length"] or 0 for r in rows], marker_color=OK,
+                           name="acceptance length"))
+    return _layout(fig, "Acceptance length per rank", "rank", "tokens / verify step", height=260)
+
+
+def marked_text(tokens: list[Row]) -> str:
+    """HTML of the generated text, each token on a background showing how it was produced:
+    green = accepted draft token, orange = the target's own (bonus) token
+    (:func:`queries.marked_tokens` rows)."""
+    spans = []
+    for token in tokens:
+        color = DRAFT if token["source"] == "draft" else TARGET
+        text = html.escape(token["token"]).replace("\n", "↵<br>")
+        spans.append(f'<span title="step {token["step"]}: {token["source"]}" '
+                     f'style="background:{color};border-radius:3px;padding:1px 0;'
+                     f'white-space:pre-wrap">{text}</span>')
+    legend = (f'<div style="margin-bottom:6px;font-size:0.85em">'
+              f'<span style="background:{DRAFT};padding:1px 4px">accepted draft token</span> '
+              f'<span style="background:{TARGET};padding:1px 4px">target / bonus token</span></div>')
+    return (f'{legend}<div style="font-family:monospace;line-height:1.7;color:#111">'
+            f'{"".join(spans)}</div>')

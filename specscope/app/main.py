@@ -1,0 +1,26 @@
+"""Streamlit entry of the dashboard: ``streamlit run specscope/app/main.py`` with the store in the
+``SPECSCOPE_DB`` environment variable (``specscope dashboard --db URL`` does both).
+
+An empty store gets the "Get started" page only; otherwise the pages Overview, Requests, GPUs,
+Tensors, Findings and SQL, each opening with the sidebar run picker (newest run first).
+"""
+
+import streamlit as st
+
+from specscope.app import widgets
+
+st.set_page_config(page_title="specscope", page_icon=":material/troubleshoot:", layout="wide")
+widgets.store()
+runs = widgets.query("runs")
+if not runs:
+    pages = [st.Page("pages/get_started.py", title="Get started", icon=":material/rocket_launch:")]
+else:
+    pages = [
+        st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+        st.Page("pages/requests.py", title="Requests", icon=":material/list:"),
+        st.Page("pages/gpus.py", title="GPUs", icon=":material/memory:"),
+        st.Page("pages/tensors.py", title="Tensors", icon=":material/view_in_ar:"),
+        st.Page("pages/findings.py", title="Findings", icon=":material/report:"),
+        st.Page("pages/sql.py", title="SQL", icon=":material/database:"),
+    ]
+st.navigation(pages).run()

@@ -1,0 +1,61 @@
+"""Overview: the selected run's findings first, then its acceptance figures and acceptance length
+over time; optionally side by side with a second run; all runs below."""
+
+import streamlit as st
+
+from specscope.app import charts, widgets
+
+run_id = widgets.run_picker()
+runs = widgets.query("runs")
+by_id = {run["run_id"]: run for run in runs}
+others = [rid for rid in by_id if rid != run_id]
+compare = st.sidebar.selectbox("Compare side by side with", [None, *others], key="compare",
+                               format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid]))
+
+
+def panel(rid: str, narrow: bool) -> None:
+    summary = widgets.query("run_summary", rid)
+    config = summary["config"]
+    head, badge = st.columns([5, 1])
+    head.subheader(f"{summary['engine']}" + (f" · fault `{summary['fault']}`" if summary["fault"] else ""))
+    with badge:
+        widgets.state_badge(summary["state"])
+    st.caption(f"run `{rid}` · {summary['target_model']} + draft {summary['draft_model']} · "
+               f"started {widgets.when(summary['started_wall'])} · {summary['world_size']} rank(s) · "
+               f"mode {summary['graph_mode'] or '—'}")
+    widgets.findings_banner(widgets.findings(rid), limit=4 if narrow else 6)
+    tiles = [("Accept length", widgets.fmt(summary["mean_acceptance_length"]),
+              "tokens per verify step, bonus included (1 + accepted / steps)"),
+             ("Accept rate", widgets.fmt(None if summary["acceptance_rate"] is None
+                                             else 100 * summary["acceptance_rate"], 1, " %"),
+              "accepted / proposed draft tokens"),
+             ("Tokens/s", widgets.fmt(summary["tokens_per_s"], 1), "emitted tokens per second of decoding"),
+             ("Verify steps", f"{summary['verify_steps']:,}", None),
+             ("Requests", f"{summary['requests']:,}", None),
+             ("Dropped", f"{summary['events_dropped']:,}", "events the collector could not keep (dropped)")]
+    per_row = 3 if narrow else 6
+    for start in range(0, len(tiles), per_row):
+        for col, (label, value, help_text) in zip(st.columns(per_row), tiles[start:start + per_row]):
+            col.metric(label, value, help=help_text, border=True)
+    st.plotly_chart(charts.acceptance_over_time(widgets.query("acceptance_over_time", rid), config.get("k")),
+                    key=f"al-{rid}")
+    st.plotly_chart(charts.positions(widgets.query("position_acceptance", rid)), key=f"pos-{rid}")
+
+
+def body() -> None:
+    if compare is None:
+        panel(run_id, narrow=False)
+    else:
+        for col, rid in zip(st.columns(2), (run_id, compare)):
+            with col:
+                panel(rid, narrow=True)
+    st.subheader("Runs")
+    st.dataframe([{"errors": widgets.error_count(r),
+                   "state": widgets.STATE_LABEL[r["state"]], "engine": r["engine"], "fault": r["fault"],
+                   "target": r["target_model"], "draft": r["draft_model"],
+                   "started": widgets.when(r["started_wall"]), "ranks": r["world_size"],
+                   "requests": r["requests"], "run_id": r["run_id"]} for r in runs], hide_index=True)
+
+
+states = {by_id[rid]["state"] for rid in (run_id, compare) if rid is not None}
+widgets.live(body, "running" if "running" in states else "finished")

@@ -1,0 +1,45 @@
+"""Requests: per-request acceptance, and one request in detail (accepted per step, per-position
+acceptance, the generated text with each token marked draft-accepted or target-produced)."""
+
+import streamlit as st
+
+from specscope.app import charts, queries, widgets
+
+run_id = widgets.run_picker()
+summary = widgets.query("run_summary", run_id)
+k = summary["config"].get("k")
+st.title("Requests")
+
+
+def body() -> None:
+    order = st.segmented_control("Order by", list(queries.REQUEST_ORDER), default="start", key="req_order")
+    rows = widgets.query("requests", run_id, order or "start")
+    if not rows:
+        st.info("No request recorded for this run yet.")
+        return
+    st.caption(f"{summary['requests']:,} requests; showing {len(rows)}")
+    st.dataframe([{"request": r["request_id"], "rank": r["rank"], "prompt tokens": r["prompt_tokens"],
+                   "output tokens": r["output_tokens"], "verify steps": r["verify_steps"],
+                   "acceptance length": r["mean_acceptance_length"],
+                   "acceptance rate": r["acceptance_rate"], "duration s": r["duration_s"]} for r in rows],
+                 hide_index=True, height=260,
+                 column_config={"acceptance length": st.column_config.NumberColumn(format="%.2f"),
+                                "acceptance rate": st.column_config.ProgressColumn(min_value=0, max_value=1,
+                                                                                   format="percent"),
+                                "duration s": st.column_config.NumberColumn(format="%.2f")})
+    ids = [r["request_id"] for r in rows]
+    request_id = st.selectbox("Request", ids, key="request")
+    steps = widgets.query("request_steps", run_id, request_id)
+    left, right = st.columns(2)
+    left.plotly_chart(charts.accepted_per_step(steps, k), key="req-steps")
+    right.plotly_chart(charts.positions(widgets.query("request_positions", run_id, request_id),
+                                        f"Per-position acceptance of {request_id}"), key="req-pos")
+    st.subheader("Generated text")
+    tokens = queries.marked_tokens(steps)
+    if tokens:
+        st.html(charts.marked_text(tokens))
+    else:
+        st.info("This engine did not record emitted tokens (VerifyStep.emitted).")
+
+
+widgets.live(body, summary["state"])

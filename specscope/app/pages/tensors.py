@@ -1,0 +1,81 @@
+"""Tensors: the shape contract at the draft boundary: the draft input width against the expected
+fused width first, then the observation mode, the capture layers, provenance and every hook point."""
+
+import pandas as pd
+import streamlit as st
+
+from specscope.app import charts, queries, widgets
+
+run_id = widgets.run_picker()
+summary = widgets.query("run_summary", run_id)
+config = summary["config"]
+fused = config.get("expected_fused_width")
+aux = config.get("aux_layer_ids_resolved") or []
+st.title("Tensors")
+MODES = {
+    "eager": "**Eager**: hooks saw every call, so shapes and sampled values are per step.",
+    "capture_only": "**CUDA-graph capture only**: hooks fired only while graphs were captured; replays "
+                    "are invisible. The shapes shown are those captured (and replayed); per-step values "
+                    "and counts are not observed.",
+    "mixed": "**Mixed**: some calls were seen eagerly, others only while CUDA graphs were captured "
+             "(replays invisible).",
+}
+
+
+def body() -> None:
+    contract = widgets.query("tensor_contract", run_id)
+    widths = queries.draft_input_widths(contract, fused)
+    fed_bad = [r for r in widths if r["call"] == "target-fed" and r["width_mismatch"]]
+    st.markdown(f"Contract: {len(aux)} capture layers {aux} × target hidden "
+                f"{config.get('target_hidden_size')} = **expected fused width {fused}**; k = {config.get('k')}.")
+    if fed_bad:
+        seen = ", ".join(sorted({str(r["width"]) for r in fed_bad}))
+        st.error(f"The draft received hidden states of width **{seen}** on target-fed calls where "
+                 f"**{fused}** is expected: the aux hidden states were not fused (AUX_NOT_FUSED).",
+                 icon=":material/error:")
+    elif widths:
+        st.success(f"Target-fed draft calls carry the expected fused width {fused}.", icon=":material/check_circle:")
+    if widths:
+        st.plotly_chart(charts.draft_widths(widths, fused, summary["started_wall"]), key="widths")
+    else:
+        st.info("No event at `draft.forward:hidden_states` yet: is the draft instrumented?")
+    phases = queries.graph_phases(contract)
+    mode = summary["graph_mode"] or "eager"
+    counts = ", ".join(f"{phase}: {events:,}" for phase, events in phases.items()) or "none"
+    st.info(f"Observed mode — {MODES.get(mode, mode)} Events by graph phase: {counts}.",
+            icon=":material/visibility:")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Capture layers")
+        layers = queries.capture_layers(config, contract)
+        silent = [r["layer"] for r in layers if r["configured"] and not r["fired"]]
+        if silent:
+            st.error(f"Configured capture layers that never fired: {silent}", icon=":material/error:")
+        st.dataframe([{"layer": r["layer"], "configured": r["configured"],
+                       "fired": "yes" if r["fired"] else "NEVER", "events": r["events"]} for r in layers],
+                     hide_index=True)
+    with right:
+        st.subheader("Provenance (by fingerprint)")
+        rows = widgets.query("provenance", run_id)
+        final = config.get("num_target_layers")
+        if not rows:
+            st.caption("No provenance checks recorded (Tracer provenance_every=0).")
+        st.dataframe([{"rank": r["rank"], "configured": str(r["configured"]),
+                       "received": ", ".join("final norm" if x == final else "?" if x is None else str(x)
+                                             for x in r["received"]),
+                       "matches": "yes" if r["matches"] else "NO", "width": r["width"], "checks": r["checks"]}
+                      for r in rows], hide_index=True)
+    st.subheader("Every hook point: observed vs expected")
+    frame = pd.DataFrame([{"hook point": r["hook_point"], "rank": r["rank"], "shape": r["shape"],
+                           "expected": r["expected_shape"], "dtype": r["dtype"], "phase": r["graph_phase"],
+                           "events": r["events"],
+                           "first seen s": r["first_wall"] - summary["started_wall"],
+                           "last seen s": r["last_wall"] - summary["started_wall"],
+                           "mismatch": "MISMATCH" if r["width_mismatch"] else ""} for r in contract])
+    if not frame.empty:
+        frame = frame.style.apply(lambda row: ["background-color: #ffcdd2" if row["mismatch"] else ""]
+                                  * len(row), axis=1).format({"first seen s": "{:.1f}", "last seen s": "{:.1f}"})
+    st.dataframe(frame, hide_index=True)
+
+
+widgets.live(body, summary["state"])

@@ -1,0 +1,154 @@
+"""Every dashboard page under streamlit.testing.v1.AppTest, on an empty store, the synthetic healthy +
+faulty store, a running run, a file that is not a store and a store of a newer schema."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import sqlalchemy as sa
+from streamlit.testing.v1 import AppTest
+
+from _dashboard_traces import trace, write_store
+from specscope.app import DB_ENV, ENTRY
+from specscope.app.snippet import SNIPPET
+from specscope.storage import open_store
+
+PAGES = ("overview", "requests", "gpus", "tensors", "findings", "sql")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("dash") / "store.db"
+    return write_store(path, [trace("healthy-run", world_size=2),
+                              trace("faulty-run", fault="no-aux-capture", t0=1_750_000_100.0)])
+
+
+def app(monkeypatch, db: str) -> AppTest:
+    monkeypatch.setenv(DB_ENV, db)
+    return AppTest.from_file(str(ENTRY), default_timeout=60).run()
+
+
+def texts(at: AppTest, kind: str) -> list[str]:
+    return [element.value for element in getattr(at, kind)]
+
+
+def visit(at: AppTest, page: str) -> AppTest:
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
+    return at
+
+
+def test_opens_on_latest_run_with_its_error_banner(monkeypatch, two_runs):
+    at = app(monkeypatch, two_runs)
+    assert not at.exception
+    assert at.session_state["run_id"] == "faulty-run"
+    faulty, healthy = at.sidebar.selectbox[0].options  # runs with error findings are marked
+    assert faulty.startswith("[3 errors] ") and "no-aux-capture" in faulty and "[" not in healthy
+    errors = texts(at, "error")
+    assert errors[0].startswith("**AUX_NOT_FUSED**") and "1728" in errors[0]
+    assert [m.label for m in at.metric] == ["Accept length", "Accept rate", "Tokens/s",
+                                            "Verify steps", "Requests", "Dropped"]
+    assert at.metric[0].value == "1.00" and at.metric[3].value == "72"
+
+
+def test_healthy_run_has_no_error_banner_on_any_page(monkeypatch, two_runs):
+    at = app(monkeypatch, two_runs)
+    at.sidebar.selectbox[0].set_value("healthy-run").run()
+    assert not any("AUX_NOT_FUSED" in e for e in texts(at, "error"))
+    assert any("No error or warning findings" in s for s in texts(at, "success"))
+    assert float(at.metric[0].value) > 2.5
+    for page in PAGES[1:]:
+        visit(at, page)
+        assert at.session_state["run_id"] == "healthy-run"
+        assert not texts(at, "error"), page
+
+
+def test_compare_side_by_side(monkeypatch, two_runs):
+    at = app(monkeypatch, two_runs)
+    at.sidebar.selectbox(key="compare").set_value("healthy-run").run()
+    assert not at.exception
+    assert len(at.metric) == 12
+    assert [m.value for m in at.metric if m.label == "Accept length"][0] == "1.00"
+    assert any("No error or warning findings" in s for s in texts(at, "success"))
+
+
+def test_faulty_run_pages(monkeypatch, two_runs):
+    at = app(monkeypatch, two_runs)
+    visit(at, "requests")
+    assert at.dataframe and at.selectbox(key="request").value == "req-0"
+    marked = at.get("html")[0].proto.body  # the generated text: the faulty run accepts nothing
+    assert "accepted draft token" in marked and 'title="step 0: target"' in marked
+    assert 'title="step 0: draft"' not in marked
+    visit(at, "gpus")
+    assert at.dataframe
+    visit(at, "tensors")
+    assert any("width **576**" in e and "**1728**" in e for e in texts(at, "error"))
+    assert any("Eager" in i for i in texts(at, "info"))
+    visit(at, "findings")
+    labels = [e.label for e in at.expander]
+    assert any("AUX_NOT_FUSED" in label for label in labels) and any("CKPT_FORMAT" in label for label in labels)
+    visit(at, "sql")
+    assert at.dataframe and at.get("download_button")
+
+
+def test_sql_page_refuses_writes(monkeypatch, two_runs):
+    at = visit(app(monkeypatch, two_runs), "sql")
+    at.text_area[0].set_value("DELETE FROM runs")
+    at.button[0].click().run()
+    assert any("read-only" in e or "readonly" in e.lower() for e in texts(at, "error"))
+    with open_store(two_runs, create=False, read_only=True) as store:
+        assert len(store.runs()) == 2
+
+
+def test_empty_store_explains_instrumentation(monkeypatch, tmp_path):
+    open_store(str(tmp_path / "empty.db")).close()
+    at = app(monkeypatch, str(tmp_path / "empty.db"))
+    assert not at.exception
+    assert texts(at, "title") == ["No run recorded yet"]
+    assert [c.value for c in at.code] == [SNIPPET.strip()]
+
+
+def test_running_run_is_live_and_stale_run_says_so(monkeypatch, tmp_path):
+    now = time.time()
+    db = write_store(tmp_path / "live.db", [trace("stale-run", finished=False, t0=now - 3600),
+                                            trace("live-run", finished=False, t0=now - 1, dt=0.001)])
+    at = app(monkeypatch, db)
+    assert not at.exception
+    assert ":green-badge[live]" in [m.value for m in at.markdown]
+    labels = at.sidebar.selectbox[0].options
+    assert "live" in labels[0] and "stale" in labels[1]
+
+
+def test_not_a_store_and_newer_schema_are_one_message(monkeypatch, tmp_path):
+    text = tmp_path / "notes.db"
+    text.write_text("not a database")
+    at = app(monkeypatch, str(text))
+    assert not at.exception and len(at.error) == 1 and "Cannot open the store" in at.error[0].value
+    db = tmp_path / "future.db"
+    open_store(str(db)).close()
+    engine = sa.create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO schema_migrations VALUES (99, 'from_the_future', 0)")
+    engine.dispose()
+    at = app(monkeypatch, str(db))
+    assert not at.exception and "newer" in at.error[0].value
+
+
+def test_snippet_runs_against_real_modules(tmp_path, monkeypatch):
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from _draft_fixture import AUX, K, make_models
+
+    target_model, draft_model = make_models()
+    checkpoint = str(tmp_path / "draft.safetensors")
+    safetensors_torch.save_file({k: v.contiguous() for k, v in draft_model.state_dict().items()}, checkpoint)
+    monkeypatch.chdir(tmp_path)
+    exec(SNIPPET, {"target_model": target_model, "draft_model": draft_model, "aux_ids": AUX, "k": K,
+                   "checkpoint": checkpoint, "prompt_len": 6, "accepted": 2,
+                   "decoded_tokens": ["a", "b", "c"], "output_len": 3, "text": "abc"})
+    with open_store(str(tmp_path / "specscope.db"), create=False, read_only=True) as store:
+        runs = store.runs()
+        assert [(r["engine"], r["verify_steps"], r["status"]) for r in runs] == [("my-engine", 1, "finished")]
+        loads = store.query("SELECT loaded, missing FROM load_reports")[1]
+        assert loads and loads[0][0] > 0 and json.loads(loads[0][1]) == []

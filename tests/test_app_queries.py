@@ -1,0 +1,145 @@
+"""specscope.app.queries on real stores (SQLite and PostgreSQL) holding the dashboard traces."""
+
+from __future__ import annotations
+
+import pytest
+
+from _dashboard_traces import AUX, FUSED, HIDDEN, K, LAYERS, accepted_pattern, trace
+from specscope import metrics
+from specscope.app import queries
+
+REQUESTS, STEPS = 6, 12
+
+
+@pytest.fixture
+def filled(store):
+    store.write(trace("healthy", world_size=2, requests=REQUESTS, steps=STEPS))
+    store.write(trace("faulty", fault="no-aux-capture", requests=REQUESTS, steps=STEPS, t0=1_750_000_100.0))
+    return store
+
+
+def accepted(fault, request=None):
+    return [accepted_pattern(fault, s, r) for r in range(REQUESTS) if request in (None, r) for s in range(STEPS)]
+
+
+def test_runs_newest_first_with_state(filled):
+    rows = queries.runs(filled)
+    assert [r["run_id"] for r in rows] == ["faulty", "healthy"]
+    assert {r["state"] for r in rows} == {"finished"}
+    assert [r["requests"] for r in rows] == [REQUESTS, REQUESTS]
+    assert rows[0]["fault"] == "no-aux-capture" and rows[0]["config"]["expected_fused_width"] == FUSED
+
+
+def test_run_state_running_and_stale():
+    assert queries.run_state("running", 1000.0, now=1010.0) == "running"
+    assert queries.run_state("running", 1000.0, now=1000.0 + queries.STALE_AFTER_S + 1) == "stale"
+    assert queries.run_state("running", None, now=5.0) == "stale"
+    assert queries.run_state("finished", 0.0, now=1e9) == "finished"
+
+
+def test_run_summary_matches_metrics_and_view(filled):
+    for run_id, fault in (("healthy", None), ("faulty", "no-aux-capture")):
+        row = queries.run_summary(filled, run_id)
+        steps = accepted(fault)
+        assert row["verify_steps"] == REQUESTS * STEPS
+        assert row["mean_acceptance_length"] == pytest.approx(metrics.mean_acceptance_length(steps))
+        assert row["acceptance_rate"] == pytest.approx(metrics.acceptance_rate(steps, [K] * len(steps)))
+        view = filled.query("SELECT mean_acceptance_length, status, requests, events_dropped FROM v_run_summary "
+                            "WHERE run_id = :r", {"r": run_id})[1][0]
+        assert row["mean_acceptance_length"] == pytest.approx(float(view[0]))
+        assert (row["state"], row["requests"], row["events_dropped"]) == tuple(view[1:])
+    assert queries.run_summary(filled, "faulty")["mean_acceptance_length"] == 1.0
+    assert queries.run_summary(filled, "nope") is None
+
+
+def test_acceptance_over_time_covers_every_step(filled):
+    rows = queries.acceptance_over_time(filled, "healthy", buckets=10)
+    assert sum(r["verify_steps"] for r in rows) == REQUESTS * STEPS
+    assert sum(r["accepted"] for r in rows) == sum(accepted(None))
+    assert len(rows) <= 10 and [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
+    assert {r["mean_acceptance_length"] for r in queries.acceptance_over_time(filled, "faulty")} == {1.0}
+
+
+def test_position_acceptance_equals_view_and_metrics(filled):
+    rows = queries.position_acceptance(filled, "healthy")
+    view = filled.query("SELECT position, acceptance FROM v_position_acceptance WHERE run_id = 'healthy' "
+                        "ORDER BY position")[1]
+    assert [(r["position"], r["acceptance"]) for r in rows] == [(p, pytest.approx(float(a))) for p, a in view]
+    assert [r["acceptance"] for r in rows] == pytest.approx(metrics.per_position_acceptance(accepted(None), K))
+
+
+def test_requests_ordering_and_figures(filled):
+    rows = queries.requests(filled, "healthy")
+    assert [r["request_id"] for r in rows] == [f"req-{i}" for i in range(REQUESTS)]
+    for row in rows:
+        steps = accepted(None, int(row["request_id"].split("-")[1]))
+        assert row["verify_steps"] == STEPS
+        assert row["mean_acceptance_length"] == pytest.approx(metrics.mean_acceptance_length(steps))
+        assert row["duration_s"] > 0
+    worst = queries.requests(filled, "healthy", order="acceptance length")
+    assert [r["mean_acceptance_length"] for r in worst] == sorted(r["mean_acceptance_length"] for r in rows)
+    assert len(queries.requests(filled, "healthy", limit=2)) == 2
+    with pytest.raises(ValueError, match="unknown request order"):
+        queries.requests(filled, "healthy", order="bogus")
+
+
+def test_request_drilldown_marks_each_token(filled):
+    steps = queries.request_steps(filled, "healthy", "req-1")
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    tokens = queries.marked_tokens(steps)
+    assert sum(t["source"] == "draft" for t in tokens) == sum(accepted(None, 1))
+    assert sum(t["source"] == "target" for t in tokens) == STEPS  # one bonus token per step
+    text = filled.query("SELECT text FROM requests WHERE run_id = 'healthy' AND request_id = 'req-1'")[1][0][0]
+    assert "".join(t["token"] for t in tokens) == text
+    positions = queries.request_positions(filled, "healthy", "req-1")
+    assert [p["acceptance"] for p in positions] == pytest.approx(
+        metrics.per_position_acceptance(accepted(None, 1), K))
+
+
+def test_ranks_split_the_run(filled):
+    rows = queries.ranks(filled, "healthy")
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert sum(r["verify_steps"] for r in rows) == REQUESTS * STEPS
+    assert [r["device"] for r in rows] == ["cuda:0", "cuda:1"]
+    assert queries.rank_spread(rows)["spread"] >= 0
+    assert queries.rank_spread(rows[:1]) is None
+
+
+def test_tensor_contract_and_draft_widths(filled):
+    contract = queries.tensor_contract(filled, "faulty")
+    view = filled.query("SELECT hook_point, SUM(calls) FROM v_tensor_contract WHERE run_id = 'faulty' "
+                        "GROUP BY hook_point ORDER BY hook_point")[1]
+    sums: dict[str, int] = {}
+    for row in contract:
+        sums[row["hook_point"]] = sums.get(row["hook_point"], 0) + row["events"]
+    assert sorted(sums.items()) == [(p, int(n)) for p, n in view]
+    widths = queries.draft_input_widths(contract, FUSED)
+    fed = [r for r in widths if r["call"] == "target-fed"]
+    assert [(r["width"], r["expected_width"], r["width_mismatch"]) for r in fed] == [(HIDDEN, FUSED, True)]
+    chained = [r for r in widths if r["call"] == "chained"]
+    assert [(r["width"], r["width_mismatch"]) for r in chained] == [(HIDDEN, False)]
+    assert sum(r["events"] for r in widths) == sums["draft.forward:hidden_states"]
+    healthy = queries.draft_input_widths(queries.tensor_contract(filled, "healthy"), FUSED)
+    assert not any(r["width_mismatch"] for r in healthy)
+    assert queries.graph_phases(contract) == {"eager": sum(sums.values())}
+
+
+def test_capture_layers_fired_and_silent(store):
+    events = [e for e in trace("silent") if getattr(e, "hook_point", "") != f"target.layers.{AUX[1]}:input"]
+    store.write(events)
+    layers = queries.capture_layers(queries.run_summary(store, "silent")["config"],
+                                    queries.tensor_contract(store, "silent"))
+    assert [(r["layer"], r["fired"]) for r in layers] == [(AUX[0], True), (AUX[1], False), (AUX[2], True)]
+    assert all(r["configured"] for r in layers)
+
+
+def test_provenance_findings_and_load_reports(filled):
+    rows = queries.provenance(filled, "faulty")
+    assert [(r["configured"], r["received"], r["matches"]) for r in rows] == [(list(AUX), [LAYERS], False)]
+    assert all(r["matches"] for r in queries.provenance(filled, "healthy"))
+    inspected = queries.stored_findings(filled, "faulty", source="inspect")
+    assert [f["code"] for f in inspected] == ["CKPT_FORMAT"] and inspected[0]["evidence"]["tensors"] == 12
+    assert queries.stored_findings(filled, "faulty", source="doctor") == []
+    reports = queries.load_reports(filled, "healthy")
+    assert [(r["rank"], r["strict"], r["missing"], r["unexpected"]) for r in reports] == \
+        [(0, True, [], []), (1, True, [], [])]

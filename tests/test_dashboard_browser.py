@@ -1,0 +1,109 @@
+"""End to end: `specscope dashboard` served to a real headless Chromium (Debian's, driven by
+Playwright); every page visited, its key text asserted, and a 1400x900 screenshot saved (into
+``$SPECSCOPE_SCREENSHOTS`` when set, e.g. docs/, else the test's tmp dir).
+
+The store is the lead's ``demo_store`` fixture when it exists (healthy + no-aux-capture runs of the
+reference engine), else ``dashboard_store``: the synthetic healthy + faulty traces.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _dashboard_traces import trace, write_store
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# url path -> text that must be visible on the faulty (latest) run
+PAGES = {"": "AUX_NOT_FUSED", "requests": "Generated text", "gpus": "Shapes seen at each hook point",
+         "tensors": "Draft input width vs expected fused width", "findings": "AUX_NOT_FUSED",
+         "sql": "Download CSV"}
+NAMES = {"": "overview"}
+# The script run is over: no skeleton placeholder left and every plotly chart drawn.
+SETTLED = """() => !document.querySelector('[data-testid="stSkeleton"]')
+  && [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('.main-svg'))"""
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (make browser)")]
+
+
+@pytest.fixture(scope="session")
+def dashboard_store(tmp_path_factory) -> str:
+    """A SQLite store with a healthy 2-rank run and a later no-aux-capture run (synthetic traces)."""
+    return write_store(tmp_path_factory.mktemp("browser") / "store.db",
+                       [trace("healthy-run", world_size=2, requests=8, steps=24),
+                        trace("faulty-run", fault="no-aux-capture", requests=8, steps=24, t0=1_750_000_100.0)])
+
+
+@pytest.fixture
+def served_store(request) -> str:
+    try:
+        return request.getfixturevalue("demo_store")
+    except pytest.FixtureLookupError:
+        return request.getfixturevalue("dashboard_store")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def server(served_store):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specscope", "dashboard", "--db", str(served_store),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"dashboard did not come up: {proc.stdout.read() if proc.poll() is not None else ''}")
+            time.sleep(0.2)  # polling the server's health endpoint, not synchronising the test
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_every_page_in_chromium(server, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    shots = Path(os.environ.get("SPECSCOPE_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            for path, text in PAGES.items():
+                page.goto(f"{server}/{path}")
+                page.get_by_text(text).first.wait_for(timeout=60_000)
+                page.wait_for_load_state("networkidle")
+                page.wait_for_function(SETTLED, timeout=60_000)
+                name = NAMES.get(path, path)
+                page.screenshot(path=str(shots / f"dashboard-{name}.png"))
+                assert page.get_by_text("Traceback").count() == 0, name
+                if name in ("overview", "tensors"):  # the fault is on the first screen
+                    assert page.get_by_text("AUX_NOT_FUSED").first.is_visible(), name
+        finally:
+            browser.close()
+    assert sorted(f.name for f in shots.glob("dashboard-*.png")) >= sorted(
+        f"dashboard-{NAMES.get(p, p)}.png" for p in PAGES)
