@@ -208,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     train = [examples[i] for i in order[n_val:]]
     all_aux = torch.cat([e.aux for e in train]).float()
     scale = 1.0 / all_aux.std(0).clamp(min=1e-3)  # (n_aux*H,)
-    coverage = float(sum((e.labels[0] != IGNORE).sum() for e in val) / sum(len(e.aux) for e in val))
+    known = sum(int((y[1:] >= 0).sum()) for _, _, y in data)  # positions with a target label
+    coverage = float(sum(int((e.labels[0] != IGNORE).sum()) for e in examples) / max(known, 1))
     _log(f"train {len(train)} seqs / {sum(len(e.aux) for e in train)} positions; val {len(val)}; "
-         f"draft vocab covers {coverage:.1%} of val labels", t0)
+         f"draft vocab covers {coverage:.1%} of the labels", t0)
 
     draft = Eagle3Draft(cfg, target.get_input_embeddings())
     draft.d2t.copy_(d2t)
