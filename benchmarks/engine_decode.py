@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--k K] [--rounds R]``.
 
 1. Acceptance at k (DESIGN.md section 4): mean acceptance length, acceptance rate, per-position
-   acceptance, over every held-out prompt, healthy and under each fault.
+   acceptance, over every held-out prompt (healthy) and the first ``fault_prompts`` under each fault.
 2. Decode speed: speculative decoding vs the target's own greedy decoding (tokens/s), the same
    prompts and token counts, alternating so machine load hits both alike.
 3. Instrumentation overhead: the same speculative decode with a specscope Tracer at default settings
@@ -68,7 +68,8 @@ def overhead(engine: Engine, prompts: list[str], max_new: int, rounds: int) -> t
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=None, help="held-out prompts to use (default all)")
+    parser.add_argument("--prompts", type=int, default=None, help="held-out prompts, healthy (default all)")
+    parser.add_argument("--fault-prompts", type=int, default=12, help="held-out prompts per fault")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds for the timings")
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"held-out prompts: {len(prompts)}, max_new_tokens {args.max_new_tokens}, k={args.k}\n")
     print(f"{'fault':<16} {'AL':>6} {'rate':>6} {'steps':>6}  per-position acceptance")
     for fault in [None, *FAULTS]:
-        row = acceptance(Engine(target=target, fault=fault, k=args.k), prompts, args.max_new_tokens)
+        subset = prompts if fault is None else prompts[: args.fault_prompts]
+        row = acceptance(Engine(target=target, fault=fault, k=args.k), subset, args.max_new_tokens)
         pos = " ".join(f"{p:.2f}" for p in row["pos"])
         print(f"{fault or 'healthy':<16} {row['al']:6.3f} {row['rate']:6.3f} {row['steps']:6d}  {pos}", flush=True)
     engine = Engine(target=target, k=args.k)

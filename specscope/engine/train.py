@@ -1,18 +1,20 @@
 """Train the reference EAGLE-3 head by self-distillation: ``python -m specscope.engine.train``.
 
 1. The target answers the training prompts (greedy, plus a share of sampled continuations for variety).
-2. One target forward per sequence captures the aux hidden states (entering layers ``aux_layer_ids``)
-   and the target's greedy token at every position: labels are always the target's own argmax, so
+2. The same generation pass captures the aux hidden states (entering layers ``aux_layer_ids``) and the
+   target's greedy token at every generated position: labels are always the target's own argmax, so
    sampled text is labelled exactly as the target would continue it.
 3. The draft vocabulary is the most frequent label tokens; ``d2t`` offsets and ``t2d`` follow
    (DESIGN.md section 5).
-4. The head trains with training-time test (EAGLE-3): step 0 reads the fused target features, steps
+4. The head starts from the target's own (tied) output-embedding rows of the draft vocabulary and its
+   final norm, then trains with training-time test (EAGLE-3): step 0 reads the fused target features, steps
    1.. read the draft's own output hidden state; step j's queries attend causally to step-0 keys and to
    the same origin's keys of steps 1..j (the attention a chained draft sees at inference).
 5. Per-dimension feature scaling (a few aux dimensions are ~15x larger) is folded into ``fc.weight``
    when saving, so the shipped checkpoint reads raw target features.
 
-Everything is seeded; on a 2-core CPU the default settings take roughly half an hour.
+Everything is seeded. On this project's 2-core CPU, generation takes ~35 min when the machine is
+shared (~20 min alone; ``--data-cache`` keeps it for reruns) and training ``--train-minutes`` (25).
 """
 
 from __future__ import annotations
@@ -172,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-share", type=float, default=0.3)
     ap.add_argument("--draft-vocab", type=int, default=4096)
     ap.add_argument("--depth", type=int, default=3, help="training-time-test steps")
-    ap.add_argument("--train-minutes", type=float, default=15.0)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--train-minutes", type=float, default=25.0)
+    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-cache", type=Path, default=None, help="reuse/save generated data here")
@@ -216,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     draft = Eagle3Draft(cfg, target.get_input_embeddings())
     draft.d2t.copy_(d2t)
     draft.t2d.copy_(t2d)
+    with torch.no_grad():  # start the head where the target's own (tied) head is, for the draft vocab
+        draft.lm_head.weight.copy_(target.get_output_embeddings().weight[t2d])
+        draft.norm.weight.copy_(target.model.norm.weight)
     for p in target.parameters():
         p.requires_grad_(False)
     params = [p for p in draft.parameters() if p.requires_grad]
