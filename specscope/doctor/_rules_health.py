@@ -59,6 +59,13 @@ def check_weights_dropped(ctx: RunContext) -> list[Finding]:
     return findings
 
 
+def _counter(ctx: RunContext, bad: str, total: str) -> tuple[list, int, int]:
+    """Ranks whose ``bad`` counter is non-zero, and the run's sums of ``bad`` and ``total``."""
+    ranks = [r for r in ctx.rank_status if getattr(r, bad)]
+    return (ranks, sum(int(getattr(r, bad)) for r in ctx.rank_status),
+            sum(int(getattr(r, total)) for r in ctx.rank_status))
+
+
 def prefix_rename(dropped: list[str], missing: list[str]) -> tuple[str, str] | None:
     """The most common ``(dropped prefix, missing prefix)`` pair of keys equal after their prefixes
     (``layers.0.mlp.up_proj.weight`` / ``midlayer.mlp.up_proj.weight`` -> ``("layers.0.", "midlayer.")``)."""
@@ -80,11 +87,9 @@ def prefix_rename(dropped: list[str], missing: list[str]) -> tuple[str, str] | N
 
 def check_events_dropped(ctx: RunContext) -> list[Finding]:
     """EVENTS_DROPPED [warning]: the collector lost events (full buffer, failed batch)."""
-    ranks = [r for r in ctx.rank_status if r.events_dropped]
+    ranks, dropped, written = _counter(ctx, "events_dropped", "events_written")
     if not ranks:
         return []
-    dropped = sum(int(r.events_dropped) for r in ctx.rank_status)
-    written = sum(int(r.events_written) for r in ctx.rank_status)
     return [finding(
         "EVENTS_DROPPED", ctx.run_id,
         f"{dropped} event(s) were dropped ({written} written) on rank(s) {[r.rank for r in ranks]}: "
@@ -97,11 +102,9 @@ def check_events_dropped(ctx: RunContext) -> list[Finding]:
 
 def check_hook_errors(ctx: RunContext) -> list[Finding]:
     """HOOK_ERRORS [warning]: hooks raised (caught, counted, never reached the engine)."""
-    ranks = [r for r in ctx.rank_status if r.hook_errors]
+    ranks, errors, calls = _counter(ctx, "hook_errors", "hook_calls")
     if not ranks:
         return []
-    errors = sum(int(r.hook_errors) for r in ranks)
-    calls = sum(int(r.hook_calls) for r in ctx.rank_status)
     return [finding(
         "HOOK_ERRORS", ctx.run_id,
         f"{errors} hook call(s) failed out of {calls} on rank(s) {[r.rank for r in ranks]}; "
