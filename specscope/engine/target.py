@@ -59,7 +59,9 @@ def load_target(dtype: str = "float32"):
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # per-load weight bars would bury the demo's output
     cached = cache_dir()
     if not (cached / "model.safetensors").exists():
         _build_cache(cached)
