@@ -122,6 +122,9 @@ def test_views_give_the_design_figures(store: Store) -> None:
     assert _floats(_rows(store, "SELECT request_id, verify_steps, mean_acceptance_length, "
                                 "acceptance_rate, duration_s FROM v_request_acceptance")) == [
         ("q1", 4, 2.75, 7 / 16, 10.0)]
+    assert _floats(_rows(store, "SELECT request_id, position, accepted_steps, acceptance "
+                                "FROM v_request_position_acceptance ORDER BY position")) == [
+        ("q1", 0, 3, 0.75), ("q1", 1, 2, 0.5), ("q1", 2, 1, 0.25), ("q1", 3, 1, 0.25)]
     summaries = {row["run_id"]: row for row in store.runs()}
     assert summaries[RUN]["mean_acceptance_length"] == 2.75
     assert summaries[RUN]["acceptance_rate"] == 7 / 16
@@ -235,3 +238,20 @@ def test_unreachable_postgres_is_a_store_error() -> None:
 def test_unsupported_locations_are_store_errors(url: str) -> None:
     with pytest.raises(StoreError):
         open_store(url)
+
+
+@pytest.mark.parametrize("view, where", [
+    ("v_run_acceptance", "run_id = 'r'"), ("v_rank_acceptance", "run_id = 'r'"),
+    ("v_run_summary", "run_id = 'r'"), ("v_request_acceptance", "run_id = 'r'"),
+    ("v_position_acceptance", "run_id = 'r'"),
+    ("v_request_position_acceptance", "run_id = 'r' AND request_id = 'q'"),
+])
+def test_a_run_filter_reaches_the_verify_step_index(tmp_path, view: str, where: str) -> None:
+    """SQLite's plan for a filtered view reads verify_steps through an index range (SEARCH), never a
+    whole-table or whole-index SCAN: one run's figures cost that run's rows on a store of any size."""
+    open_store(str(tmp_path / "plan.db")).close()
+    with sa.create_engine(f"sqlite:///{tmp_path / 'plan.db'}").connect() as conn:
+        plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN SELECT * FROM {view} WHERE {where}")]
+    on_steps = [step for step in plan if " verify_steps" in step or step.startswith(("SCAN v ", "SEARCH v ",
+                                                                                       "SCAN g", "SEARCH g"))]
+    assert on_steps and all(step.startswith("SEARCH") for step in on_steps), plan

@@ -97,8 +97,7 @@ def runs(store: Store, now: float | None = None) -> list[Row]:
 def run_summary(store: Store, run_id: str, now: float | None = None) -> Row | None:
     """One run as in :func:`runs`, plus its acceptance from ``v_run_acceptance`` (verify steps,
     proposed, accepted, mean acceptance length, acceptance rate, emitted tokens, tokens/s);
-    None when the run does not exist. Filtering ``v_run_acceptance`` directly lets the database
-    read this run's steps only (``v_run_summary`` aggregates every run first)."""
+    None when the run does not exist."""
     rows = _run_rows(store, run_id, now)
     if not rows:
         return None
@@ -179,22 +178,12 @@ def request_steps(store: Store, run_id: str, request_id: str, limit: int = 5000)
 
 
 def request_positions(store: Store, run_id: str, request_id: str) -> list[Row]:
-    """Per-position acceptance p_i of one request, as ``v_position_acceptance`` defines it for a run
-    (masks grouped first; denominator: the request's verify steps); same columns as
-    :func:`position_acceptance`. The view cannot be filtered by request, hence the SQL here."""
+    """Per-position acceptance p_i of one request from ``v_request_position_acceptance``; same columns
+    as :func:`position_acceptance` (denominator: the request's verify steps)."""
     return _rows(store, """
-        WITH steps AS (SELECT accepted_mask, proposed FROM verify_steps
-                       WHERE run_id = :run_id AND request_id = :request_id),
-        m AS (SELECT accepted_mask, COUNT(*) AS steps FROM steps GROUP BY accepted_mask),
-        t AS (SELECT COUNT(*) AS verify_steps, MAX(proposed) AS max_proposed FROM steps)
-        SELECT p.pos AS position,
-               SUM(CASE WHEN SUBSTR(m.accepted_mask, p.pos + 1, 1) = '1' THEN m.steps ELSE 0 END)
-                   AS accepted_steps,
-               t.verify_steps,
-               CAST(SUM(CASE WHEN SUBSTR(m.accepted_mask, p.pos + 1, 1) = '1' THEN m.steps ELSE 0 END)
-                    AS DOUBLE PRECISION) / t.verify_steps AS acceptance
-        FROM m CROSS JOIN t JOIN positions p ON p.pos < t.max_proposed
-        GROUP BY p.pos, t.verify_steps ORDER BY p.pos""", run_id=run_id, request_id=request_id)
+        SELECT position, accepted_steps, verify_steps, acceptance FROM v_request_position_acceptance
+        WHERE run_id = :run_id AND request_id = :request_id ORDER BY position""",
+        run_id=run_id, request_id=request_id)
 
 
 def marked_tokens(steps: list[Row]) -> list[Row]:

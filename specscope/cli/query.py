@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "query", help="run one read-only SQL statement on a store",
         description="Run one read-only SQL statement on a specscope store and print the rows. "
                     "Views: v_run_summary, v_run_acceptance, v_rank_acceptance, v_request_acceptance, "
-                    "v_position_acceptance, v_tensor_contract.")
+                    "v_position_acceptance, v_request_position_acceptance, v_tensor_contract.")
     parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
                         "(postgresql+psycopg://user@host:5432/db)")
     parser.add_argument("sql", help="one SQL statement (writes are refused)")

@@ -24,8 +24,6 @@ DRAFT_FORWARD = ("draft.forward:", "draft.forward;")
 TARGET = ("target.", "target/")
 
 _SQL = {
-    # v_run_acceptance, not v_run_summary: SQLite materialises the latter's joined views for every
-    # run before filtering, so one run would cost a pass over the whole verify_steps table.
     "acceptance": "SELECT (SELECT COUNT(*) FROM requests WHERE run_id = :run_id) AS requests, "
                   "verify_steps, proposed, accepted, mean_acceptance_length, acceptance_rate "
                   "FROM v_run_acceptance WHERE run_id = :run_id",
@@ -92,7 +90,7 @@ class Widths:
 
 @dataclass(frozen=True)
 class Acceptance:
-    """Acceptance figures of a run (DESIGN.md section 4, from ``v_run_summary``); AL and rate are
+    """Acceptance figures of a run (DESIGN.md section 4, from ``v_run_acceptance``); AL and rate are
     None without verify steps / proposals."""
 
     requests: int

@@ -54,10 +54,16 @@ def add_position_and_nonfinite_indexes(conn: Connection) -> None:
         next(ix for ix in table.indexes if ix.name == name).create(conn, checkfirst=True)
 
 
+def filterable_views(conn: Connection) -> None:
+    """Version 4: no table changes; the views are recreated after the step in a shape whose run (and
+    request) filters reach the verify-step indexes, plus ``v_request_position_acceptance``."""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
     Migration(3, "add_position_and_nonfinite_indexes", add_position_and_nonfinite_indexes),
+    Migration(4, "filterable_views", filterable_views),
 )
 
 
