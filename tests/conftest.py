@@ -10,6 +10,8 @@ Storage (real databases, no mocks):
 
 PostgreSQL tests are skipped when the server is unreachable, unless ``SPECSCOPE_REQUIRE_PG=1`` (CI),
 which turns the skip into a failure. They carry the ``postgres`` marker.
+
+Checkpoints: ``ok_eagle3``, a healthy small EAGLE-3 checkpoint built by ``tests/_tiny_eagle3.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import functools
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import _tiny_eagle3
 import pytest
 import sqlalchemy as sa
 
@@ -82,6 +86,12 @@ def store(store_url: str) -> Iterator[Store]:
         yield opened
     finally:
         opened.close()
+
+
+@pytest.fixture(scope="session")
+def ok_eagle3(tmp_path_factory) -> Path:
+    """A healthy small EAGLE-3 checkpoint folder (tests/_tiny_eagle3.py); copy it before changing it."""
+    return _tiny_eagle3.write(tmp_path_factory.mktemp("ok-eagle3"))
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import pytest
 
 from specscope.cli import main
 
-OK = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "checkpoints" / "ok-eagle3"
 
 
 def _fail(argv: list[str], capsys, needle: str) -> None:
@@ -25,9 +24,9 @@ def _fail(argv: list[str], capsys, needle: str) -> None:
 
 
 @pytest.fixture
-def copy(tmp_path) -> Path:
+def copy(tmp_path, ok_eagle3: Path) -> Path:
     dst = tmp_path / "draft"
-    shutil.copytree(OK, dst)
+    shutil.copytree(ok_eagle3, dst)
     for f in dst.iterdir():
         f.chmod(0o644)
     return dst

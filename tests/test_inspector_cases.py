@@ -1,8 +1,13 @@
-"""Every shared checkpoint case under ../shared/cases/checkpoints passes through the real CLI."""
+"""Every shared checkpoint case under ../shared/cases/checkpoints passes through the real CLI.
+
+The cases live beside the checkout (CI has them). Without them these tests skip, unless
+``SPECSCOPE_REQUIRE_SHARED=1`` (set by ``.ci/run``) turns their absence into a failure.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +19,8 @@ from specscope.cli import main
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO.parent / "shared" / "cases" / "checkpoints"
 CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "EXPECTED.json").is_file()) if CASES.is_dir() else []
+pytestmark = pytest.mark.skipif(not CASES.is_dir() and os.environ.get("SPECSCOPE_REQUIRE_SHARED") != "1",
+                                reason=f"no shared checkpoint cases at {CASES} (a checkout without ../shared)")
 
 
 def _check(expected: dict, rc: int, report: dict) -> None:

@@ -1,4 +1,5 @@
-"""One small real checkpoint per finding code: a copy of the ok-eagle3 case with one thing changed.
+"""One small real checkpoint per finding code: a copy of a healthy small EAGLE-3 checkpoint
+(tests/_tiny_eagle3.py, the shape of the shared ok-eagle3 case) with one thing changed.
 
 Each test asserts the code, its evidence numbers, and (test_healthy_case_raises_none) that the
 untouched copy raises none of the codes, with every optional check switched on.
@@ -19,17 +20,16 @@ from specscope.cli import main
 from specscope.inspector import CODES, inspect_checkpoint
 from specscope.inspector._reader import CheckpointReader
 
-OK = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "checkpoints" / "ok-eagle3"
 TARGET = {"hidden_size": 64, "vocab_size": 1000, "num_hidden_layers": 30}
 
 
 class Ckpt:
     """A writable copy of the healthy case: ``tensors`` and ``config`` to mutate, then ``write()``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, healthy: Path) -> None:
         self.root = root
-        self.tensors = load_file(str(OK / "model.safetensors"))
-        self.config = json.loads((OK / "config.json").read_text())
+        self.tensors = load_file(str(healthy / "model.safetensors"))
+        self.config = json.loads((healthy / "config.json").read_text())
 
     def write(self) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -39,8 +39,8 @@ class Ckpt:
 
 
 @pytest.fixture
-def ckpt(tmp_path) -> Ckpt:
-    return Ckpt(tmp_path / "draft")
+def ckpt(tmp_path, ok_eagle3: Path) -> Ckpt:
+    return Ckpt(tmp_path / "draft", ok_eagle3)
 
 
 @pytest.fixture
