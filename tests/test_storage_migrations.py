@@ -159,3 +159,31 @@ def test_concurrent_first_opens_create_one_store(store_url: str) -> None:
         thread.join()
     assert errors == []
     assert len(_versions(store_url)) == SCHEMA_VERSION
+
+
+def test_a_version_3_store_with_data_upgrades_keeping_every_row(store_url: str, monkeypatch) -> None:
+    """A store created by the version 1-3 steps (the views of that time included) and holding a run
+    opens at the current version: rows kept, the redundant tensor index gone, the views answering."""
+    from specscope import events as ev
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:3])
+    with open_store(store_url) as store:
+        store.write([ev.RunStart(run_id="r", engine="e", engine_version="0", target_model="t", draft_model="d",
+                                 config={}, ts_wall=1.0),
+                     ev.RequestStart(run_id="r", request_id="q", rank=0, prompt_tokens=3, ts_wall=1.0),
+                     *[ev.VerifyStep(run_id="r", request_id="q", rank=0, step=i, proposed=4, accepted=a,
+                                     ts_wall=2.0 + i) for i, a in enumerate([4, 0])]])
+    engine = _engine(store_url)
+    with engine.begin() as conn:  # step 1 builds today's tables; a real version-3 store had this index
+        conn.exec_driver_sql("CREATE INDEX ix_tensor_events_run_point ON tensor_events (run_id, hook_point, rank)")
+    engine.dispose()
+    monkeypatch.undo()
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        with store.connect() as conn:
+            indexes = {ix["name"] for ix in sa.inspect(conn).get_indexes("tensor_events")}
+        assert "ix_tensor_events_run_point" not in indexes and "ix_tensor_events_contract" in indexes
+        assert store.query("SELECT request_id, position, accepted_steps FROM v_request_position_acceptance "
+                           "WHERE run_id = 'r' ORDER BY position")[1] == [
+            ("q", 0, 1), ("q", 1, 1), ("q", 2, 1), ("q", 3, 1)]

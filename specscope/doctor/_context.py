@@ -4,7 +4,8 @@ Every query filters on ``run_id`` and aggregates in SQL (the store may hold mill
 and tensor events); results are small (a row per rank, hook point, width or distinct provenance
 answer) and cached on the context, so rules that share a query run it once. Hook-point prefixes are
 matched as ranges (``'draft.forward:' <= hook_point < 'draft.forward;'``, ``;`` being the character
-after ``:``) so ``ix_tensor_events_run_point`` serves them on SQLite and PostgreSQL alike.
+after ``:``) so the (run_id, hook_point, rank) prefix of ``ix_tensor_events_contract`` serves them on
+SQLite and PostgreSQL alike.
 """
 
 from __future__ import annotations

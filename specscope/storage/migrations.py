@@ -59,11 +59,19 @@ def filterable_views(conn: Connection) -> None:
     request) filters reach the verify-step indexes, plus ``v_request_position_acceptance``."""
 
 
+def drop_redundant_tensor_index(conn: Connection) -> None:
+    """Version 5: drop ``ix_tensor_events_run_point`` (run_id, hook_point, rank), a prefix of
+    ``ix_tensor_events_contract``: every insert paid for a second B-tree that no query needed
+    (measured: raw SQLite ingest of the decode event mix +23%)."""
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_tensor_events_run_point")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
     Migration(3, "add_position_and_nonfinite_indexes", add_position_and_nonfinite_indexes),
     Migration(4, "filterable_views", filterable_views),
+    Migration(5, "drop_redundant_tensor_index", drop_redundant_tensor_index),
 )
 
 
