@@ -1,6 +1,7 @@
 """The reference engine, measured side by side in one process on the held-out prompts.
 
-Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--k K] [--rounds R]``.
+Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--k K] [--rounds R]
+[--pairs P]``.
 
 1. Acceptance at k (DESIGN.md section 4): mean acceptance length, acceptance rate, per-position
    acceptance, over every held-out prompt (healthy) and the first ``fault_prompts`` under each fault.
@@ -8,7 +9,8 @@ Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--
    prompts and token counts, alternating so machine load hits both alike.
 3. Instrumentation overhead: the same speculative decode with a specscope Tracer at default settings
    (shape sampling, no value statistics, no provenance) writing through a Collector into a temporary
-   SQLite store vs not instrumented; ``rounds`` alternating rounds, median tokens/s each, ratio.
+   SQLite store vs not instrumented, as ``pairs`` back-to-back pairs of the same request (order
+   alternating); the median of the per-pair slowdowns, with its interquartile range.
 """
 
 from __future__ import annotations
@@ -49,21 +51,36 @@ def speed(engine: Engine, prompts: list[str], max_new: int, rounds: int) -> tupl
     return statistics.median(spec), statistics.median(greedy)
 
 
-def overhead(engine: Engine, prompts: list[str], max_new: int, rounds: int) -> tuple[float, float]:
-    """Median tokens/s of (not instrumented, instrumented) over alternating rounds."""
-    bare, traced = [], []
+def _decode_tps(engine: Engine, prompt: str, max_new: int) -> float:
+    return _timed(lambda: sum(len(r.token_ids) for r in engine.generate([prompt], max_new)))
+
+
+def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int) -> tuple[float, float, float]:
+    """Paired instrumented-vs-bare decode: for each of ``pairs`` prompts (cycled), the same request is
+    decoded bare and instrumented back to back (order alternating), so machine-load drift hits both
+    halves of a pair alike. Hooks are attached before and removed after the timed part of each
+    instrumented half. Returns (median overhead %, 25th and 75th percentile %) of the per-pair ratios
+    bare tokens/s / instrumented tokens/s - 1."""
     target_id, draft_id = engine.model_ids
+    ratios = []
     with tempfile.TemporaryDirectory() as tmp, Collector(str(Path(tmp) / "bench.db")) as collector:
-        for _ in range(rounds):
-            engine.tracer = None
-            bare.append(_timed(lambda: sum(len(r.token_ids) for r in engine.generate(prompts, max_new))))
-            with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
-                        draft_model=draft_id, config=engine.run_config()) as tracer:
-                instrument(tracer, draft=engine.draft, target=engine.target)
-                engine.tracer = tracer
-                traced.append(_timed(lambda: sum(len(r.token_ids) for r in engine.generate(prompts, max_new))))
-            engine.tracer = None
-    return statistics.median(bare), statistics.median(traced)
+        for i in range(pairs):
+            prompt = prompts[i % len(prompts)]
+            halves = {}
+            for traced in ((False, True) if i % 2 == 0 else (True, False)):
+                if not traced:
+                    engine.tracer = None
+                    halves[traced] = _decode_tps(engine, prompt, max_new)
+                    continue
+                with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
+                            draft_model=draft_id, config=engine.run_config()) as tracer:
+                    instrument(tracer, draft=engine.draft, target=engine.target)
+                    engine.tracer = tracer
+                    halves[traced] = _decode_tps(engine, prompt, max_new)
+                engine.tracer = None
+            ratios.append(100 * (halves[False] / halves[True] - 1))
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return median, q1, q3
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds for the timings")
     parser.add_argument("--speed-prompts", type=int, default=4, help="prompts per timing round")
+    parser.add_argument("--pairs", type=int, default=24, help="bare/instrumented pairs for the overhead")
     args = parser.parse_args(argv)
     target = load_target()
     prompts = heldout_prompts()[: args.prompts]
@@ -89,9 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     spec, greedy = speed(engine, few, args.max_new_tokens, args.rounds)
     print(f"\ndecode tokens/s (median of {args.rounds}): speculative {spec:.1f}, target-only greedy "
           f"{greedy:.1f}, speed-up x{spec / greedy:.2f}")
-    bare, traced = overhead(engine, few, args.max_new_tokens, args.rounds)
-    print(f"instrumented decode (median of {args.rounds}): {traced:.1f} vs {bare:.1f} tokens/s bare, "
-          f"overhead {100 * (bare / traced - 1):+.1f}%")
+    median, q1, q3 = overhead(engine, prompts, args.max_new_tokens, args.pairs)
+    print(f"instrumented decode vs bare ({args.pairs} paired requests): overhead median {median:+.2f}% "
+          f"(interquartile {q1:+.2f}% .. {q3:+.2f}%)")
 
 
 if __name__ == "__main__":
