@@ -58,31 +58,52 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def server(served_store):
+def _start(store: Path) -> tuple[subprocess.Popen, str]:
+    """``specscope dashboard`` on a free port, once its health endpoint answers: (process, url)."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specscope", "dashboard", "--db", str(served_store),
+    proc = subprocess.Popen([sys.executable, "-m", "specscope", "dashboard", "--db", str(store),
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
+    while not _healthy(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"dashboard did not come up: {proc.stdout.read() if proc.poll() is not None else ''}")
+        time.sleep(0.2)  # polling the server's health endpoint, not synchronising the test
+    return proc, url
+
+
+def _healthy(url: str) -> bool:
     try:
-        while True:
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dashboard did not come up: {proc.stdout.read() if proc.poll() is not None else ''}")
-            time.sleep(0.2)  # polling the server's health endpoint, not synchronising the test
+        return httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def server(served_store):
+    proc, url = _start(served_store)
+    try:
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
+
+
+def test_terminating_the_dashboard_process_stops_the_server(dashboard_store):
+    """The process ``specscope dashboard`` started is the server: SIGTERM to its pid frees the port
+    (no orphaned Streamlit child left serving)."""
+    proc, url = _start(dashboard_store)
+    _stop(proc)
+    assert proc.returncode is not None and not _healthy(url)
 
 
 def test_every_page_in_chromium(server, tmp_path):

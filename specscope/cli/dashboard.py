@@ -2,16 +2,16 @@
 
 The store is opened read-only first, so a missing store, a file that is not a specscope store or a
 newer schema is one line and exit 2 before any server starts. Then ``streamlit run`` of
-:data:`specscope.app.ENTRY` runs as a child process of this interpreter (headless, no usage stats),
-with the store in the :data:`specscope.app.DB_ENV` environment variable; its exit status is returned.
+:data:`specscope.app.ENTRY` replaces this process (same interpreter, headless, no usage stats), with
+the store in the :data:`specscope.app.DB_ENV` environment variable.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
+from typing import NoReturn
 
 from specscope.app import DB_ENV, ENTRY
 from specscope.storage import open_store
@@ -36,13 +36,12 @@ def streamlit_command(host: str, port: int) -> list[str]:
             "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Check the store, then run the server until it stops (Ctrl-C); its exit status."""
+def run(args: argparse.Namespace) -> NoReturn:
+    """Check the store, then become the Streamlit server (``os.execve``): Ctrl-C, or a signal sent to
+    this process id, stops the server itself; a child process would outlive a killed parent."""
     with open_store(args.db, create=False, read_only=True):
         pass  # raises StoreError / SchemaVersionError: one line, exit 2 (cli/__init__.py)
     print(f"specscope dashboard on http://{args.host}:{args.port} (store {args.db})", flush=True)
-    env = {**os.environ, DB_ENV: args.db}
-    try:
-        return subprocess.call(streamlit_command(args.host, args.port), env=env)
-    except KeyboardInterrupt:
-        return 0
+    sys.stderr.flush()
+    command = streamlit_command(args.host, args.port)
+    os.execve(command[0], command, {**os.environ, DB_ENV: args.db})
