@@ -55,29 +55,32 @@ def _decode_tps(engine: Engine, prompt: str, max_new: int) -> float:
     return _timed(lambda: sum(len(r.token_ids) for r in engine.generate([prompt], max_new)))
 
 
+def _instrumented_tps(engine: Engine, collector: Collector, prompt: str, max_new: int) -> float:
+    """:func:`_decode_tps` with a fresh Tracer attached (attach and removal are not timed)."""
+    target_id, draft_id = engine.model_ids
+    with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
+                draft_model=draft_id, config=engine.run_config()) as tracer:
+        instrument(tracer, draft=engine.draft, target=engine.target)
+        engine.tracer = tracer
+        try:
+            return _decode_tps(engine, prompt, max_new)
+        finally:
+            engine.tracer = None
+
+
 def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int) -> tuple[float, float, float]:
     """Paired instrumented-vs-bare decode: for each of ``pairs`` prompts (cycled), the same request is
     decoded bare and instrumented back to back (order alternating), so machine-load drift hits both
-    halves of a pair alike. Hooks are attached before and removed after the timed part of each
-    instrumented half. Returns (median overhead %, 25th and 75th percentile %) of the per-pair ratios
-    bare tokens/s / instrumented tokens/s - 1."""
-    target_id, draft_id = engine.model_ids
+    halves of a pair alike. Returns (median overhead %, 25th and 75th percentile %) of the per-pair
+    ratios bare tokens/s / instrumented tokens/s - 1."""
     ratios = []
     with tempfile.TemporaryDirectory() as tmp, Collector(str(Path(tmp) / "bench.db")) as collector:
         for i in range(pairs):
             prompt = prompts[i % len(prompts)]
             halves = {}
             for traced in ((False, True) if i % 2 == 0 else (True, False)):
-                if not traced:
-                    engine.tracer = None
-                    halves[traced] = _decode_tps(engine, prompt, max_new)
-                    continue
-                with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
-                            draft_model=draft_id, config=engine.run_config()) as tracer:
-                    instrument(tracer, draft=engine.draft, target=engine.target)
-                    engine.tracer = tracer
-                    halves[traced] = _decode_tps(engine, prompt, max_new)
-                engine.tracer = None
+                halves[traced] = (_instrumented_tps(engine, collector, prompt, max_new) if traced
+                                  else _decode_tps(engine, prompt, max_new))
             ratios.append(100 * (halves[False] / halves[True] - 1))
     q1, median, q3 = statistics.quantiles(ratios, n=4)
     return median, q1, q3

@@ -22,10 +22,11 @@ join with a grouped subquery): filtering a view costs that run's rows, not the w
 
 from __future__ import annotations
 
-def _acceptance_columns(step: str = "step", proposed: str = "proposed", accepted: str = "accepted",
-                        ts_wall: str = "ts_wall") -> str:
-    """The DESIGN.md section 4 acceptance columns over grouped verify steps (COUNT of ``step`` counts
-    steps, so a LEFT JOIN with no step gives 0 steps and NULL ratios)."""
+def _acceptance_columns(alias: str = "") -> str:
+    """The DESIGN.md section 4 acceptance columns over grouped verify steps (``alias``: the
+    verify_steps table's alias with its dot, or ""). COUNT of ``step`` counts steps, so a LEFT JOIN
+    with no step gives 0 steps and NULL ratios."""
+    step, proposed, accepted, ts_wall = (f"{alias}{c}" for c in ("step", "proposed", "accepted", "ts_wall"))
     steps = f"COUNT({step})"
     return f"""
     {steps} AS verify_steps,
@@ -87,7 +88,7 @@ FROM verify_steps GROUP BY run_id, rank
     # requests cost one index range, not an aggregate over every run's steps.
     "v_request_acceptance": f"""
 SELECT r.run_id, r.request_id, r.rank, r.prompt_tokens, r.output_tokens,
-       {_acceptance_columns("v.step", "v.proposed", "v.accepted", "v.ts_wall")},
+       {_acceptance_columns("v.")},
        r.started_wall, r.finished_wall,
        r.finished_wall - r.started_wall AS duration_s
 FROM requests r
@@ -114,7 +115,7 @@ SELECT r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fa
        CASE WHEN k.ranks_ended >= r.world_size THEN 'finished' ELSE 'running' END AS status,
        k.last_seen_wall,
        (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.run_id) AS requests,
-       {_acceptance_columns("v.step", "v.proposed", "v.accepted", "v.ts_wall")},
+       {_acceptance_columns("v.")},
        COALESCE(k.events_written, 0) AS events_written, COALESCE(k.events_dropped, 0) AS events_dropped,
        COALESCE(k.hook_errors, 0) AS hook_errors, k.graph_mode,
        (SELECT COUNT(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'error')
