@@ -53,6 +53,9 @@ class RunConfig:
     - ``expected_fused_width``: ``len(aux ids) * target_hidden_size`` = ``fc.in_features``.
     - ``k``: draft tokens proposed per verify step (vLLM ``num_speculative_tokens``);
       ``num_draft_tokens`` follows SGLang and counts the root token too (``k + 1`` for a chain).
+    - ``aux_layer_ids_active``: the capture layers the engine reports active once the target is loaded
+      (vLLM: the target's ``EagleModelMixin.aux_hidden_state_layers``); ``()`` = none active, ``None`` =
+      the engine does not say.
     """
 
     aux_layer_ids_resolved: tuple[int, ...]
@@ -64,6 +67,7 @@ class RunConfig:
     topk: int = 1
     num_draft_tokens: int | None = None
     dtype: str = "float32"
+    aux_layer_ids_active: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; ``num_draft_tokens`` defaults to ``k + 1`` (SGLang's convention)."""
@@ -78,6 +82,8 @@ class RunConfig:
             "num_draft_tokens": self.num_draft_tokens if self.num_draft_tokens is not None else self.k + 1,
             "num_target_layers": self.num_target_layers,
             "dtype": self.dtype,
+            "aux_layer_ids_active": None if self.aux_layer_ids_active is None
+            else list(self.aux_layer_ids_active),
         }
 
 

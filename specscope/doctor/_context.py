@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from specscope.errors import StoreError
 
 DRAFT_FORWARD = ("draft.forward:", "draft.forward;")
+DRAFT = ("draft.", "draft/")  # any draft hook point: the fused input may sit at draft.forward or draft.<fc>
 TARGET = ("target.", "target/")
 
 _SQL = {
@@ -130,6 +131,13 @@ class RunContext:
         return tuple(int(i) for i in self.config.get("aux_layer_ids_resolved") or ())
 
     @property
+    def active_capture_layers(self) -> tuple[int, ...] | None:
+        """Capture layers the engine reported active after loading the target (``()`` = none), or
+        None when the engine does not report them (only the vLLM plugin does)."""
+        active = self.config.get("aux_layer_ids_active")
+        return None if active is None else tuple(int(i) for i in active)
+
+    @property
     def hidden_size(self) -> int | None:
         """Target hidden size H (elements)."""
         return self.config.get("target_hidden_size")
@@ -176,10 +184,11 @@ class RunContext:
     @cached_property
     def fed_widths(self) -> list[Widths]:
         """Recorded target-fed draft inputs (expected width = the fused width) per hook point, rank
-        and observed width."""
+        and observed width: ``draft.forward:hidden_states`` where the draft fuses (SGLang, the
+        reference engine), ``draft.model.fc:input`` where the engine fuses first (vLLM)."""
         if self.fused_width is None:
             return []
-        lo, hi = DRAFT_FORWARD
+        lo, hi = DRAFT
         return [w for w in self.widths("fed_widths", lo=lo, hi=hi) if w.expected_width == self.fused_width]
 
     def widths(self, name: str, **params: Any) -> list[Widths]:

@@ -85,12 +85,19 @@ def provenance_verdicts(ctx: RunContext) -> dict[str, dict[str, Any]]:
 def check_capture_silent(ctx: RunContext) -> list[Finding]:
     """AUX_CAPTURE_SILENT: the draft ran but no configured capture layer's data reached it."""
     layers = list(ctx.capture_layers)
-    if not layers or not ctx.draft_ran:
+    active = ctx.active_capture_layers
+    # The engine saying it captures nothing is evidence even if the draft never ran (vLLM fails on
+    # its first verify step then).
+    if not layers or not (ctx.draft_ran or active == ()):
         return []
     evidence: dict[str, Any] = {"configured": layers}
     reasons = []
+    if active == ():
+        evidence["active"] = []
+        reasons.append("the engine activated no aux capture after loading the target "
+                       "(vLLM: aux_hidden_state_layers is empty)")
     # A target that was not instrumented at all records no target event: no evidence either way.
-    if ctx.target_observed and not any(ctx.capture_events.values()):
+    if ctx.draft_ran and ctx.target_observed and not any(ctx.capture_events.values()):
         evidence["capture_layer_events"] = 0
         reasons.append(f"no event from capture layers {layers}")
     proof = provenance_verdicts(ctx).get("silent")
@@ -168,15 +175,27 @@ def _partial_width(ctx: RunContext) -> dict[str, Any] | None:
 
 
 def check_layer_mismatch(ctx: RunContext) -> list[Finding]:
-    """AUX_LAYER_MISMATCH: by fingerprint, the draft received other layers than configured."""
+    """AUX_LAYER_MISMATCH: by fingerprint, the draft received other layers than configured; or the
+    engine reports other capture layers active than configured."""
+    configured = list(ctx.capture_layers)
+    active = ctx.active_capture_layers
     proof = provenance_verdicts(ctx).get("mismatch")
-    if proof is None:
+    if proof is not None:
+        received = proof["received"]
+        evidence = {"configured": configured, "received": received, "ranks": proof["ranks"],
+                    "samples": proof["samples"],
+                    "matching_samples": proof["matching_samples"],
+                    "mismatch_samples": proof["verdict_samples"]}
+        how = f"received target layers {received}"
+        count = f" ({proof['verdict_samples']} of {proof['samples']} fingerprint samples)"
+    elif active and sorted(active) != sorted(configured):
+        received = list(active)
+        evidence = {"configured": configured, "active": received}
+        how, count = f"is fed target layers {received} (the engine's active capture layers)", ""
+    else:
         return []
-    configured, received = list(ctx.capture_layers), proof["received"]
-    evidence = {"configured": configured, "received": received, "ranks": proof["ranks"],
-                "samples": proof["samples"],
-                "matching_samples": proof["matching_samples"],
-                "mismatch_samples": proof["verdict_samples"]}
+    if active:
+        evidence["active"] = list(active)
     shifts = {r - c for r, c in zip(received, configured) if r is not None}
     shifted = len(received) == len(configured) and None not in received and len(shifts) == 1
     note = ""
@@ -185,8 +204,7 @@ def check_layer_mismatch(ctx: RunContext) -> list[Finding]:
         note = f"; every layer is off by {evidence['shift']:+d}"
     return [finding(
         "AUX_LAYER_MISMATCH", ctx.run_id,
-        f"the draft received target layers {received} where {configured} are configured "
-        f"({proof['verdict_samples']} of {proof['samples']} fingerprint samples){note}",
+        f"the draft {how} where {configured} are configured{count}{note}",
         evidence,
         "Capture the layers the draft was trained on: explicit `eagle_aux_hidden_state_layer_ids` get "
         "+1 in SGLang (`set_eagle3_layers_to_capture` captures layer i's output) but are used as "

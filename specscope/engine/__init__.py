@@ -6,7 +6,7 @@ from specscope.engine.core import ENGINE_NAME, ENGINE_VERSION, Engine, RequestRe
 from specscope.engine.draft import DraftConfig, Eagle3Draft
 from specscope.engine.faults import FAULTS
 from specscope.engine.prompts import demo_prompts, heldout_prompts
-from specscope.engine.target import load_target
+from specscope.engine.target import load_target, target_folder
 
 __all__ = [
     "DEFAULT_DRAFT_DIR",
@@ -21,5 +21,6 @@ __all__ = [
     "heldout_prompts",
     "load_draft",
     "load_target",
+    "target_folder",
     "save_draft",
 ]

@@ -8,6 +8,7 @@ do not map), so the failure is silent.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,18 @@ def load_draft(folder: str | Path, embed_tokens: nn.Module, fault: str | None = 
     model.to(dtype).eval()
     return LoadedDraft(model, Path(folder), tuple(state), tuple(result.missing_keys),
                        tuple(result.unexpected_keys), strict)
+
+
+def write_faulty_draft(source: str | Path, dest: str | Path, fault: str) -> Path:
+    """Copy the draft checkpoint at ``source`` to ``dest`` with ``fault``'s change written into its
+    weights (e.g. ``d2t-absolute``), for engines that load the folder themselves (vLLM). Returns
+    ``dest``. Raises CheckpointError for unreadable weights."""
+    source, dest = Path(source), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "config.json", dest / "config.json")
+    state = {k: v.contiguous() for k, v in _apply_fault(read_state(source), fault).items()}
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
 
 
 def _apply_fault(state: dict[str, torch.Tensor], fault: str | None) -> dict[str, torch.Tensor]:

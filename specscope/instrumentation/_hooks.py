@@ -98,14 +98,19 @@ def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
 
 
 def draft_forward_hooks(tracer: Tracer, draft: nn.Module, hidden_arg: str, draft_width: int,
-                        provenance: Provenance | None) -> tuple[Callable, Callable]:
+                        provenance: Provenance | None, fused_here: bool = True) -> tuple[Callable, Callable]:
     """``(pre_hook, forward_hook)`` for the draft's forward.
 
     The pre-hook (``with_kwargs=True``) records every tensor argument as ``draft.forward:<argname>``;
     ``hidden_arg`` is recorded with its expected width (``config.expected_fused_width`` on a
     target-fed call, ``draft_width`` on chained calls) and, on sampled target-fed calls, checked for
-    provenance. The forward hook records ``draft.forward:output`` (``output.0``, ... for a tuple).
+    provenance. With ``fused_here=False`` (the engine fuses the aux states before the forward, as
+    vLLM's ``combine_hidden_states`` does) ``hidden_arg`` is always expected ``draft_width`` wide and
+    provenance is checked at the fused input instead (:func:`fused_input_hook`). The forward hook
+    records ``draft.forward:output`` (``output.0``, ... for a tuple).
     """
+    if not fused_here:
+        provenance = None
     names = positional_names(draft.forward)
     inputs = PointTable("draft.forward", tracer.sampling)
     outputs = PointTable("draft.forward", tracer.sampling)
@@ -127,7 +132,7 @@ def draft_forward_hooks(tracer: Tracer, draft: nn.Module, hidden_arg: str, draft
             elif point is not hidden_point:
                 observe(point, value, None, capturing)
             else:
-                observe(point, value, fused if fed else draft_width, capturing)
+                observe(point, value, fused if fed and fused_here else draft_width, capturing)
                 if fed and provenance is not None and not capturing:
                     tracer._check_provenance(value, point.calls - 1)
 
@@ -144,13 +149,38 @@ def default_layer_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return kwargs.get("hidden_states")
 
 
+def fused_input_hook(tracer: Tracer, name: str, provenance: Provenance | None) -> Callable:
+    """Pre-hook on the draft submodule that receives the fused aux hidden states (vLLM: ``fc`` inside
+    ``Eagle3LlamaForCausalLM.combine_hidden_states``, ``vllm/model_executor/models/llama_eagle3.py``).
+
+    Records ``<name>:input`` (``(T, W)``) with the expected width ``config.expected_fused_width``
+    (n_aux x target hidden) on every call, since the engine calls it on target hidden states only, and
+    checks provenance on sampled calls.
+    """
+    point = TensorPoint(f"{name}:input", tracer.sampling)
+    fused = tracer.config.expected_fused_width
+
+    def pre(capturing: bool, module: nn.Module, args: tuple, unused: None) -> None:
+        if not args or not isinstance(args[0], torch.Tensor):
+            return
+        tracer._observe(point, args[0], fused, capturing)
+        if provenance is not None and not capturing:
+            tracer._check_provenance(args[0], point.calls - 1)
+
+    return guarded(tracer, f"{name}:input", pre)
+
+
 def target_layer_hook(tracer: Tracer, index: int, record: bool, first: bool,
-                      provenance: Provenance | None, layer_input: LayerInput) -> Callable:
+                      provenance: Provenance | None, layer_input: LayerInput,
+                      layer_value: LayerInput | None = None) -> Callable:
     """Pre-hook (``with_kwargs=True``) on target decoder layer ``index``: ``target.layers.{i}:input``.
 
     ``record``: emit tensor events (configured capture layers); ``first``: the lowest hooked layer,
     whose call marks a new target forward; ``provenance``: fingerprint the input on sampled steps.
+    ``layer_input`` picks the tensor whose metadata is recorded (every call: must not compute);
+    ``layer_value`` the residual-stream value fingerprinted on sampled steps (default: the same).
     """
+    value_of = layer_value or layer_input
     point = TensorPoint(f"target.layers.{index}:input", tracer.sampling) if record else None
     width = tracer.config.target_hidden_size
 
@@ -163,7 +193,7 @@ def target_layer_hook(tracer: Tracer, index: int, record: bool, first: bool,
         if point is not None:
             tracer._observe(point, hidden, width, capturing)
         if provenance is not None and not capturing and provenance.due:
-            provenance.record(index, hidden)
+            provenance.record(index, hidden if value_of is layer_input else value_of(args, kwargs))
 
     return guarded(tracer, f"target.layers.{index}:input", pre)
 
@@ -172,6 +202,8 @@ def final_norm_hook(tracer: Tracer, provenance: Provenance, index: int) -> Calla
     """Forward hook on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
 
     def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
+        if isinstance(output, tuple) and output:  # fused add-norm (vLLM, SGLang): (normed, residual)
+            output = output[0]
         if not capturing and provenance.due and isinstance(output, torch.Tensor):
             provenance.record(index, output)
 

@@ -13,6 +13,7 @@ from specscope.instrumentation._hooks import (
     default_layer_input,
     draft_forward_hooks,
     final_norm_hook,
+    fused_input_hook,
     module_hooks,
     target_layer_hook,
 )
@@ -27,7 +28,8 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
                layers: Sequence[nn.Module] | str | None = None,
                final_norm_module: nn.Module | str | None = None,
                draft_hidden_size: int | None = None,
-               layer_input: LayerInput | None = None) -> Tracer:
+               layer_input: LayerInput | None = None, layer_value: LayerInput | None = None,
+               fused_input: nn.Module | str | None = None) -> Tracer:
     """Hook the draft's forward, the target's capture layers and any further ``modules``.
 
     Hook points (DESIGN.md section 3):
@@ -45,7 +47,15 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
       ``config.target_hidden_size``. ``layers``: the decoder layer list or its dotted name (default:
       the ``ModuleList`` of ``config.num_target_layers`` modules). ``layer_input(args, kwargs)`` picks
       the hidden state from a layer's call (default: first positional tensor, else ``hidden_states``;
-      SGLang layers need ``hidden_states + residual``).
+      SGLang layers need ``hidden_states + residual``). ``layer_value(args, kwargs)``: the residual-stream
+      value fingerprinted for provenance on sampled steps when it differs from what ``layer_input``
+      returns (vLLM and SGLang layers take ``(positions, hidden_states, residual)``: the captured value
+      is ``hidden_states + residual``, ``vllm/model_executor/models/interfaces.py``
+      ``_maybe_add_hidden_state``); ``layer_input`` runs on every call and must not compute.
+    - ``fused_input``: the draft submodule (object or dotted name) that receives the fused aux hidden
+      states when the engine fuses them before the draft forward (vLLM: ``"model.fc"``). Its input is
+      recorded as ``draft.<name>:input`` with the fused width expected and is checked for provenance;
+      ``draft_hidden_arg`` is then expected ``draft_width`` wide on every call.
     - ``<draft|target>.<module path>:input|output`` for each of ``modules``: module objects, dotted
       names (``"fc"``, ``"target.model.norm"``) or globs over ``named_modules()``.
 
@@ -62,6 +72,7 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
     config = tracer.config
     aux = tuple(int(i) for i in (config.aux_layer_ids_resolved if aux_layer_ids is None else aux_layer_ids))
     draft_width = draft_hidden_size or _draft_hidden_size(draft)
+    fused = resolve_modules([fused_input], {"draft": draft})[0] if fused_input is not None else None
     roots = {"draft": draft} if target is None else {"draft": draft, "target": target}
     extra = resolve_modules(modules, roots)
     handles = []
@@ -74,10 +85,14 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
         read_input = layer_input or default_layer_input
         first = min(index for index, _ in layer_hooks)
         for index, layer in layer_hooks:
-            hook = target_layer_hook(tracer, index, index in aux, index == first, provenance, read_input)
+            hook = target_layer_hook(tracer, index, index in aux, index == first, provenance, read_input,
+                                     layer_value)
             handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
-    pre, post = draft_forward_hooks(tracer, draft, draft_hidden_arg, draft_width, provenance)
+    pre, post = draft_forward_hooks(tracer, draft, draft_hidden_arg, draft_width, provenance,
+                                    fused_here=fused is None)
     handles += [draft.register_forward_pre_hook(pre, with_kwargs=True), draft.register_forward_hook(post)]
+    if fused is not None:
+        handles.append(fused[1].register_forward_pre_hook(fused_input_hook(tracer, fused[0], provenance)))
     for name, module in extra:
         pre, post = module_hooks(tracer, name)
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]

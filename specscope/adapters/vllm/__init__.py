@@ -1,0 +1,61 @@
+"""specscope inside a vLLM server or offline ``LLM``: install, set ``SPECSCOPE_DB``, serve.
+
+``pip install specscope[vllm]`` registers :func:`register` under vLLM's ``vllm.general_plugins`` entry
+point group, which vLLM loads in every process it starts (API server, EngineCore, workers;
+``vllm/plugins/__init__.py``; ``VLLM_PLUGINS`` can filter it by the name ``specscope``). Without
+``SPECSCOPE_DB`` in the environment it returns at once and imports nothing: vLLM behaves and performs as
+without specscope. With it (a SQLite path or any SQLAlchemy URL), every process records into one run:
+
+- the worker holding the models: the draft-input contract (the fused aux width entering the draft's
+  ``fc``, ``draft.model.fc:input``, vs n_aux x target hidden), the draft's input ids, positions and
+  output shapes, the target's capture layers as vLLM resolved them, with provenance fingerprints on
+  sampled steps, and the checkpoint inspector's findings for the draft vLLM loaded;
+- the EngineCore holding the scheduler: each request, and each verify step's proposed / accepted draft
+  tokens, from the very values vLLM's ``SpecDecodingStats`` aggregates (so specscope's acceptance
+  equals ``vllm:spec_decode_*`` exactly, with no device sync).
+
+Environment: ``SPECSCOPE_DB`` (required to activate), ``SPECSCOPE_RUN_ID`` (default: a new id, shared
+with the processes vLLM starts), ``SPECSCOPE_PROVENANCE_EVERY`` (default 16: fingerprint every 16th
+fused draft input, one device sync each time; 0 turns it off). Supported: vLLM 0.32 (the attach points
+are listed in :mod:`specscope.adapters.vllm._patches`); on another version whatever cannot attach is
+logged once and counted in the run, and vLLM serves as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ENV_DB = "SPECSCOPE_DB"
+ENV_RUN_ID = "SPECSCOPE_RUN_ID"
+ENV_PROVENANCE_EVERY = "SPECSCOPE_PROVENANCE_EVERY"
+
+logger = logging.getLogger("specscope")
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. Idempotent; never raises into vLLM.
+
+    Does nothing unless ``SPECSCOPE_DB`` is set. Then fixes the run id for this process and the ones it
+    starts (``SPECSCOPE_RUN_ID``, inherited through the environment) and patches vLLM's scheduler and
+    model runners so that, when they come up, they report to specscope.
+    """
+    if not os.environ.get(ENV_DB):
+        return
+    try:
+        from specscope.adapters.vllm import _patches, _session
+
+        _session.run_id()  # fixed here, in the first process: the ones vLLM starts inherit it
+        _patches.install()
+    except Exception as exc:  # noqa: BLE001 - a broken observer must never stop the server
+        logger.warning("specscope: not attached to vLLM (%s: %s); vLLM serves without it",
+                       type(exc).__name__, exc)
+
+
+def close() -> None:
+    """End this process's part of the current run now: remove the hooks, write the final status and
+    every pending event. vLLM's own shutdown does this; call it when an embedding keeps vLLM objects
+    alive after it stops using them (tests, notebooks)."""
+    from specscope.adapters.vllm import _session
+
+    _session.close_all()

@@ -1,0 +1,216 @@
+"""Where specscope attaches to vLLM 0.32, and what each attach point relies on.
+
+Scheduler (EngineCore process), ``vllm/v1/core/sched/scheduler.py`` ``Scheduler``:
+
+- ``__init__``: the run's tracer is bound to the scheduler (``vllm_config`` gives the contract).
+- ``add_request(request)``: a request entered (``request.request_id``, ``request.num_prompt_tokens``).
+- ``make_spec_decoding_stats(..., num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens,
+  request_id)``: called once per request and verify step with the values ``SpecDecodingStats`` sums
+  into ``vllm:spec_decode_*``; specscope records the same step (drafts minus grammar-invalidated ones,
+  accepted count; vLLM's rejection sampler accepts a prefix, so the per-position mask is the chain
+  prefix). Plain Python ints: no device sync.
+- ``_free_request(request)``: the request finished (``request.num_output_tokens``).
+- ``shutdown()``: the run's part in this process ends (also ``WorkerWrapperBase.shutdown`` in
+  ``vllm/v1/worker/worker_base.py`` for worker processes, and at interpreter exit).
+
+Model runner (worker process), ``vllm/v1/worker/gpu_model_runner.py`` ``GPUModelRunner.load_model``
+and ``vllm/v1/worker/cpu_model_runner.py`` ``CPUModelRunner.load_model``: after vLLM loaded the target
+(``runner.model``) and the EAGLE-3 drafter (``runner.drafter.model``, ``Eagle3LlamaForCausalLM``),
+specscope hooks:
+
+- the draft's forward (``input_ids``, ``positions``, ``hidden_states`` post-fusion, outputs);
+- the draft's ``model.fc`` input: the fused aux hidden states vLLM passes through
+  ``combine_hidden_states`` (expected n_aux x target hidden);
+- the target decoder layers ``model.layers[i]`` of the capture ids and their neighbours, whose call is
+  ``(positions, hidden_states, residual)``: the captured value is ``hidden_states + residual``
+  (``EagleModelMixin._maybe_add_hidden_state``), fingerprinted on sampled steps only; and the final
+  ``model.norm``. Hooks on the ``LlamaModel`` modules themselves would never fire
+  (``@support_torch_compile`` calls their forward directly).
+
+Every wrapper calls vLLM's own method first and unchanged, then records; a failure while recording is
+logged once and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specscope.adapters.vllm import _session
+
+logger = logging.getLogger("specscope")
+
+_TRACER = "_specscope_tracer"  # attribute set on vLLM's Scheduler instance
+_installed = False
+_failed: set[str] = set()
+
+
+def install() -> None:
+    """Patch vLLM's scheduler and model runners (once per process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    _wrap(Scheduler, "__init__", _after_scheduler_init)
+    _wrap(Scheduler, "add_request", _after_add_request)
+    _wrap(Scheduler, "make_spec_decoding_stats", _after_spec_stats)
+    _wrap(Scheduler, "_free_request", _after_free_request)
+    _wrap(Scheduler, "shutdown", _end_run)
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    _wrap(WorkerWrapperBase, "shutdown", _end_run)
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _wrap(GPUModelRunner, "load_model", _after_load_model)
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    except ImportError:  # a GPU-only build
+        return
+    _wrap(CPUModelRunner, "load_model", _after_load_model)
+
+
+def _once(what: str, exc: BaseException) -> None:
+    if what not in _failed:
+        _failed.add(what)
+        logger.warning("specscope: %s failed (%s: %s); vLLM goes on, later failures there are not logged",
+                       what, type(exc).__name__, exc)
+
+
+def _wrap(cls: type, name: str, after: Callable[..., None]) -> None:
+    """Replace ``cls.name`` (its own attribute) with a wrapper that calls it, then ``after(bound)``.
+
+    ``bound`` is the call's ``inspect.BoundArguments`` (``self`` included, defaults applied), so
+    positional and keyword calls read the same. ``after`` runs guarded: it never raises into vLLM.
+    """
+    original = cls.__dict__[name]
+    signature = inspect.signature(original)
+    label = f"{cls.__name__}.{name}"
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            after(bound.arguments)
+        except Exception as exc:  # noqa: BLE001 - observing must not change what vLLM does
+            _once(f"recording after {label}", exc)
+        return result
+
+    setattr(cls, name, wrapper)
+
+
+# -- scheduler (EngineCore) ------------------------------------------------------------------------------
+
+def _after_scheduler_init(call: dict[str, Any]) -> None:
+    scheduler = call["self"]
+    if scheduler.vllm_config.speculative_config is None:
+        return  # no speculative decoding: nothing to observe
+    tracer = _session.session(scheduler.vllm_config, has_model=False).tracer
+    setattr(scheduler, _TRACER, tracer)
+
+
+def _after_add_request(call: dict[str, Any]) -> None:
+    tracer = getattr(call["self"], _TRACER, None)
+    if tracer is not None:
+        request = call["request"]
+        tracer.start_request(request.request_id, prompt_tokens=request.num_prompt_tokens)
+
+
+def _after_spec_stats(call: dict[str, Any]) -> None:
+    tracer = getattr(call["self"], _TRACER, None)
+    drafts = call["num_draft_tokens"]
+    if tracer is None or not drafts:  # vLLM counts no step without drafts either
+        return
+    invalid = call["num_invalid_spec_tokens"]
+    if invalid:
+        drafts -= invalid.get(call["request_id"], 0)
+    tracer.record_verify(call["request_id"], proposed=drafts, accepted=call["num_accepted_tokens"])
+
+
+def _after_free_request(call: dict[str, Any]) -> None:
+    tracer = getattr(call["self"], _TRACER, None)
+    if tracer is not None:
+        request = call["request"]
+        tracer.finish_request(request.request_id, output_tokens=request.num_output_tokens)
+
+
+def _end_run(call: dict[str, Any]) -> None:
+    """vLLM shut the scheduler or a worker down: end this process's part of the run (final status,
+    hooks removed, everything written)."""
+    _session.close_all()
+
+
+# -- model runner (worker) ---------------------------------------------------------------------------------
+
+def _after_load_model(call: dict[str, Any]) -> None:
+    runner = call["self"]
+    config = runner.vllm_config
+    spec = config.speculative_config
+    if spec is None or getattr(runner, "drafter", None) is None:
+        return
+    eagle3 = spec.method == "eagle3"
+    session = _session.session(config, has_model=True,
+                               active=_active_capture(runner.model) if eagle3 else None)
+    session.tracer.start()
+    if not eagle3:
+        logger.info("specscope: speculative method %s: acceptance only (tensor hooks are for eagle3)",
+                    spec.method)
+        return
+    from specscope.instrumentation import instrument
+
+    draft = runner.drafter.model
+    instrument(session.tracer, draft=draft, target=runner.model, layers="model.layers",
+               layer_input=_layer_input, layer_value=_layer_value, fused_input="model.fc",
+               draft_hidden_size=int(draft.config.hidden_size))
+    if session.tracer.rank == 0:
+        threading.Thread(target=_inspect_draft, args=(session, spec), name="specscope-inspect",
+                         daemon=True).start()
+
+
+def _active_capture(target: Any) -> tuple[int, ...] | None:
+    """The capture layers the loaded target will return aux hidden states for: the
+    ``aux_hidden_state_layers`` of its ``EagleModelMixin`` (``target.model``), set by the runner's
+    ``set_aux_hidden_state_layers`` call during ``load_model``; None when the model has no such part."""
+    inner = getattr(target, "model", None)
+    layers = getattr(inner, "aux_hidden_state_layers", None)
+    return None if layers is None else tuple(int(i) for i in layers)
+
+
+def _layer_input(args: tuple, kwargs: dict) -> Any:
+    """vLLM decoder layers take ``(positions, hidden_states, residual)``: the hidden-state argument."""
+    return args[1] if len(args) > 1 else kwargs.get("hidden_states")
+
+
+def _layer_value(args: tuple, kwargs: dict) -> Any:
+    """The residual stream entering the layer, ``hidden_states + residual`` (vLLM's captured value;
+    ``residual`` is None before layer 0)."""
+    hidden = _layer_input(args, kwargs)
+    residual = args[2] if len(args) > 2 else kwargs.get("residual")
+    return hidden if residual is None else hidden + residual
+
+
+def _inspect_draft(session: _session.Session, spec: Any) -> None:
+    """Store the checkpoint inspector's findings for the draft vLLM loaded, with the run (off the
+    engine thread: reading the checkpoint's values takes a moment on a large draft)."""
+    import dataclasses
+
+    from specscope.inspector import inspect_checkpoint
+
+    try:
+        path = Path(str(spec.draft_model_config.model))
+        if not path.is_dir():
+            logger.info("specscope: draft %s is not a local folder; checkpoint checks skipped", path)
+            return
+        report = inspect_checkpoint(path, engine="vllm")
+        for finding in report.findings:
+            session.collector.emit(dataclasses.replace(finding, run_id=session.run_id))
+    except Exception as exc:  # noqa: BLE001 - a checkpoint we cannot read is the inspector's finding
+        _once("inspecting the draft checkpoint", exc)

