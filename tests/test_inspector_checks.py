@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from specscope.cli import main
 from specscope.inspector import CODES, inspect_checkpoint
-from specscope.inspector._reader import CheckpointReader
+from specscope.checkpoint_reader import CheckpointReader
 
 TARGET = {"hidden_size": 64, "vocab_size": 1000, "num_hidden_layers": 30}
 

@@ -8,7 +8,7 @@ import torch
 
 from specscope.conventions import LoadPlan
 from specscope.inspector._config import DraftConfig, TargetConfig
-from specscope.inspector._reader import CheckpointReader
+from specscope.checkpoint_reader import CheckpointReader
 from specscope.inspector._stats import TensorStats, tensor_stats
 
 

@@ -22,7 +22,7 @@ from specscope.inspector._checks_vocab import check_vocab_maps
 from specscope.inspector._config import TargetConfig, draft_config, load_target_config
 from specscope.inspector._context import CheckContext
 from specscope.inspector._format import check_format, detect_format
-from specscope.inspector._reader import CheckpointReader
+from specscope.checkpoint_reader import CheckpointReader
 from specscope.inspector._report import InspectionReport
 
 SERVE_DTYPES = ("bf16", "fp16", "fp32")

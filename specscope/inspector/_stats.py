@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specscope.inspector._reader import CheckpointReader
+from specscope.checkpoint_reader import CheckpointReader
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""Lazy, header-first access to a draft checkpoint: a folder, a sharded set or one .safetensors file.
+"""The one checkpoint reader: lazy, header-first access to a folder, a sharded set or one .safetensors file.
 
-Shapes and dtypes come from the safetensors headers (``safe_open`` + ``get_slice``), no tensor data is
-read for them. Values are read only when a check asks, and large tensors in row chunks, each through
+Shared by the checkpoint inspector (:mod:`specscope.inspector`) and the runtime load check
+(:func:`specscope.instrumentation.check_load`), so both find the same files, keys and errors.
+Shapes and dtypes come from the safetensors headers (``safe_open`` + ``get_slice``, opened with the
+numpy framework so that reading headers does not import torch), no tensor data is read for them. Values are read only when a check asks, and large tensors in row chunks, each through
 a fresh ``safe_open`` so that no more than one chunk of the file is mapped at a time: peak memory stays
 near one chunk however large the checkpoint (see ``benchmarks/inspect_memory.py``).
 """
@@ -11,13 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 from specscope.errors import CheckpointError
+
+if TYPE_CHECKING:  # values are torch tensors; torch is imported by safetensors when a value is read
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -56,9 +61,9 @@ class TensorInfo:
         return self.dtype.startswith(("F", "BF"))
 
 
-def _open(file: Path):
+def _open(file: Path, framework: str = "pt"):
     try:
-        return safe_open(str(file), framework="pt")
+        return safe_open(str(file), framework=framework)
     except FileNotFoundError as exc:
         raise CheckpointError(f"missing safetensors file {file}") from exc
     except (SafetensorError, OSError, ValueError) as exc:
@@ -101,12 +106,12 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, Path] | None]:
 
 
 class CheckpointReader:
-    """A draft checkpoint opened lazily: headers read at construction, values on demand.
+    """A checkpoint (draft or target) opened lazily: headers read at construction, values on demand.
 
     ``path``: a folder (``config.json`` + ``model.safetensors`` or a ``model.safetensors.index.json``
     sharded set) or one ``.safetensors`` file (its folder's ``config.json`` is used when present).
-    Raises :class:`CheckpointError` for a missing path, an unreadable or truncated safetensors file, a
-    ``config.json`` that is not JSON, or an index naming a missing shard or key.
+    Raises :class:`CheckpointError` for a missing path, an unreadable or truncated safetensors file, or
+    an index naming a missing shard or key (and, from :attr:`config`, a ``config.json`` that is not JSON).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -124,11 +129,16 @@ class CheckpointReader:
         folder = self.path if self.path.is_dir() else self.path.parent
         config = folder / CONFIG_NAME
         self.config_path = config if config.is_file() else None
-        self.config: dict[str, Any] | None = (
-            _read_json(config, "config") if self.config_path is not None else None)
+
+    @cached_property
+    def config(self) -> dict[str, Any] | None:
+        """The folder's ``config.json`` as a dict, ``None`` when there is none; read on first use (a
+        load check that only needs keys never reads it). Raises :class:`CheckpointError` when it is not
+        a JSON object."""
+        return _read_json(self.config_path, "config") if self.config_path is not None else None
 
     def _read_header(self, file: Path) -> None:
-        with _open(file) as f:
+        with _open(file, "numpy") as f:  # headers only: no torch import
             for key in f.keys():
                 sl = f.get_slice(key)
                 self.tensors[key] = TensorInfo(key, file, sl.get_dtype(), tuple(sl.get_shape()))
