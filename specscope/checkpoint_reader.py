@@ -157,6 +157,15 @@ class CheckpointReader:
             except (SafetensorError, RuntimeError) as exc:
                 raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
 
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of tensor ``name`` (dim 0), read through their own ``safe_open``."""
+        info = self.tensors[name]
+        with _open(info.file) as f:
+            try:
+                return f.get_slice(name)[start:stop]
+            except (SafetensorError, RuntimeError) as exc:
+                raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
+
     def chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[torch.Tensor]:
         """Tensor ``name`` in row slices of about ``chunk_bytes`` bytes, dim 0 first.
 
@@ -169,8 +178,4 @@ class CheckpointReader:
         row_bytes = max(1, info.nbytes // info.shape[0])
         step = max(1, chunk_bytes // row_bytes)
         for start in range(0, info.shape[0], step):
-            with _open(info.file) as f:
-                try:
-                    yield f.get_slice(name)[start:start + step]
-                except (SafetensorError, RuntimeError) as exc:
-                    raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
+            yield self.rows(name, start, start + step)

@@ -73,7 +73,7 @@ def test_healthy_case_raises_none(ckpt, target, capsys):
         rc, report = run(path, "--engine", engine, "--target-config", str(target()), "--serve-dtype", "fp16",
                          capsys=capsys)
         assert rc == 0 and codes(report) == {"CKPT_FORMAT"}, report["findings"]
-    assert len(CODES) == 18  # every checkpoint code of DESIGN.md section 6 has a test below
+    assert len(CODES) == 28  # every code has a test: below, and the contract codes in test_inspector_contract.py
 
 
 def test_ckpt_format(ckpt, capsys):

@@ -16,7 +16,9 @@ from specscope.inspector._stats import TensorStats, tensor_stats
 class CheckContext:
     """Inputs of the checks, with values read lazily and cached (each tensor read at most once).
 
-    ``serve_dtype``: ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``None`` (not said).
+    ``serve_dtype``: ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``None`` (not said). ``target_weights``: the
+    target's safetensors when ``--target`` is a model folder holding them; ``shared``: the shared-tensor
+    comparison rows (``_checks_shared.shared_rows``), filled once before the checks run.
     """
 
     reader: CheckpointReader
@@ -26,6 +28,8 @@ class CheckContext:
     format: str
     target: TargetConfig | None = None
     serve_dtype: str | None = None
+    target_weights: CheckpointReader | None = None
+    shared: list[dict] = field(default_factory=list)
     _values: dict[str, torch.Tensor] = field(default_factory=dict)
     _stats: dict[str, TensorStats] = field(default_factory=dict)
 
