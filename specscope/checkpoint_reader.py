@@ -2,10 +2,12 @@
 
 Shared by the checkpoint inspector (:mod:`specscope.inspector`) and the runtime load check
 (:func:`specscope.instrumentation.check_load`), so both find the same files, keys and errors.
-Shapes and dtypes come from the safetensors headers (``safe_open`` + ``get_slice``, opened with the
-numpy framework so that reading headers does not import torch), no tensor data is read for them. Values are read only when a check asks, and large tensors in row chunks, each through
-a fresh ``safe_open`` so that no more than one chunk of the file is mapped at a time: peak memory stays
-near one chunk however large the checkpoint (see ``benchmarks/inspect_memory.py``).
+Shapes and dtypes come from the safetensors headers (``safe_open`` + ``get_slice``), no tensor data is
+read for them. Values are numpy arrays (the safetensors numpy framework; ``ml_dtypes`` gives numpy the
+``bfloat16`` and float8 dtypes), so reading a checkpoint never imports torch. Values are read only
+when asked, and large tensors in row chunks, each through a fresh ``safe_open`` so that no more than
+one chunk of the file is mapped at a time: peak memory stays near one chunk however large the
+checkpoint (see ``benchmarks/inspect_memory.py``).
 """
 
 from __future__ import annotations
@@ -15,14 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import ml_dtypes  # noqa: F401 - registers bfloat16 / float8 with numpy for safetensors' numpy framework
+import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from specscope.errors import CheckpointError
-
-if TYPE_CHECKING:  # values are torch tensors; torch is imported by safetensors when a value is read
-    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -61,9 +62,9 @@ class TensorInfo:
         return self.dtype.startswith(("F", "BF"))
 
 
-def _open(file: Path, framework: str = "pt"):
+def _open(file: Path):
     try:
-        return safe_open(str(file), framework=framework)
+        return safe_open(str(file), framework="numpy")
     except FileNotFoundError as exc:
         raise CheckpointError(f"missing safetensors file {file}") from exc
     except (SafetensorError, OSError, ValueError) as exc:
@@ -138,7 +139,7 @@ class CheckpointReader:
         return _read_json(self.config_path, "config") if self.config_path is not None else None
 
     def _read_header(self, file: Path) -> None:
-        with _open(file, "numpy") as f:  # headers only: no torch import
+        with _open(file) as f:
             for key in f.keys():
                 sl = f.get_slice(key)
                 self.tensors[key] = TensorInfo(key, file, sl.get_dtype(), tuple(sl.get_shape()))
@@ -148,7 +149,7 @@ class CheckpointReader:
         """Bytes of tensor data over all files."""
         return sum(t.nbytes for t in self.tensors.values())
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str) -> np.ndarray:
         """The whole tensor ``name`` (use for small tensors: ``d2t``, ``t2d``, norm weights)."""
         info = self.tensors[name]
         with _open(info.file) as f:
@@ -157,16 +158,17 @@ class CheckpointReader:
             except (SafetensorError, RuntimeError) as exc:
                 raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
 
-    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Rows ``[start, stop)`` of tensor ``name`` (dim 0), read through their own ``safe_open``."""
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of tensor ``name`` (dim 0; ``stop`` is clamped to the row count, which
+        the numpy framework's slices do not do), read through their own ``safe_open``."""
         info = self.tensors[name]
         with _open(info.file) as f:
             try:
-                return f.get_slice(name)[start:stop]
+                return f.get_slice(name)[start:min(stop, info.shape[0])]
             except (SafetensorError, RuntimeError) as exc:
                 raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
 
-    def chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[torch.Tensor]:
+    def chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
         """Tensor ``name`` in row slices of about ``chunk_bytes`` bytes, dim 0 first.
 
         Each slice is read through its own ``safe_open`` so the mapping is released between slices.

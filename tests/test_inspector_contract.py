@@ -348,12 +348,19 @@ def test_load_check_and_inspector_share_one_reader(tmp_path, capsys):
     assert report.loaded == len(tiny.tensors()) and not report.unexpected
 
 
-def test_headers_and_targets_are_read_without_torch(tmp_path):
+def test_inspect_subcommand_imports_neither_torch_nor_transformers(tmp_path):
+    """The inspect subcommand (parser and run, every check, a GGUF target and --compare) in a fresh
+    interpreter: the inspector reads values as numpy arrays, so neither torch nor transformers loads.
+    (The `specscope` console script as a whole still imports them through its other subcommands.)"""
     draft = write_draft(tmp_path / "draft")
-    code = ("import sys\n"
-            "from specscope.checkpoint_reader import CheckpointReader\n"
-            f"r = CheckpointReader({str(draft)!r})\n"
-            "assert r.tensors['fc.weight'].shape == (64, 192) and r.config['hidden_size'] == 64\n"
-            "assert 'torch' not in sys.modules, 'reading headers imported torch'\n")
+    target = write_gguf(tmp_path / "target.gguf")
+    code = ("import argparse, sys\n"
+            "from specscope.cli import inspect\n"
+            "parser = argparse.ArgumentParser(); inspect.register(parser.add_subparsers())\n"
+            f"args = parser.parse_args(['inspect', {str(draft)!r}, '--target', {str(target)!r}, "
+            f"'--compare', {str(draft)!r}, '--serve-dtype', 'fp16', '--json'])\n"
+            "assert args.func(args) == 0\n"
+            "assert not {'torch', 'transformers'} & set(sys.modules), 'inspect imported torch/transformers'\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["findings"][0]["code"] == "CKPT_FORMAT"

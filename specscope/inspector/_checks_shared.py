@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+import numpy as np
 
 from specscope.checkpoint_reader import CheckpointReader
 from specscope.conventions import SHARED_TENSORS, served_from
@@ -39,29 +39,29 @@ def target_tensor(reader: CheckpointReader, tensor: str, tied: bool) -> str | No
 
 
 def _identical_rows(draft: CheckpointReader, dkey: str, target: CheckpointReader, tkey: str,
-                    ids: torch.Tensor) -> int:
+                    ids: np.ndarray) -> int:
     """How many rows ``i`` of draft ``dkey`` equal row ``ids[i]`` of target ``tkey`` exactly.
 
     ``ids`` (int64 [draft_rows]) are target row numbers; the target is read in row chunks and each
     chunk meets the draft rows that map into it.
     """
-    head = draft.get(dkey).to(torch.float32)  # (draft_rows, hidden)
+    head = draft.get(dkey).astype(np.float32)  # (draft_rows, hidden)
     same, start = 0, 0
     for chunk in target.chunks(tkey):  # (rows, hidden), rows [start, start + len)
         stop = start + chunk.shape[0]
-        inside = ((ids >= start) & (ids < stop)).nonzero().squeeze(1)
-        if inside.numel():
-            rows = chunk.to(torch.float32)[ids[inside] - start]
-            same += int((rows == head[inside]).all(dim=1).sum())
+        inside = np.flatnonzero((ids >= start) & (ids < stop))
+        if inside.size:
+            rows = chunk.astype(np.float32)[ids[inside] - start]
+            same += int((rows == head[inside]).all(axis=1).sum())
         start = stop
     return same
 
 
-def _mapped_ids(ctx: CheckContext, rows: int) -> torch.Tensor:
+def _mapped_ids(ctx: CheckContext, rows: int) -> np.ndarray:
     """Target ids of the draft head's rows: ``arange + d2t`` for a pruned head, else ``arange``."""
-    ar = torch.arange(rows)
-    if ctx.has("d2t") and ctx.shape("d2t") == (rows,) and not ctx.value("d2t").dtype.is_floating_point:
-        return ar + ctx.value("d2t").long()
+    ar = np.arange(rows, dtype=np.int64)
+    if ctx.has("d2t") and ctx.shape("d2t") == (rows,) and np.issubdtype(ctx.value("d2t").dtype, np.integer):
+        return ar + ctx.value("d2t").astype(np.int64)
     return ar
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+import numpy as np
 
 from specscope.checkpoint_reader import CheckpointReader
 from specscope.events import Finding
@@ -46,33 +46,33 @@ def _config_changes(new: DraftConfig, old: DraftConfig) -> dict[str, dict[str, A
     return out
 
 
-def _target_ids(reader: CheckpointReader) -> torch.Tensor | None:
+def _target_ids(reader: CheckpointReader) -> np.ndarray | None:
     """Target ids of the draft vocabulary (``arange + d2t``), ``None`` without an integer 1-D ``d2t``."""
     if "d2t" not in reader.tensors or len(reader.tensors["d2t"].shape) != 1:
         return None
     d2t = reader.get("d2t")
-    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+    if not np.issubdtype(d2t.dtype, np.integer):
         return None
-    return torch.arange(d2t.numel()) + d2t.long()
+    return np.arange(d2t.size, dtype=np.int64) + d2t.astype(np.int64)
 
 
-def _head_rows(ctx: CheckContext, old: CheckpointReader, new_ids: torch.Tensor,
-               old_ids: torch.Tensor) -> dict[str, int] | None:
+def _head_rows(ctx: CheckContext, old: CheckpointReader, new_ids: np.ndarray,
+               old_ids: np.ndarray) -> dict[str, int] | None:
     """Of the rows whose target id changed: how many new head rows equal the old row at the same index
     (``stale``) or the old row of the same token (``moved``)."""
     key = "lm_head.weight"
     if not (ctx.has(key) and key in old.tensors) or ctx.shape(key)[1:] != old.tensors[key].shape[1:]:
         return None
-    if ctx.shape(key)[0] != new_ids.numel() or old.tensors[key].shape[0] != old_ids.numel():
+    if ctx.shape(key)[0] != new_ids.size or old.tensors[key].shape[0] != old_ids.size:
         return None
-    new_head, old_head = ctx.reader.get(key).to(torch.float32), old.get(key).to(torch.float32)
-    n = min(new_ids.numel(), old_ids.numel())
-    changed = (new_ids[:n] != old_ids[:n]).nonzero().squeeze(1)
-    stale = int((new_head[changed] == old_head[changed]).all(dim=1).sum()) if changed.numel() else 0
-    old_row = {int(t): i for i, t in enumerate(old_ids.tolist())}
+    new_head, old_head = ctx.reader.get(key).astype(np.float32), old.get(key).astype(np.float32)
+    n = min(new_ids.size, old_ids.size)
+    changed = np.flatnonzero(new_ids[:n] != old_ids[:n])
+    stale = int((new_head[changed] == old_head[changed]).all(axis=1).sum())
+    old_row = {t: i for i, t in enumerate(old_ids.tolist())}
     moved = sum(1 for i in changed.tolist() if int(new_ids[i]) in old_row
                 and bool((new_head[i] == old_head[old_row[int(new_ids[i])]]).all()))
-    return {"remapped_rows": int(changed.numel()), "stale_rows": stale, "moved_rows": moved}
+    return {"remapped_rows": int(changed.size), "stale_rows": stale, "moved_rows": moved}
 
 
 def compare(ctx: CheckContext, old_path: str) -> tuple[dict[str, Any], list[Finding]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from specscope.conventions import LoadPlan
 from specscope.inspector._config import DraftConfig, TargetConfig
@@ -30,7 +30,7 @@ class CheckContext:
     serve_dtype: str | None = None
     target_weights: CheckpointReader | None = None
     shared: list[dict] = field(default_factory=list)
-    _values: dict[str, torch.Tensor] = field(default_factory=dict)
+    _values: dict[str, np.ndarray] = field(default_factory=dict)
     _stats: dict[str, TensorStats] = field(default_factory=dict)
 
     def has(self, key: str) -> bool:
@@ -41,7 +41,7 @@ class CheckContext:
         info = self.reader.tensors.get(key)
         return info.shape if info is not None else None
 
-    def value(self, key: str) -> torch.Tensor:
+    def value(self, key: str) -> np.ndarray:
         """The whole (small) tensor ``key``: ``d2t``, ``t2d``."""
         if key not in self._values:
             self._values[key] = self.reader.get(key)
