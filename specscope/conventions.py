@@ -1,4 +1,5 @@
-"""EAGLE-3 conventions shared by the checkpoint inspector and the runtime load check (DESIGN.md section 5).
+"""EAGLE-3 conventions shared by the checkpoint inspector and the runtime load check (docs/design.md,
+"EAGLE-3 conventions"), and the per-engine facts of the draft-target contract.
 
 Two questions every EAGLE-3 deployment answers differently per engine, answered here once:
 
@@ -447,7 +448,8 @@ def draft_key_fact(engine: str, key: str) -> SettingFact:
 
 
 __all__ = [
-    "AUX_LAYER_COUNT", "BEHAVIOUR_DEFAULTS", "CONTRACT", "CONTRACT_SETTINGS", "DRAFT_BEHAVIOUR_KEYS", "DRAFT_KEYS", "ENGINES",
+    "AUX_LAYER_COUNT", "BEHAVIOUR_DEFAULTS", "CONTRACT", "CONTRACT_SETTINGS", "DRAFT_BEHAVIOUR_KEYS", "DRAFT_KEYS",
+    "ENGINES",
     "LOADERS", "LoadPlan", "LoaderConvention", "OPTIONAL_KEYS", "READ_FROM", "SHARED_TENSORS", "SHARE_RULES",
     "SLIDING_WINDOW_NEEDS_LAYER_TYPES", "SettingFact",
     "VOCAB_MAP_KEYS", "canonical_draft_keys", "contract_fact", "default_aux_layer_ids", "draft_key_fact",

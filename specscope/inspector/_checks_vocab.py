@@ -1,5 +1,6 @@
-"""The vocabulary maps (DESIGN.md section 5): ``d2t`` int64 [draft_vocab] holds offsets, target id =
-i + d2t[i], strictly increasing and in range; ``t2d`` bool [target_vocab] marks the same ids.
+"""The vocabulary maps (docs/design.md, "EAGLE-3 conventions"): ``d2t`` int64 [draft_vocab] holds
+offsets, target id = i + d2t[i], strictly increasing and in range; ``t2d`` bool [target_vocab] marks
+the same ids.
 
 SGLang ``llama_eagle3.py`` builds ``hot_token_id = d2t + arange``; vLLM ``compute_logits`` scatters
 logits to ``arange + draft_id_to_target_id``. Both add the index, so absolute ids are shifted.

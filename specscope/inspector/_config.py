@@ -3,7 +3,7 @@
 EAGLE / SpecForge / SGLang drafts keep a flat Llama config with ``draft_vocab_size``,
 ``target_hidden_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``; speculators configs
 nest the layer config under ``transformer_layer_config`` and carry ``speculators_config``
-(DESIGN.md section 5). Both become one :class:`DraftConfig`.
+(docs/design.md, "EAGLE-3 conventions"). Both become one :class:`DraftConfig`.
 """
 
 from __future__ import annotations

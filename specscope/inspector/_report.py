@@ -95,7 +95,8 @@ def _contract_lines(report: InspectionReport) -> list[str]:
     """The contract table (settings where a side says something), ignored keys, shared tensors, diff."""
     c = report.contract or {}
     target = c.get("target")
-    lines = [f"contract ({report.engine}; target: {target['path'] + ' [' + target['kind'] + ']' if target else 'none'}):"]
+    where = f"{target['path']} [{target['kind']}]" if target else "none"
+    lines = [f"contract ({report.engine}; target: {where}):"]
     for r in c.get("settings", []):
         if r["draft"] is None and r["target"] is None:
             continue

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specscope.checkpoint_reader import CONFIG_NAME, CheckpointReader
+from specscope.checkpoint_reader import CONFIG_NAME, INDEX_NAME, CheckpointReader
 from specscope.errors import ConfigError, ModelNotFoundError
 from specscope.inspector._config import ModelSettings, TargetConfig, target_from_config
 
@@ -112,6 +112,6 @@ def open_target_weights(path: str | Path) -> CheckpointReader | None:
     holds them, else ``None`` (a config.json or a GGUF, whose quantized tensors are not compared).
     Raises :class:`~specscope.errors.CheckpointError` for unreadable safetensors."""
     path = _resolve(path)
-    if not path.is_dir() or not (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
+    if not path.is_dir() or not (any(path.glob("*.safetensors")) or (path / INDEX_NAME).is_file()):
         return None
     return CheckpointReader(path)

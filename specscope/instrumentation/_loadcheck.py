@@ -22,7 +22,8 @@ def checkpoint_keys(checkpoint: Mapping[str, Any] | str | os.PathLike | Iterable
     """``(keys, source)`` of a state dict, a checkpoint path (a ``.safetensors`` file, a folder with
     ``model.safetensors``, a sharded set or loose ``*.safetensors``: headers only, read by the
     :class:`~specscope.checkpoint_reader.CheckpointReader` the inspector uses) or a plain key list.
-    Raises :class:`~specscope.errors.CheckpointError` for a path that is missing or not a readable safetensors checkpoint."""
+    Raises :class:`~specscope.errors.CheckpointError` for a path that is missing or not a readable
+    safetensors checkpoint."""
     if isinstance(checkpoint, Mapping):
         return [str(k) for k in checkpoint], "state_dict"
     if isinstance(checkpoint, (str, os.PathLike)):
