@@ -126,7 +126,10 @@ def test_healthy_pair_with_gguf_and_bare_config_is_silent(tmp_path, capsys, engi
     for target in (write_gguf(tmp_path / "target.gguf"), config):
         rc, report = run(draft, "--engine", engine, "--target", str(target), capsys=capsys)
         assert rc == 0 and codes(report) == {"CKPT_FORMAT"}, report["findings"]
-        assert report["contract"]["shared_tensors"] == []  # no safetensors: nothing compared
+        shared = report["contract"]["shared_tensors"]  # no safetensors: nothing compared
+        assert [(r["tensor"], r["draft_key"], r["target_key"], r["identical_rows"]) for r in shared] == [
+            ("embed_tokens", None, None, None), ("lm_head", "lm_head.weight", None, None)]
+        assert shared[0]["served_from"] == "target"  # a draft without an embedding always gets the target's
     assert report["contract"]["target"]["kind"] == "config"
 
 

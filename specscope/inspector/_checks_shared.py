@@ -67,15 +67,15 @@ def _mapped_ids(ctx: CheckContext, rows: int) -> np.ndarray:
 
 def shared_rows(ctx: CheckContext) -> list[dict[str, Any]]:
     """For ``embed_tokens`` and ``lm_head``: ``{"tensor", "draft_key", "target_key", "identical_rows",
-    "rows", "served_from", "rule", "source"}``; ``identical_rows`` / ``rows`` are ``None`` when the
-    tensors were not compared (no target weights, a side missing, or widths differ). Empty without
-    target weights."""
-    if ctx.target_weights is None:
-        return []
+    "rows", "served_from", "rule", "source"}``; ``target_key`` is ``None`` without target weights, and
+    ``identical_rows`` / ``rows`` are ``None`` when the tensors were not compared (no target weights, a
+    side missing, or widths differ); ``served_from`` is ``"unknown"`` where it depends on that
+    comparison."""
     out = []
     for tensor in ("embed_tokens", "lm_head"):
         dkey = _first(ctx.reader.tensors, _DRAFT_KEYS[tensor])
-        tkey = target_tensor(ctx.target_weights, tensor, bool(ctx.target and ctx.target.tie_word_embeddings))
+        tkey = None if ctx.target_weights is None else target_tensor(
+            ctx.target_weights, tensor, bool(ctx.target and ctx.target.tie_word_embeddings))
         same = rows = None
         dshape = ctx.shape(dkey) if dkey else None
         tshape = ctx.target_weights.tensors[tkey].shape if tkey else None

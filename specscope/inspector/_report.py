@@ -107,7 +107,7 @@ def _contract_lines(report: InspectionReport) -> list[str]:
     for r in c.get("shared_tensors", []):
         same = "not compared" if r["identical_rows"] is None else f"{r['identical_rows']}/{r['rows']} rows identical"
         lines.append(f"  {r['tensor']}: draft {r['draft_key'] or 'none'}, target {r['target_key'] or 'none'}, "
-                     f"{same}; served from the {r['served_from']}")
+                     f"{same}; served from: {r['served_from']}")
     if report.compare:
         t = report.compare["tensors"]
         lines.append(f"compare with {report.compare['old']}: {len(t['added'])} added, {len(t['removed'])} removed, "
