@@ -222,6 +222,16 @@ def test_aux_layers_outside_the_target(tmp_path, capsys):
     assert rc == 1 and ev["capture_layers"] == [3, 9, 16] and ev["outside"] == [16] and ev["num_target_layers"] == 16
 
 
+def test_explicit_default_aux_ids_are_silent_where_the_engine_captures_the_defaults(tmp_path, capsys):
+    draft = write_draft(tmp_path / "draft", config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}})
+    target = write_target(tmp_path / "target")  # 30 layers: defaults (2, 15, 27)
+    for engine in ("vllm", "reference", "eagle"):
+        assert codes(run(draft, "--engine", engine, "--target", str(target), capsys=capsys)[1]) == {"CKPT_FORMAT"}
+    rc, report = run(draft, "--engine", "sglang", "--target", str(target), capsys=capsys)
+    assert only(report, "AUX_LAYER_IDS_CONVENTION")["evidence"]["sglang"] == [3, 16, 28]  # off the defaults
+    assert "AUX_LAYER_IDS_CONVENTION" in codes(run(draft, "--engine", "vllm", capsys=capsys)[1])  # no target
+
+
 def test_target_tied_weight_stored_only_as_lm_head(tmp_path, capsys):
     draft = write_draft(tmp_path / "draft")
     broken = write_target(tmp_path / "broken", config={"tie_word_embeddings": True, "architectures": None},
