@@ -1,4 +1,5 @@
-"""EAGLE-3 conventions shared by the checkpoint inspector and the runtime load check (DESIGN.md section 5).
+"""EAGLE-3 conventions shared by the checkpoint inspector and the runtime load check (docs/design.md,
+"EAGLE-3 conventions"), and the per-engine facts of the draft-target contract.
 
 Two questions every EAGLE-3 deployment answers differently per engine, answered here once:
 
@@ -236,8 +237,222 @@ def plan_load(engine: str, checkpoint_keys: Iterable[str],
                     tuple(missing), conv.strict)
 
 
+# --- The draft-target contract: which side each setting is read from, per engine -------------------
+
+READ_FROM = ("draft", "target", "both", "ignored", "unknown")
+"""Where an engine takes a setting from: the draft config, the target, both (they must agree), not at
+all (``ignored``: present in the config, never read), or ``unknown`` (not established from the source)."""
+
+
+@dataclass(frozen=True)
+class SettingFact:
+    """How one engine treats one setting: ``read_from`` (one of :data:`READ_FROM`), ``source`` (engine
+    file the fact comes from) and ``note`` (the condition or version the fact depends on)."""
+
+    read_from: str
+    source: str
+    note: str = ""
+
+
+_VLLM_MODEL = "vLLM 0.32 vllm/model_executor/models/llama_eagle3.py"
+_VLLM_LLAMA = "vLLM 0.32 vllm/model_executor/models/llama.py (LlamaAttention, built from the draft hf_config)"
+_VLLM_SHARE = "vLLM 0.32 vllm/v1/spec_decode/llm_base_proposer.py (_maybe_share_embeddings / _maybe_share_lm_head)"
+_SGL_MODEL = "SGLang python/sglang/srt/models/llama_eagle3.py"
+_SGL_WORKER = "SGLang python/sglang/srt/speculative/eagle_worker.py (set_embed / set_embed_and_head)"
+_REF = "specscope specscope/engine/draft.py (DraftConfig.from_json keeps only its own fields)"
+_UNKNOWN = SettingFact("unknown", "not established from the engine's source")
+
+CONTRACT_SETTINGS = ("hidden_size", "vocab_size", "rope_theta", "rope_scaling", "max_position_embeddings",
+                     "sliding_window", "head_dim", "aux_layer_ids", "tie_word_embeddings")
+"""The settings draft and target must agree on (``hidden_size``: the draft's ``target_hidden_size``
+against the target's ``hidden_size``; ``aux_layer_ids``: the capture layers against the target's layer
+count)."""
+
+CONTRACT: MappingProxyType = MappingProxyType({
+    "vllm": MappingProxyType({
+        "hidden_size": SettingFact("draft", _VLLM_MODEL, "fc is sized target_hidden_size x n_aux"),
+        "vocab_size": SettingFact("both", _VLLM_MODEL, "draft_id_to_target_id exists only when "
+                                  "draft_vocab_size != the target's vocab size; logits scatter to vocab_size"),
+        "rope_theta": SettingFact("draft", _VLLM_LLAMA, "get_rope(rope_parameters=draft config)"),
+        "rope_scaling": SettingFact("draft", _VLLM_LLAMA, "get_rope(rope_parameters=draft config)"),
+        "max_position_embeddings": SettingFact("draft", _VLLM_LLAMA, "sizes the draft's rotary cache"),
+        "sliding_window": SettingFact("draft", _VLLM_LLAMA, "only through the draft's layer_types; a "
+                                      "sliding_window without layer_types runs full attention"),
+        "head_dim": SettingFact("draft", _VLLM_LLAMA),
+        "aux_layer_ids": SettingFact("draft", "vLLM 0.32 vllm/v1/worker/gpu_model_runner.py",
+                                     "eagle_aux_hidden_state_layer_ids of the draft, used as given"),
+        "tie_word_embeddings": SettingFact("ignored", _VLLM_MODEL, "Eagle3LlamaForCausalLM always builds "
+                                           "its own lm_head of draft_vocab_size rows"),
+    }),
+    "sglang": MappingProxyType({
+        "hidden_size": SettingFact("draft", _SGL_MODEL, "fc is sized target_hidden_size x 3"),
+        "vocab_size": SettingFact("both", _SGL_MODEL, "hot_token_id maps draft ids into the target vocabulary"),
+        "rope_theta": SettingFact("draft", _SGL_MODEL, "the draft layer is built from the draft config"),
+        "rope_scaling": SettingFact("draft", _SGL_MODEL, "the draft layer is built from the draft config"),
+        "max_position_embeddings": SettingFact("draft", _SGL_MODEL),
+        "sliding_window": _UNKNOWN,
+        "head_dim": SettingFact("draft", _SGL_MODEL),
+        "aux_layer_ids": SettingFact("draft", "SGLang python/sglang/srt/models/llama.py",
+                                     "set_eagle3_layers_to_capture adds 1 to explicit ids"),
+        "tie_word_embeddings": _UNKNOWN,
+    }),
+    "speculators": MappingProxyType({
+        "hidden_size": SettingFact("draft", "speculators src/speculators/models/eagle3.py"),
+        "vocab_size": SettingFact("both", "speculators src/speculators/models/eagle3.py", "d2t / t2d buffers"),
+        "rope_theta": SettingFact("draft", "speculators src/speculators/models/eagle3.py",
+                                  "transformer_layer_config"),
+        "rope_scaling": SettingFact("draft", "speculators src/speculators/models/eagle3.py",
+                                    "transformer_layer_config"),
+        "max_position_embeddings": SettingFact("draft", "speculators src/speculators/models/eagle3.py",
+                                               "transformer_layer_config"),
+        "sliding_window": _UNKNOWN,
+        "head_dim": SettingFact("draft", "speculators src/speculators/models/eagle3.py"),
+        "aux_layer_ids": SettingFact("draft", "speculators src/speculators/models/eagle3.py"),
+        "tie_word_embeddings": _UNKNOWN,
+    }),
+    "eagle": MappingProxyType({
+        "hidden_size": SettingFact("draft", "EAGLE eagle/model/cnets.py"),
+        "vocab_size": SettingFact("both", "EAGLE eagle/model/cnets.py", "d2t / t2d buffers"),
+        "rope_theta": _UNKNOWN,
+        "rope_scaling": _UNKNOWN,
+        "max_position_embeddings": _UNKNOWN,
+        "sliding_window": _UNKNOWN,
+        "head_dim": SettingFact("draft", "EAGLE eagle/model/cnets.py"),
+        "aux_layer_ids": SettingFact("draft", "EAGLE eagle/model/cnets.py", "ids used as given"),
+        "tie_word_embeddings": _UNKNOWN,
+    }),
+    "reference": MappingProxyType({
+        "hidden_size": SettingFact("draft", _REF),
+        "vocab_size": SettingFact("both", _REF, "d2t maps draft ids modulo the draft config's vocab_size"),
+        "rope_theta": SettingFact("draft", _REF),
+        "rope_scaling": SettingFact("ignored", _REF, "no rope_scaling field: default RoPE at every length"),
+        "max_position_embeddings": SettingFact("draft", _REF),
+        "sliding_window": SettingFact("ignored", _REF, "full attention always"),
+        "head_dim": SettingFact("draft", _REF),
+        "aux_layer_ids": SettingFact("draft", _REF, "ids used as given"),
+        "tie_word_embeddings": SettingFact("ignored", _REF, "lm_head is always the draft's own"),
+    }),
+})
+"""Per engine, per :data:`CONTRACT_SETTINGS` name: the :class:`SettingFact`."""
+
+DRAFT_BEHAVIOUR_KEYS = ("norm_before_fc", "norm_before_residual", "fc_norm", "norm_output",
+                        "use_aux_hidden_state", "eagle_config.use_aux_hidden_state",
+                        "eagle_config.norm_before_fc", "eagle_config.norm_before_residual", "rope_scaling")
+"""Draft config keys that change the draft's computation (``eagle_config.x`` = nested under
+``eagle_config``). A key an engine does not read is silently ignored: the draft runs without it.
+(``sliding_window`` has its own rule: :data:`SLIDING_WINDOW_NEEDS_LAYER_TYPES`.)"""
+
+BEHAVIOUR_DEFAULTS: MappingProxyType = MappingProxyType({
+    "norm_before_fc": False, "norm_before_residual": False, "fc_norm": False, "norm_output": False,
+    "use_aux_hidden_state": True, "eagle_config.use_aux_hidden_state": True,
+    "eagle_config.norm_before_fc": False, "eagle_config.norm_before_residual": False, "rope_scaling": None,
+})
+"""The value each :data:`DRAFT_BEHAVIOUR_KEYS` key has when absent (vLLM ``llama_eagle3.py`` defaults for
+flat EAGLE configs); a key at its default changes nothing, ignored or not."""
+
+SLIDING_WINDOW_NEEDS_LAYER_TYPES = frozenset({"vllm"})
+"""Engines that apply a draft's ``sliding_window`` only to layers its ``layer_types`` marks
+``sliding_attention`` (vLLM 0.32 ``vllm/model_executor/models/llama.py`` ``LlamaAttention``)."""
+
+_IGNORED_BY_REF = SettingFact("ignored", _REF)
+
+DRAFT_KEYS: MappingProxyType = MappingProxyType({
+    "vllm": MappingProxyType({
+        "norm_before_fc": SettingFact("draft", _VLLM_MODEL, "eagle_config.norm_before_fc first, then top level"),
+        "eagle_config.norm_before_fc": SettingFact("draft", _VLLM_MODEL),
+        "norm_before_residual": SettingFact("draft", _VLLM_MODEL, "top level only"),
+        "eagle_config.norm_before_residual": SettingFact(
+            "ignored", _VLLM_MODEL, "LlamaDecoderLayer reads getattr(config, 'norm_before_residual') only"),
+        "fc_norm": SettingFact("draft", _VLLM_MODEL),
+        "norm_output": SettingFact("draft", _VLLM_MODEL),
+        "use_aux_hidden_state": SettingFact(
+            "ignored", _VLLM_MODEL, "LlamaModel reads eagle_config['use_aux_hidden_state'] only"),
+        "eagle_config.use_aux_hidden_state": SettingFact("draft", _VLLM_MODEL),
+        "rope_scaling": SettingFact("draft", _VLLM_LLAMA),
+    }),
+    "sglang": MappingProxyType({
+        "norm_before_fc": SettingFact("ignored", _SGL_MODEL, "ignored until sglang PR 32334 "
+                                      "(issue 32226); later releases read it"),
+        "norm_before_residual": SettingFact("ignored", _SGL_MODEL, "ignored until sglang PR 32334 "
+                                            "(issue 32226); later releases read it"),
+        "rope_scaling": SettingFact("draft", _SGL_MODEL),
+    }),
+    "speculators": MappingProxyType({
+        "norm_before_residual": SettingFact("draft", "speculators src/speculators/models/eagle3.py"),
+        "rope_scaling": SettingFact("draft", "speculators src/speculators/models/eagle3.py"),
+    }),
+    "eagle": MappingProxyType({}),
+    "reference": MappingProxyType({k: _IGNORED_BY_REF for k in DRAFT_BEHAVIOUR_KEYS}),
+})
+"""Per engine, per :data:`DRAFT_BEHAVIOUR_KEYS` name: the :class:`SettingFact`; keys not listed are
+``unknown`` for that engine (see :func:`draft_key_fact`)."""
+
+SHARE_RULES = ("target", "draft", "target_if_absent_or_identical", "target_if_no_draft_vocab", "unknown")
+"""How an engine picks ``embed_tokens`` / ``lm_head``: always the target's, always the draft's, the
+target's when the draft has none or an identical copy (else the draft's), the target's when the draft
+config has no ``draft_vocab_size`` (else the draft's), or not established."""
+
+SHARED_TENSORS: MappingProxyType = MappingProxyType({
+    "vllm": MappingProxyType({
+        "embed_tokens": SettingFact("target_if_absent_or_identical", _VLLM_SHARE, "and the widths match"),
+        "lm_head": SettingFact("target_if_absent_or_identical", _VLLM_SHARE),
+    }),
+    "sglang": MappingProxyType({
+        "embed_tokens": SettingFact("target", _SGL_WORKER, "set_embed for every EAGLE-3 draft"),
+        "lm_head": SettingFact("target_if_no_draft_vocab", _SGL_WORKER, "load_lm_head_from_target"),
+    }),
+    "speculators": MappingProxyType({"embed_tokens": _UNKNOWN, "lm_head": _UNKNOWN}),
+    "eagle": MappingProxyType({
+        "embed_tokens": SettingFact("target", "EAGLE eagle/model/cnets.py", "read from the base model"),
+        "lm_head": SettingFact("draft", "EAGLE eagle/model/cnets.py"),
+    }),
+    "reference": MappingProxyType({
+        "embed_tokens": SettingFact("target", "specscope specscope/engine/draft.py", "never saved"),
+        "lm_head": SettingFact("draft", "specscope specscope/engine/draft.py"),
+    }),
+})
+"""Per engine, for ``embed_tokens`` and ``lm_head``: the :class:`SettingFact` whose ``read_from`` is
+one of :data:`SHARE_RULES`."""
+
+
+def served_from(engine: str, tensor: str, *, draft_has: bool, identical: bool | None,
+                draft_vocab_size_set: bool) -> str:
+    """``"draft"``, ``"target"`` or ``"unknown"``: whose ``tensor`` (``embed_tokens`` / ``lm_head``)
+    ``engine`` serves, given whether the draft checkpoint has it, whether it is identical to the
+    target's (``None``: not compared) and whether the draft config sets ``draft_vocab_size``.
+    Raises :class:`ConfigError` for an unknown engine."""
+    loader_convention(engine)
+    rule = SHARED_TENSORS[engine][tensor].read_from
+    if rule == "target_if_absent_or_identical":
+        if not draft_has or identical:
+            return "target"
+        return "draft" if identical is False else "unknown"
+    if rule == "target_if_no_draft_vocab":
+        return "draft" if draft_vocab_size_set else "target"
+    return rule
+
+
+def contract_fact(engine: str, setting: str) -> SettingFact:
+    """The :class:`SettingFact` of ``setting`` (one of :data:`CONTRACT_SETTINGS`) under ``engine``.
+    Raises :class:`ConfigError` for an unknown engine."""
+    loader_convention(engine)
+    return CONTRACT[engine][setting]
+
+
+def draft_key_fact(engine: str, key: str) -> SettingFact:
+    """The :class:`SettingFact` of draft config key ``key`` (one of :data:`DRAFT_BEHAVIOUR_KEYS`)
+    under ``engine``; ``unknown`` where the engine's source was not established. Raises
+    :class:`ConfigError` for an unknown engine."""
+    loader_convention(engine)
+    return DRAFT_KEYS[engine].get(key, _UNKNOWN)
+
+
 __all__ = [
-    "AUX_LAYER_COUNT", "ENGINES", "LOADERS", "LoadPlan", "LoaderConvention", "OPTIONAL_KEYS",
-    "VOCAB_MAP_KEYS", "canonical_draft_keys", "default_aux_layer_ids", "expected_draft_params",
-    "loader_convention", "map_checkpoint_key", "physical_capture_layers", "plan_load",
+    "AUX_LAYER_COUNT", "BEHAVIOUR_DEFAULTS", "CONTRACT", "CONTRACT_SETTINGS", "DRAFT_BEHAVIOUR_KEYS", "DRAFT_KEYS",
+    "ENGINES",
+    "LOADERS", "LoadPlan", "LoaderConvention", "OPTIONAL_KEYS", "READ_FROM", "SHARED_TENSORS", "SHARE_RULES",
+    "SLIDING_WINDOW_NEEDS_LAYER_TYPES", "SettingFact",
+    "VOCAB_MAP_KEYS", "canonical_draft_keys", "contract_fact", "default_aux_layer_ids", "draft_key_fact",
+    "expected_draft_params", "loader_convention", "map_checkpoint_key", "physical_capture_layers",
+    "plan_load", "served_from",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specscope.conventions import AUX_LAYER_COUNT, ENGINES, physical_capture_layers
+from specscope.conventions import AUX_LAYER_COUNT, ENGINES, default_aux_layer_ids, physical_capture_layers
 from specscope.events import Finding
 from specscope.inspector._context import CheckContext
 from specscope.inspector._findings import finding
@@ -47,13 +47,20 @@ def check_aux_count(ctx: CheckContext) -> list[Finding]:
 
 
 def check_aux_convention(ctx: CheckContext) -> list[Finding]:
-    """AUX_LAYER_IDS_CONVENTION: explicit aux ids, whose physical layers differ between engines."""
+    """AUX_LAYER_IDS_CONVENTION: explicit aux ids, whose physical layers differ between engines.
+
+    Silent when the target is known and the chosen engine captures exactly the default layers
+    ``(2, n // 2, n - 3)`` every engine uses without explicit ids: the draft then gets what a draft
+    trained on the defaults expects, whichever convention wrote the ids.
+    """
     ids = ctx.config.aux_layer_ids
     if ids is None:
         return []
     n = ctx.target.num_hidden_layers if ctx.target else None
     per_engine = {e: list(physical_capture_layers(e, ids, n)) for e in ENGINES}
     if len({tuple(v) for v in per_engine.values()}) == 1:
+        return []
+    if n is not None and n >= 4 and tuple(per_engine[ctx.engine]) == default_aux_layer_ids(n):
         return []
     message = (f"explicit aux layer ids {list(ids)} mean different target layers per engine: SGLang "
                f"captures hidden_states {per_engine['sglang']} (id + 1), vLLM/speculators/EAGLE "

@@ -1,5 +1,6 @@
-"""The vocabulary maps (DESIGN.md section 5): ``d2t`` int64 [draft_vocab] holds offsets, target id =
-i + d2t[i], strictly increasing and in range; ``t2d`` bool [target_vocab] marks the same ids.
+"""The vocabulary maps (docs/design.md, "EAGLE-3 conventions"): ``d2t`` int64 [draft_vocab] holds
+offsets, target id = i + d2t[i], strictly increasing and in range; ``t2d`` bool [target_vocab] marks
+the same ids.
 
 SGLang ``llama_eagle3.py`` builds ``hot_token_id = d2t + arange``; vLLM ``compute_logits`` scatters
 logits to ``arange + draft_id_to_target_id``. Both add the index, so absolute ids are shifted.
@@ -7,7 +8,7 @@ logits to ``arange + draft_id_to_target_id``. Both add the index, so absolute id
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from specscope.events import Finding
 from specscope.inspector._context import CheckContext
@@ -17,21 +18,21 @@ _OFFSETS_FIX = ("Store offsets exactly once: d2t = target_ids - arange(draft_voc
                 "from the token frequency list (or from nonzero(t2d)) rather than converting it again.")
 
 
-def _problems(ids: torch.Tensor, vocab: int | None) -> tuple[int, int]:
+def _problems(ids: np.ndarray, vocab: int | None) -> tuple[int, int]:
     """(out-of-range ids, non-increasing steps) of a candidate target-id sequence."""
     out = int((ids < 0).sum()) + (int((ids >= vocab).sum()) if vocab is not None else 0)
-    steps = int((ids[1:] <= ids[:-1]).sum()) if ids.numel() > 1 else 0
+    steps = int((ids[1:] <= ids[:-1]).sum()) if ids.size > 1 else 0
     return out, steps
 
 
-def _subtractions(d2t: torch.Tensor, t2d_ids: torch.Tensor | None, vocab: int | None) -> int | None:
+def _subtractions(d2t: np.ndarray, t2d_ids: np.ndarray | None, vocab: int | None) -> int | None:
     """How many times ``arange`` was subtracted from the true ids: 1 is right; 0 (absolute ids) or 2
     (converted twice) are the known mistakes; ``None`` when no reading explains the values."""
-    ar = torch.arange(d2t.numel())
+    ar = np.arange(d2t.size, dtype=np.int64)
     candidates = {k: d2t + (k * ar if k else 0) for k in (1, 0, 2)}
     if t2d_ids is not None:
         for k, ids in candidates.items():
-            if ids.shape == t2d_ids.shape and torch.equal(ids, t2d_ids):
+            if ids.shape == t2d_ids.shape and np.array_equal(ids, t2d_ids):
                 return k
     for k, ids in candidates.items():
         if _problems(ids, vocab) == (0, 0):
@@ -39,8 +40,8 @@ def _subtractions(d2t: torch.Tensor, t2d_ids: torch.Tensor | None, vocab: int | 
     return None
 
 
-def _t2d_ids(ctx: CheckContext) -> torch.Tensor | None:
-    return ctx.value("t2d").bool().nonzero().squeeze(1) if ctx.has("t2d") else None
+def _t2d_ids(ctx: CheckContext) -> np.ndarray | None:
+    return np.flatnonzero(ctx.value("t2d").astype(bool)) if ctx.has("t2d") else None
 
 
 def check_d2t(ctx: CheckContext) -> list[Finding]:
@@ -49,16 +50,16 @@ def check_d2t(ctx: CheckContext) -> list[Finding]:
     if not ctx.has("d2t"):
         return []
     d2t, vocab, out = ctx.value("d2t"), ctx.target_vocab_size, []
-    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool or d2t.dim() != 1:
+    if not np.issubdtype(d2t.dtype, np.integer) or d2t.ndim != 1:
         return [finding("D2T_INVALID", f"d2t is {d2t.dtype} of shape {list(d2t.shape)}, not int64 [draft_vocab]",
-                        {"d2t_is_integer": 0, "d2t_dims": d2t.dim()}, _OFFSETS_FIX)]
-    d2t = d2t.long()
-    if ctx.draft_vocab_size is not None and d2t.numel() != ctx.draft_vocab_size:
+                        {"d2t_is_integer": 0, "d2t_dims": d2t.ndim}, _OFFSETS_FIX)]
+    d2t = d2t.astype(np.int64)
+    if ctx.draft_vocab_size is not None and d2t.size != ctx.draft_vocab_size:
         out.append(finding("DRAFT_VOCAB_MISMATCH",
-                           f"d2t has {d2t.numel()} entries, draft_vocab_size is {ctx.draft_vocab_size}",
-                           {"d2t_length": d2t.numel(), "draft_vocab_size": ctx.draft_vocab_size},
+                           f"d2t has {d2t.size} entries, draft_vocab_size is {ctx.draft_vocab_size}",
+                           {"d2t_length": d2t.size, "draft_vocab_size": ctx.draft_vocab_size},
                            "Export d2t, lm_head and draft_vocab_size from the same vocabulary pruning run."))
-    ids = d2t + torch.arange(d2t.numel())
+    ids = d2t + np.arange(d2t.size, dtype=np.int64)
     out_of_range, non_increasing = _problems(ids, vocab)
     k = _subtractions(d2t, _t2d_ids(ctx), vocab)
     evidence = {"out_of_range_ids": out_of_range, "non_increasing_ids": non_increasing,
@@ -102,11 +103,11 @@ def check_t2d(ctx: CheckContext, d2t_findings: list[Finding]) -> list[Finding]:
         evidence.update(t2d_length=length, target_vocab_size=vocab)
         problems.append(f"t2d covers {length} target ids, the target vocabulary has {vocab}")
     draft = ctx.shape("d2t")[0] if ctx.has("d2t") else ctx.draft_vocab_size
-    if draft is not None and t2d_ids.numel() != draft:
-        evidence.update(t2d_count=t2d_ids.numel(), draft_vocab_size=draft)
-        problems.append(f"t2d marks {t2d_ids.numel()} ids, the draft vocabulary has {draft}")
+    if draft is not None and t2d_ids.size != draft:
+        evidence.update(t2d_count=t2d_ids.size, draft_vocab_size=draft)
+        problems.append(f"t2d marks {t2d_ids.size} ids, the draft vocabulary has {draft}")
     elif ctx.has("d2t"):
-        ids = ctx.value("d2t").long() + torch.arange(draft)
+        ids = ctx.value("d2t").astype(np.int64) + np.arange(draft, dtype=np.int64)
         mismatched = int((ids != t2d_ids).sum())
         if mismatched:
             evidence.update(mismatched_ids=mismatched, draft_vocab_size=draft)

@@ -3,7 +3,7 @@
 EAGLE / SpecForge / SGLang drafts keep a flat Llama config with ``draft_vocab_size``,
 ``target_hidden_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``; speculators configs
 nest the layer config under ``transformer_layer_config`` and carry ``speculators_config``
-(DESIGN.md section 5). Both become one :class:`DraftConfig`.
+(docs/design.md, "EAGLE-3 conventions"). Both become one :class:`DraftConfig`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specscope.conventions import DRAFT_BEHAVIOUR_KEYS
 from specscope.errors import CheckpointError, ConfigError
 
 DEFAULT_INITIALIZER_RANGE = 0.02
@@ -23,12 +24,76 @@ def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+_DEFAULT_ROPE = ("default", None, None)
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float | None, tuple[str, float | None, int | None]]:
+    """``(rope_theta, (type, factor, original_max_position_embeddings))`` of a HF config dict.
+
+    Reads ``rope_theta`` / ``rope_scaling`` (transformers 4.x) and ``rope_parameters`` (transformers 5,
+    which also holds the theta); the scaling type is ``rope_type`` or the older ``type``; no scaling
+    is ``("default", None, None)``.
+    """
+    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    scaling = raw.get("rope_scaling") if isinstance(raw.get("rope_scaling"), dict) else params
+    theta = raw.get("rope_theta", params.get("rope_theta"))
+    theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+    kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    if kind == "default":
+        return theta, _DEFAULT_ROPE
+    factor = scaling.get("factor")
+    return theta, (str(kind), float(factor) if isinstance(factor, (int, float)) else None,
+                   _int(scaling.get("original_max_position_embeddings")))
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The settings a draft and its target must agree on, one side's values; ``None`` where not said.
+
+    ``rope_scaling``: ``(type, factor, original_max_position_embeddings)``, ``("default", None, None)``
+    for plain RoPE; ``sliding_window``: window in tokens, ``None`` when attention is full (a config with
+    ``use_sliding_window: false`` counts as full); ``layer_types``: per-layer attention kinds
+    (``"sliding_attention"`` / ``"full_attention"``) when the config lists them.
+    """
+
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    num_hidden_layers: int | None = None
+    head_dim: int | None = None
+    rope_theta: float | None = None
+    rope_scaling: tuple[str, float | None, int | None] = _DEFAULT_ROPE
+    max_position_embeddings: int | None = None
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    tie_word_embeddings: bool | None = None
+
+
+def model_settings(raw: dict[str, Any]) -> ModelSettings:
+    """The :class:`ModelSettings` of a flat HF config dict (callers merge nested configs first)."""
+    theta, scaling = _rope(raw)
+    heads, hidden = _int(raw.get("num_attention_heads")), _int(raw.get("hidden_size"))
+    layer_types = raw.get("layer_types")
+    window = _int(raw.get("sliding_window")) if raw.get("use_sliding_window") is not False else None
+    tie = raw.get("tie_word_embeddings")
+    return ModelSettings(
+        hidden_size=hidden, vocab_size=_int(raw.get("vocab_size")),
+        num_hidden_layers=_int(raw.get("num_hidden_layers")),
+        head_dim=_int(raw.get("head_dim")) or (hidden // heads if hidden and heads else None),
+        rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=_int(raw.get("max_position_embeddings")),
+        sliding_window=window,
+        layer_types=tuple(str(t) for t in layer_types) if isinstance(layer_types, list) else None,
+        tie_word_embeddings=bool(tie) if isinstance(tie, bool) else None)
+
+
 @dataclass(frozen=True)
 class DraftConfig:
     """What the checks need from a draft config; ``None`` where the config does not say.
 
     Sizes are element counts. ``target_hidden_size`` defaults to ``hidden_size`` (engines do the same);
-    ``aux_layer_ids`` is ``None`` when the engine default applies.
+    ``aux_layer_ids`` is ``None`` when the engine default applies. ``settings``: the draft side of the
+    draft-target contract; ``behaviour``: the :data:`~specscope.conventions.DRAFT_BEHAVIOUR_KEYS` the
+    config sets, with their values.
     """
 
     hidden_size: int | None = None
@@ -40,6 +105,8 @@ class DraftConfig:
     aux_layer_ids: tuple[int, ...] | None = None
     initializer_range: float = DEFAULT_INITIALIZER_RANGE
     speculators: bool = False
+    settings: ModelSettings = ModelSettings()
+    behaviour: tuple[tuple[str, Any], ...] = ()
 
     @property
     def pruned_vocab(self) -> bool:
@@ -69,6 +136,8 @@ def draft_config(raw: dict[str, Any] | None) -> DraftConfig:
     layer = raw.get("transformer_layer_config") if isinstance(raw.get("transformer_layer_config"), dict) else {}
     merged = {**layer, **raw}
     hidden = _int(merged.get("hidden_size"))
+    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    flat = {**merged, **{f"eagle_config.{k}": v for k, v in eagle.items()}}
     return DraftConfig(
         hidden_size=hidden,
         vocab_size=_int(merged.get("vocab_size")),
@@ -79,34 +148,29 @@ def draft_config(raw: dict[str, Any] | None) -> DraftConfig:
         aux_layer_ids=_aux_ids(raw),
         initializer_range=float(merged.get("initializer_range", DEFAULT_INITIALIZER_RANGE)),
         speculators=speculators,
+        settings=model_settings(merged),
+        behaviour=tuple((k, flat[k]) for k in DRAFT_BEHAVIOUR_KEYS if k in flat),
     )
 
 
 @dataclass(frozen=True)
-class TargetConfig:
-    """The target (verifier) model facts the draft must agree with: widths and counts in elements."""
+class TargetConfig(ModelSettings):
+    """The target (verifier) model facts the draft must agree with: widths and counts in elements.
 
-    hidden_size: int | None
-    vocab_size: int | None
-    num_hidden_layers: int | None
-
-
-def load_target_config(path: str | Path) -> TargetConfig:
-    """Read a target ``config.json`` (or a folder holding one); nested ``text_config`` is honoured.
-
-    Raises :class:`ConfigError` when the file is missing or not a JSON object.
+    ``kind``: ``"config"`` (a bare config.json), ``"hf-folder"`` (a model folder) or ``"gguf"``;
+    ``architectures``: the config's ``architectures`` (``None`` when absent; a GGUF names its
+    ``general.architecture``); ``path``: where it was read.
     """
-    path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"no target config at {file}") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"target config {file} is not readable JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"target config {file} is not a JSON object")
+
+    architectures: tuple[str, ...] | None = None
+    kind: str = "config"
+    path: str = ""
+
+
+def target_from_config(raw: dict[str, Any], kind: str = "config", path: str = "") -> TargetConfig:
+    """A :class:`TargetConfig` from a target ``config.json`` dict; a nested ``text_config`` is honoured."""
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
-    merged = {**raw, **text}
-    return TargetConfig(_int(merged.get("hidden_size")), _int(merged.get("vocab_size")),
-                        _int(merged.get("num_hidden_layers")))
+    arch = raw.get("architectures")
+    return TargetConfig(**vars(model_settings({**raw, **text})),
+                        architectures=tuple(str(a) for a in arch) if isinstance(arch, list) and arch else None,
+                        kind=kind, path=path)

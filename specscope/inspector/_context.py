@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from specscope.conventions import LoadPlan
 from specscope.inspector._config import DraftConfig, TargetConfig
-from specscope.inspector._reader import CheckpointReader
+from specscope.checkpoint_reader import CheckpointReader
 from specscope.inspector._stats import TensorStats, tensor_stats
 
 
@@ -16,7 +16,9 @@ from specscope.inspector._stats import TensorStats, tensor_stats
 class CheckContext:
     """Inputs of the checks, with values read lazily and cached (each tensor read at most once).
 
-    ``serve_dtype``: ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``None`` (not said).
+    ``serve_dtype``: ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``None`` (not said). ``target_weights``: the
+    target's safetensors when ``--target`` is a model folder holding them; ``shared``: the shared-tensor
+    comparison rows (``_checks_shared.shared_rows``), filled once before the checks run.
     """
 
     reader: CheckpointReader
@@ -26,7 +28,9 @@ class CheckContext:
     format: str
     target: TargetConfig | None = None
     serve_dtype: str | None = None
-    _values: dict[str, torch.Tensor] = field(default_factory=dict)
+    target_weights: CheckpointReader | None = None
+    shared: list[dict] = field(default_factory=list)
+    _values: dict[str, np.ndarray] = field(default_factory=dict)
     _stats: dict[str, TensorStats] = field(default_factory=dict)
 
     def has(self, key: str) -> bool:
@@ -37,7 +41,7 @@ class CheckContext:
         info = self.reader.tensors.get(key)
         return info.shape if info is not None else None
 
-    def value(self, key: str) -> torch.Tensor:
+    def value(self, key: str) -> np.ndarray:
         """The whole (small) tensor ``key``: ``d2t``, ``t2d``."""
         if key not in self._values:
             self._values[key] = self.reader.get(key)

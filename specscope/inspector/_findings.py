@@ -1,4 +1,4 @@
-"""Checkpoint finding codes and their severities (DESIGN.md section 6), and the one way to build one."""
+"""Checkpoint finding codes and their severities (docs/design.md, "Finding codes"), and the one way to build one."""
 
 from __future__ import annotations
 
@@ -25,6 +25,16 @@ SEVERITY = {
     "NONFINITE_WEIGHTS": "error",
     "FP16_OVERFLOW_RISK": "warning",
     "TIED_EMBEDDINGS_MISMATCH": "warning",
+    "ROPE_MISMATCH": "warning",
+    "MAX_POSITIONS_MISMATCH": "warning",
+    "SLIDING_WINDOW_IGNORED": "warning",
+    "DRAFT_KEY_IGNORED": "warning",
+    "AUX_LAYER_OUT_OF_RANGE": "error",
+    "TARGET_TIED_WEIGHT_MISSING": "error",
+    "SHARED_TENSOR_REPLACED": "warning",
+    "DRAFT_HEAD_IS_TARGET_HEAD": "warning",
+    "CONTRACT_CHANGED": "warning",
+    "HEAD_ROWS_STALE": "error",
 }
 CODES = tuple(SEVERITY)
 

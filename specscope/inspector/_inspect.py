@@ -8,6 +8,7 @@ from pathlib import Path
 from specscope.conventions import ENGINES, expected_draft_params, plan_load
 from specscope.errors import ConfigError
 from specscope.events import Finding, by_severity
+from specscope.inspector._checks_contract import CONTRACT_CHECKS, contract_rows
 from specscope.inspector._checks_keys import check_keys_dropped, check_lm_head, check_params_missing
 from specscope.inspector._checks_shapes import (
     check_aux_convention,
@@ -17,41 +18,56 @@ from specscope.inspector._checks_shapes import (
     check_target_sizes,
     check_tied,
 )
+from specscope.inspector._checks_shared import check_shared, shared_rows
 from specscope.inspector._checks_values import check_fp16_range, check_nonfinite, check_untrained
 from specscope.inspector._checks_vocab import check_vocab_maps
-from specscope.inspector._config import TargetConfig, draft_config, load_target_config
+from specscope.inspector._compare import compare as compare_drafts
+from specscope.inspector._config import TargetConfig, draft_config
+from specscope.inspector._target import load_target_config, open_target_weights
 from specscope.inspector._context import CheckContext
 from specscope.inspector._format import check_format, detect_format
-from specscope.inspector._reader import CheckpointReader
-from specscope.inspector._report import InspectionReport
+from specscope.checkpoint_reader import CheckpointReader
+from specscope.inspector._report import InspectionReport, draft_key_rows
 
 SERVE_DTYPES = ("bf16", "fp16", "fp32")
 
 CHECKS: tuple[Callable[[CheckContext], list[Finding]], ...] = (
     check_format, check_keys_dropped, check_params_missing, check_lm_head, check_fc, check_aux_count,
     check_aux_convention, check_vocab_maps, check_head_rows, check_target_sizes, check_tied,
-    check_untrained, check_nonfinite, check_fp16_range,
+    check_untrained, check_nonfinite, check_fp16_range, *CONTRACT_CHECKS, check_shared,
 )
 
 
 def inspect_checkpoint(path: str | Path, engine: str = "sglang",
                        target_config: str | Path | TargetConfig | None = None,
-                       serve_dtype: str | None = None) -> InspectionReport:
+                       serve_dtype: str | None = None, *, target: str | Path | None = None,
+                       compare: str | Path | None = None) -> InspectionReport:
     """Inspect the EAGLE-3 draft checkpoint at ``path`` for ``engine``'s loader.
 
     ``path``: a folder (``config.json`` + ``model.safetensors`` or a sharded set with
-    ``model.safetensors.index.json``) or one ``.safetensors`` file. ``target_config``: the target's
-    ``config.json`` (path or :class:`TargetConfig`) for the size checks. ``serve_dtype``: ``"bf16"``,
-    ``"fp16"`` or ``"fp32"`` (the fp16 range check runs for ``"fp16"``).
+    ``model.safetensors.index.json``) or one ``.safetensors`` file. ``target``: the target model (a
+    model folder, whose safetensors are compared with the draft's shared tensors, a bare
+    ``config.json``, a ``.gguf`` file, or ``"reference"`` for the reference engine's GGUF) for the
+    contract checks. ``target_config``: the older spelling (a config path or a :class:`TargetConfig`;
+    no weights). ``serve_dtype``: ``"bf16"``, ``"fp16"`` or ``"fp32"`` (the fp16 range check runs for
+    ``"fp16"``). ``compare``: an older draft of the same target to diff against (``--compare``).
     Peak memory stays near a few float32 copies of one read chunk (4 MiB of data), whatever the
-    size of the checkpoint (``benchmarks/inspect_memory.py``). Raises :class:`~specscope.errors.CheckpointError` for an unreadable checkpoint and
-    :class:`~specscope.errors.ConfigError` for an unknown engine, serve dtype or target config.
+    size of the checkpoint (``benchmarks/inspect_memory.py``), except that the shared-tensor and
+    ``--compare`` checks hold the draft's ``lm_head`` in float32. Raises
+    :class:`~specscope.errors.CheckpointError` for an unreadable checkpoint and
+    :class:`~specscope.errors.ConfigError` for an unknown engine or serve dtype, an unreadable target,
+    or both ``target`` and ``target_config``.
     """
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     if serve_dtype is not None and serve_dtype not in SERVE_DTYPES:
         raise ConfigError(f"unknown serve dtype {serve_dtype!r}; expected one of {', '.join(SERVE_DTYPES)}")
-    if target_config is not None and not isinstance(target_config, TargetConfig):
+    if target is not None and target_config is not None:
+        raise ConfigError("give the target once: --target or --target-config, not both")
+    weights = None
+    if target is not None:
+        target_config, weights = load_target_config(target), open_target_weights(target)
+    elif target_config is not None and not isinstance(target_config, TargetConfig):
         target_config = load_target_config(target_config)
     reader = CheckpointReader(path)
     config = draft_config(reader.config)
@@ -61,6 +77,17 @@ def inspect_checkpoint(path: str | Path, engine: str = "sglang",
                                      tied_embeddings=config.tie_word_embeddings)
     ctx = CheckContext(reader=reader, config=config, engine=engine, plan=plan_load(engine, keys, expected),
                        format=detect_format(keys, reader.config), target=target_config,
-                       serve_dtype=serve_dtype)
+                       serve_dtype=serve_dtype, target_weights=weights)
+    ctx.shared = shared_rows(ctx)
     findings = [f for check in CHECKS for f in check(ctx)]
-    return InspectionReport(str(path), ctx.format, engine, tuple(by_severity(findings)), ctx.plan)
+    diff = None
+    if compare is not None:
+        diff, compare_findings = compare_drafts(ctx, str(compare))
+        findings += compare_findings
+    contract = {"target": None if target_config is None else {
+                    "path": target_config.path, "kind": target_config.kind,
+                    "architectures": list(target_config.architectures or []) or None},
+                "settings": contract_rows(ctx), "draft_keys": draft_key_rows(engine, config),
+                "shared_tensors": ctx.shared}
+    return InspectionReport(str(path), ctx.format, engine, tuple(by_severity(findings)), ctx.plan,
+                            contract, diff)

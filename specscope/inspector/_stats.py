@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
-from specscope.inspector._reader import CheckpointReader
+from specscope.checkpoint_reader import CheckpointReader
 
 
 @dataclass(frozen=True)
@@ -42,22 +42,22 @@ def tensor_stats(reader: CheckpointReader, name: str) -> TensorStats:
     absmax = 0.0
     all_ones = all_zero = True
     for chunk in reader.chunks(name):
-        x = chunk.reshape(-1).to(torch.float32)
-        finite = torch.isfinite(x)
-        bad = int(x.numel() - finite.sum())
+        x = chunk.reshape(-1).astype(np.float32)
+        finite = np.isfinite(x)
+        bad = int(x.size - finite.sum())
         if bad:
             x = x[finite]
             all_ones = all_zero = False
         nonfinite += bad
-        n += x.numel()
-        if x.numel():
+        n += x.size
+        if x.size:
             absmax = max(absmax, float(x.max()), -float(x.min()))
             all_ones = all_ones and bool((x == 1).all())
             all_zero = all_zero and bool((x == 0).all())
             s1 += float(x.sum())
-            x.square_()  # in place: one chunk-sized buffer for every moment
+            np.square(x, out=x)  # in place: one chunk-sized buffer for every moment
             s2 += float(x.sum())
-            s4 += float(x.square_().sum())
+            s4 += float(np.square(x, out=x).sum())
     mean = s1 / n if n else 0.0
     m2 = s2 / n if n else 0.0
     var = max(m2 - mean * mean, 0.0)

@@ -8,38 +8,26 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from specscope.checkpoint_reader import CheckpointReader
 from specscope.conventions import plan_load
-from specscope.errors import CheckpointError
 from specscope.events import LoadReport
 from specscope.instrumentation.tracer import Tracer
 
 
-
 def checkpoint_keys(checkpoint: Mapping[str, Any] | str | os.PathLike | Iterable[str]) -> tuple[list[str], str]:
-    """``(keys, source)`` of a state dict, a ``.safetensors`` file (or a directory of them: header
-    only, no tensor is read) or a plain key list. Raises :class:`CheckpointError` for a path that is
-    missing or not a readable safetensors file."""
+    """``(keys, source)`` of a state dict, a checkpoint path (a ``.safetensors`` file, a folder with
+    ``model.safetensors``, a sharded set or loose ``*.safetensors``: headers only, read by the
+    :class:`~specscope.checkpoint_reader.CheckpointReader` the inspector uses) or a plain key list.
+    Raises :class:`~specscope.errors.CheckpointError` for a path that is missing or not a readable
+    safetensors checkpoint."""
     if isinstance(checkpoint, Mapping):
         return [str(k) for k in checkpoint], "state_dict"
     if isinstance(checkpoint, (str, os.PathLike)):
-        path = Path(checkpoint)
-        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-        if not files:
-            raise CheckpointError(f"no .safetensors file in {path}")
-        keys: list[str] = []
-        for file in files:
-            try:
-                with safe_open(str(file), framework="pt") as handle:
-                    keys.extend(handle.keys())
-            except (OSError, SafetensorError) as exc:
-                raise CheckpointError(f"cannot read safetensors header of {file}: {exc}") from exc
-        return keys, str(path)
+        return list(CheckpointReader(checkpoint).tensors), str(checkpoint)
     return [str(k) for k in checkpoint], "keys"
 
 
@@ -56,7 +44,7 @@ def check_load(tracer: Tracer, module_or_param_names: nn.Module | Iterable[str],
     engine's convention). Emits and returns a :class:`LoadReport`: ``loaded`` (keys that land in a
     parameter, renamed ones included), ``missing`` (parameters left at their init), ``unexpected``
     (checkpoint keys dropped), ``renamed`` (checkpoint key -> parameter). Raises
-    :class:`CheckpointError` for an unreadable checkpoint, :class:`ConfigError` for an unknown engine.
+    :class:`~specscope.errors.CheckpointError` for an unreadable checkpoint, :class:`~specscope.errors.ConfigError` for an unknown engine.
     """
     keys, source = checkpoint_keys(checkpoint)
     if isinstance(module_or_param_names, nn.Module):

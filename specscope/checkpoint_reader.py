@@ -1,9 +1,13 @@
-"""Lazy, header-first access to a draft checkpoint: a folder, a sharded set or one .safetensors file.
+"""The one checkpoint reader: lazy, header-first access to a folder, a sharded set or one .safetensors file.
 
+Shared by the checkpoint inspector (:mod:`specscope.inspector`) and the runtime load check
+(:func:`specscope.instrumentation.check_load`), so both find the same files, keys and errors.
 Shapes and dtypes come from the safetensors headers (``safe_open`` + ``get_slice``), no tensor data is
-read for them. Values are read only when a check asks, and large tensors in row chunks, each through
-a fresh ``safe_open`` so that no more than one chunk of the file is mapped at a time: peak memory stays
-near one chunk however large the checkpoint (see ``benchmarks/inspect_memory.py``).
+read for them. Values are numpy arrays (the safetensors numpy framework; ``ml_dtypes`` gives numpy the
+``bfloat16`` and float8 dtypes), so reading a checkpoint never imports torch. Values are read only
+when asked, and large tensors in row chunks, each through a fresh ``safe_open`` so that no more than
+one chunk of the file is mapped at a time: peak memory stays near one chunk however large the
+checkpoint (see ``benchmarks/inspect_memory.py``).
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import torch
+import ml_dtypes  # noqa: F401 - registers bfloat16 / float8 with numpy for safetensors' numpy framework
+import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from specscope.errors import CheckpointError
@@ -58,7 +64,7 @@ class TensorInfo:
 
 def _open(file: Path):
     try:
-        return safe_open(str(file), framework="pt")
+        return safe_open(str(file), framework="numpy")
     except FileNotFoundError as exc:
         raise CheckpointError(f"missing safetensors file {file}") from exc
     except (SafetensorError, OSError, ValueError) as exc:
@@ -101,12 +107,12 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, Path] | None]:
 
 
 class CheckpointReader:
-    """A draft checkpoint opened lazily: headers read at construction, values on demand.
+    """A checkpoint (draft or target) opened lazily: headers read at construction, values on demand.
 
     ``path``: a folder (``config.json`` + ``model.safetensors`` or a ``model.safetensors.index.json``
     sharded set) or one ``.safetensors`` file (its folder's ``config.json`` is used when present).
-    Raises :class:`CheckpointError` for a missing path, an unreadable or truncated safetensors file, a
-    ``config.json`` that is not JSON, or an index naming a missing shard or key.
+    Raises :class:`CheckpointError` for a missing path, an unreadable or truncated safetensors file, or
+    an index naming a missing shard or key (and, from :attr:`config`, a ``config.json`` that is not JSON).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -124,8 +130,13 @@ class CheckpointReader:
         folder = self.path if self.path.is_dir() else self.path.parent
         config = folder / CONFIG_NAME
         self.config_path = config if config.is_file() else None
-        self.config: dict[str, Any] | None = (
-            _read_json(config, "config") if self.config_path is not None else None)
+
+    @cached_property
+    def config(self) -> dict[str, Any] | None:
+        """The folder's ``config.json`` as a dict, ``None`` when there is none; read on first use (a
+        load check that only needs keys never reads it). Raises :class:`CheckpointError` when it is not
+        a JSON object."""
+        return _read_json(self.config_path, "config") if self.config_path is not None else None
 
     def _read_header(self, file: Path) -> None:
         with _open(file) as f:
@@ -138,7 +149,7 @@ class CheckpointReader:
         """Bytes of tensor data over all files."""
         return sum(t.nbytes for t in self.tensors.values())
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str) -> np.ndarray:
         """The whole tensor ``name`` (use for small tensors: ``d2t``, ``t2d``, norm weights)."""
         info = self.tensors[name]
         with _open(info.file) as f:
@@ -147,7 +158,17 @@ class CheckpointReader:
             except (SafetensorError, RuntimeError) as exc:
                 raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
 
-    def chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[torch.Tensor]:
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of tensor ``name`` (dim 0; ``stop`` is clamped to the row count, which
+        the numpy framework's slices do not do), read through their own ``safe_open``."""
+        info = self.tensors[name]
+        with _open(info.file) as f:
+            try:
+                return f.get_slice(name)[start:min(stop, info.shape[0])]
+            except (SafetensorError, RuntimeError) as exc:
+                raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
+
+    def chunks(self, name: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
         """Tensor ``name`` in row slices of about ``chunk_bytes`` bytes, dim 0 first.
 
         Each slice is read through its own ``safe_open`` so the mapping is released between slices.
@@ -159,8 +180,4 @@ class CheckpointReader:
         row_bytes = max(1, info.nbytes // info.shape[0])
         step = max(1, chunk_bytes // row_bytes)
         for start in range(0, info.shape[0], step):
-            with _open(info.file) as f:
-                try:
-                    yield f.get_slice(name)[start:start + step]
-                except (SafetensorError, RuntimeError) as exc:
-                    raise CheckpointError(f"cannot read tensor {name} from {info.file} ({exc})") from exc
+            yield self.rows(name, start, start + step)
