@@ -46,6 +46,9 @@ from specscope.adapters.vllm import _session
 logger = logging.getLogger("specscope")
 
 _TRACER = "_specscope_tracer"  # attribute set on vLLM's Scheduler instance
+TARGET_COMPARE_BYTES = 4 << 30
+"""Largest target (bytes of safetensors) whose shared tensors the load-time inspection compares by
+value; a larger one is checked by its config (and key layout is not read)."""
 _installed = False
 _failed: set[str] = set()
 
@@ -171,7 +174,8 @@ def _after_load_model(call: dict[str, Any]) -> None:
                layer_input=_layer_input, layer_value=_layer_value, fused_input="model.fc",
                draft_hidden_size=int(draft.config.hidden_size))
     if session.tracer.rank == 0:
-        threading.Thread(target=_inspect_draft, args=(session, spec), name="specscope-inspect",
+        threading.Thread(target=_inspect_draft, args=(session, spec, config.model_config.model),
+                         name="specscope-inspect",
                          daemon=True).start()
 
 
@@ -197,9 +201,21 @@ def _layer_value(args: tuple, kwargs: dict) -> Any:
     return hidden if residual is None else hidden + residual
 
 
-def _inspect_draft(session: _session.Session, spec: Any) -> None:
-    """Store the checkpoint inspector's findings for the draft vLLM loaded, with the run (off the
-    engine thread: reading the checkpoint's values takes a moment on a large draft)."""
+def _target_argument(target: Path) -> dict[str, Any]:
+    """How the inspector sees the served target: the whole folder (config, keys, and the values of the
+    tensors the draft shares) when its weights are small enough to compare in float32 next to a
+    running server, else its config alone; nothing for a target that is not a local folder."""
+    if not (target / "config.json").is_file():
+        return {}
+    weights = sum(f.stat().st_size for f in target.glob("*.safetensors"))
+    if weights <= TARGET_COMPARE_BYTES:
+        return {"target": target}
+    return {"target_config": target / "config.json"}
+
+
+def _inspect_draft(session: _session.Session, spec: Any, target: str) -> None:
+    """Store the checkpoint inspector's findings for the draft vLLM loaded and the target it serves,
+    with the run (off the engine thread: reading values takes a moment on a large checkpoint)."""
     import dataclasses
 
     from specscope.inspector import inspect_checkpoint
@@ -209,7 +225,7 @@ def _inspect_draft(session: _session.Session, spec: Any) -> None:
         if not path.is_dir():
             logger.info("specscope: draft %s is not a local folder; checkpoint checks skipped", path)
             return
-        report = inspect_checkpoint(path, engine="vllm")
+        report = inspect_checkpoint(path, engine="vllm", **_target_argument(Path(str(target))))
         for finding in report.findings:
             session.collector.emit(dataclasses.replace(finding, run_id=session.run_id))
     except Exception as exc:  # noqa: BLE001 - a checkpoint we cannot read is the inspector's finding
