@@ -1,0 +1,11 @@
+"""The fleet: specscope beside Prometheus and Grafana, and many ranks into one store.
+
+- :class:`Watcher` / :func:`watch`: store a server's acceptance from its Prometheus metrics (vLLM,
+  SGLang, TensorRT-LLM, llama.cpp), no hooks needed (``specscope watch``).
+"""
+
+from specscope.fleet._conventions import CONVENTIONS, Window, counter_increase, parse_exposition
+from specscope.fleet._watch import ScrapeResult, Watcher, normalize_endpoint, watch
+
+__all__ = ["CONVENTIONS", "ScrapeResult", "Watcher", "Window", "counter_increase", "normalize_endpoint",
+           "parse_exposition", "watch"]
