@@ -2,10 +2,13 @@
 
 - :class:`Watcher` / :func:`watch`: store a server's acceptance from its Prometheus metrics (vLLM,
   SGLang, TensorRT-LLM, llama.cpp), no hooks needed (``specscope watch``).
+- :class:`StoreCollector` / :func:`serve_exporter`: the store as a Prometheus target
+  (``specscope exporter``); Grafana dashboard and alert rules in ``deploy/``.
 """
 
 from specscope.fleet._conventions import CONVENTIONS, Window, counter_increase, parse_exposition
+from specscope.fleet._exporter import StoreCollector, serve_exporter
 from specscope.fleet._watch import ScrapeResult, Watcher, normalize_endpoint, watch
 
-__all__ = ["CONVENTIONS", "ScrapeResult", "Watcher", "Window", "counter_increase", "normalize_endpoint",
-           "parse_exposition", "watch"]
+__all__ = ["CONVENTIONS", "ScrapeResult", "StoreCollector", "Watcher", "Window", "counter_increase",
+           "normalize_endpoint", "parse_exposition", "serve_exporter", "watch"]
