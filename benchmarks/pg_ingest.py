@@ -4,11 +4,13 @@ Run: ``python -m benchmarks.pg_ingest [--url URL] [--events N] [--writers W] [--
 (``--url`` default: ``$SPECSCOPE_TEST_PG_URL`` or the local test server; each measurement writes
 into a fresh schema that is dropped afterwards).
 
-1. ``Store.write`` of the decode event mix of ``benchmarks/collector_ingest.py`` (per verify step one
-   VerifyStep and six TensorEvents) in batches of 5,000 events, once with ``bulk="executemany"``
-   (psycopg's executemany of one INSERT) and once with ``bulk="copy"`` (``COPY ... FROM STDIN``), run
-   alternately R times each, medians compared: the ratio is the figure (target: 5x, docs/design.md,
-   "Budgets").
+1. The decode event mix of ``benchmarks/collector_ingest.py`` (per verify step one VerifyStep and six
+   TensorEvents) into a fresh store, ``executemany`` (psycopg's executemany of one INSERT, pipelined)
+   against ``copy`` (``COPY ... FROM STDIN``), run alternately R times each, medians compared:
+   - rows: the same prebuilt rows (``_rows.group_rows``) through each strategy of
+     ``storage/_bulk.py`` in one transaction: the insert itself (target: 5x, docs/design.md, "Budgets");
+   - Store.write: events in batches of 5,000 through ``open_store(bulk=...)``, event-to-row conversion
+     and the upserts included: what a collector sees.
 2. W writer processes (spawned; default 8: 4 ranks of one run and 4 single-rank runs) each pushing
    N / W events through its own Collector into one store at once, with COPY; the figure is all
    events over the wall time from the common start to the last flush, beside one writer alone.
@@ -31,7 +33,9 @@ import sqlalchemy as sa
 from benchmarks.collector_ingest import make_events
 from specscope import events as ev
 from specscope.collector import Collector
-from specscope.storage import open_store
+from specscope.storage import _bulk, open_store
+from specscope.storage._rows import INSERT_COLUMNS, group_rows
+from specscope.storage.store import _insert_sql
 
 DEFAULT_URL = os.environ.get("SPECSCOPE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BATCH = 5_000
@@ -130,12 +134,31 @@ def fresh_schema(url: str) -> Iterator[str]:
 
 
 def time_store_write(url: str, events: list[ev.Event], bulk: str) -> float:
-    """Seconds for Store.write over batches of BATCH events into a fresh schema with ``bulk``."""
+    """Seconds for Store.write over batches of BATCH events into a fresh store with ``bulk``."""
     with fresh_schema(url) as schema_url, open_store(schema_url, bulk=bulk) as store:
         start = time.perf_counter()
         for i in range(0, len(events), BATCH):
             store.write(events[i:i + BATCH])
         return time.perf_counter() - start
+
+
+def time_rows(url: str, events: list[ev.Event], bulk: str) -> float:
+    """Seconds for the plain-insert rows of ``events`` through one bulk strategy, one transaction, into
+    a fresh store (runs, ranks and requests written first, untimed)."""
+    grouped, inserts = group_rows(events), _insert_sql("postgresql")
+    with fresh_schema(url) as schema_url:
+        with open_store(schema_url) as store:
+            store.write([e for e in events if e.kind in ("run_start", "rank_start", "request_start")])
+        engine = sa.create_engine(schema_url)
+        try:
+            with engine.begin() as conn:
+                start = time.perf_counter()
+                for name in INSERT_COLUMNS:
+                    if grouped.get(name):
+                        _bulk.STRATEGIES[bulk](conn, name, inserts[name], grouped[name])
+                return time.perf_counter() - start
+        finally:
+            engine.dispose()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -147,17 +170,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     events = make_events(args.events)
-    times: dict[str, list[float]] = {"executemany": [], "copy": []}
-    for _ in range(args.repeat):  # alternate, so both see the same machine load
-        for bulk in times:
-            times[bulk].append(time_store_write(args.url, events, bulk))
-    med = {bulk: statistics.median(t) for bulk, t in times.items()}
-    print(f"PostgreSQL ingest, Store.write of {len(events):,} events (decode mix), batches of {BATCH:,}, "
-          f"median of {args.repeat}")
-    print(f"{'bulk':<14}{'seconds':>10}{'events/s':>12}")
-    for bulk, seconds in med.items():
-        print(f"{bulk:<14}{seconds:>10.3f}{len(events) / seconds:>12,.0f}")
-    print(f"COPY / executemany: {med['executemany'] / med['copy']:.1f}x (target 5x)")
+    print(f"PostgreSQL ingest of {len(events):,} events (decode mix), median of {args.repeat}, "
+          "strategies alternated")
+    print(f"{'what':<12}{'bulk':<14}{'seconds':>10}{'events/s':>12}{'copy speed-up':>15}")
+    for what, timer in (("rows", time_rows), ("Store.write", time_store_write)):
+        times: dict[str, list[float]] = {"executemany": [], "copy": []}
+        for _ in range(args.repeat):  # alternate, so both see the same machine load
+            for bulk in times:
+                times[bulk].append(timer(args.url, events, bulk))
+        med = {bulk: statistics.median(t) for bulk, t in times.items()}
+        for bulk, seconds in med.items():
+            ratio = f"{med['executemany'] / seconds:.1f}x"
+            print(f"{what:<12}{bulk:<14}{seconds:>10.3f}{len(events) / seconds:>12,.0f}{ratio:>15}")
 
     per_writer = args.events // args.writers
     layout = writer_layout(args.writers)
@@ -166,11 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     with fresh_schema(args.url) as url:
         reports, together = run_writers(url, layout, per_writer, BATCH)
     total = sum(r[2] for r in reports)
-    print(f"{args.writers} writer processes at once ({len(layout) // 2 or 1} ranks of one run + "
-          f"{len(layout) - (len(layout) // 2 or 1)} single-rank runs), Collector -> COPY, {per_writer:,} "
-          f"events each: {together:.2f} s, {total / together:,.0f} events/s; one writer alone: "
-          f"{alone:.2f} s, {per_writer / alone:,.0f} events/s; dropped: {sum(r[3] for r in reports)}")
-
+    shared = sum(run_id == "shared" for run_id, _, _ in layout)
+    print(f"{args.writers} writer processes at once ({shared} ranks of one run + {len(layout) - shared} "
+          f"single-rank runs), Collector -> COPY, {per_writer:,} events each: {together:.2f} s, "
+          f"{total / together:,.0f} events/s; one writer alone: {alone:.2f} s, {per_writer / alone:,.0f} "
+          f"events/s; dropped: {sum(r[3] for r in reports)}")
 
 if __name__ == "__main__":
     main()

@@ -108,3 +108,23 @@ def test_step_sample_out_of_range_is_a_config_error(tmp_path) -> None:
         with pytest.raises(ConfigError, match="step_sample"):
             Tracer(collector, engine="e", engine_version="0", target_model="t", draft_model="d",
                    config=CONFIG, step_sample=1.5)
+
+
+def test_requests_page_says_which_requests_have_step_detail(tmp_path, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from specscope.app import DB_ENV, ENTRY
+
+    db = str(tmp_path / "s.db")
+    with open_store(db) as store:
+        _trace(store, "sampled", {0: [1] * (REQUESTS * STEPS)}, step_sample=0.25)
+        detail = dict(store.query("SELECT request_id, step_detail FROM v_request_acceptance")[1])
+    monkeypatch.setenv(DB_ENV, db)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    at.switch_page("pages/requests.py").run()
+    table = at.dataframe[0].value
+    assert dict(zip(table["request"], table["step detail"])) == {r: bool(d) for r, d in detail.items()}
+    without = next(r for r, d in detail.items() if not d)
+    at.selectbox(key="request").set_value(without).run()
+    assert not at.exception
+    assert any("has no step detail" in i.value for i in at.info)

@@ -200,3 +200,26 @@ def test_watch_cli_counts_scrapes_and_refuses_bad_arguments(server, tmp_path, ca
         main(["watch", "--db", db, "--interval", "soon", server.url])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_overview_requests_and_gpus_pages_show_a_watched_server(server, tmp_path, monkeypatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from specscope.app import DB_ENV, ENTRY
+
+    rng = random.Random(3)
+    before = {"0": ChainCounters(K), "1": ChainCounters(K)}
+    after = {"0": ChainCounters(K), "1": ChainCounters(K)}
+    for engine in after.values():
+        engine.add(_draw(rng, [0, 1, 2, 3], 40))
+    db = str(tmp_path / "w.db")
+    with open_store(db) as store:
+        _watch_two_scrapes(store, server, vllm_exposition("m", before), vllm_exposition("m", after))
+    monkeypatch.setenv(DB_ENV, db)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    metrics_shown = {m.label: m.value for m in at.metric}
+    assert metrics_shown["Verify steps"] == "80"
+    for page in ("gpus", "requests", "findings"):
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
