@@ -200,6 +200,8 @@ def test_watch_cli_counts_scrapes_and_refuses_bad_arguments(server, tmp_path, ca
         main(["watch", "--db", db, "--interval", "soon", server.url])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+    assert main(["watch", "--db", db, "--count", "1", "http://"]) == 2  # no host: one line, exit 2
+    assert "names no host" in capsys.readouterr().err
 
 
 def test_overview_requests_and_gpus_pages_show_a_watched_server(server, tmp_path, monkeypatch) -> None:

@@ -164,7 +164,8 @@ def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, co
           duration_s: float | None = None, timeout_s: float = 5.0,
           sleep: Callable[[float], None] = time.sleep) -> list[str]:
     """Scrape ``endpoints`` every ``interval_s`` seconds into ``store`` until ``count`` scrapes or
-    ``duration_s`` seconds have passed (neither: until interrupted); return the watched run ids.
+    ``duration_s`` seconds have passed (neither: until Ctrl-C, which ends the watch normally);
+    return the watched run ids.
     ``timeout_s``: HTTP timeout of one scrape (seconds).
 
     Raises:
@@ -177,12 +178,15 @@ def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, co
     deadline = None if duration_s is None else time.monotonic() + duration_s
     with Watcher(store, endpoints, timeout_s=timeout_s) as watcher:
         done = 0
-        while True:
-            started = time.monotonic()
-            watcher.scrape()
-            done += 1
-            if (count is not None and done >= count) or (
-                    deadline is not None and time.monotonic() + interval_s > deadline):
-                break
-            sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        try:
+            while True:
+                started = time.monotonic()
+                watcher.scrape()
+                done += 1
+                if (count is not None and done >= count) or (
+                        deadline is not None and time.monotonic() + interval_s > deadline):
+                    break
+                sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        except KeyboardInterrupt:  # Ctrl-C ends an open-ended watch; what was scraped is stored
+            pass
         return list(watcher.run_ids)
