@@ -90,10 +90,10 @@ def test_vllm_counters_with_a_restart_and_an_outage_equal_the_engine_figures(ser
         assert _positions(store, run_id) == pytest.approx(metrics.per_position_acceptance(all_steps, K))
         devices = store.query(f"SELECT rank, device FROM run_ranks WHERE run_id = '{run_id}' ORDER BY rank")[1]
         assert devices == [(0, "engine=0"), (1, "engine=1")]
-        status = f"SELECT engine, target_model, status FROM v_run_summary WHERE run_id = '{run_id}'"
-        assert store.query(status)[1] == [("vllm", "smollm2", "running")]
+        status = f"SELECT engine, target_model, world_size, status FROM v_run_summary WHERE run_id = '{run_id}'"
+        assert store.query(status)[1] == [("vllm", "smollm2", 2, "running")]
         watcher.close()
-        assert store.query(status)[1] == [("vllm", "smollm2", "finished")]
+        assert store.query(status)[1] == [("vllm", "smollm2", 2, "finished")]
     gap_lines = [r for r in caplog.records if r.name == "specscope.fleet"]
     assert len(gap_lines) == 1 and server.url in gap_lines[0].getMessage()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -122,9 +123,11 @@ class Watcher:
         now = time.time()
         events: list[Event] = []
         steps, runs = 0, []
+        world = Counter((r.engine, r.model) for r in readings)  # rank label sets per run in this scrape
         for reading in readings:
-            run_id = self._run(endpoint, reading, events, now)
-            rank = self._rank(run_id, endpoint, reading, events, now)
+            size = world[(reading.engine, reading.model)]
+            run_id = self._run(endpoint, reading, size, events, now)
+            rank = self._rank(run_id, endpoint, reading, size, events, now)
             key = (endpoint, reading.engine, reading.model, reading.labels)
             groups = window_groups(window(self._previous.get(key), reading), run_id=run_id,
                                    request_id=WATCH_REQUEST_ID, rank=rank, ts_wall=now)
@@ -137,7 +140,7 @@ class Watcher:
         self.store.write(events)
         return ScrapeResult(endpoint, True, steps, tuple(runs))
 
-    def _run(self, endpoint: str, reading: Reading, events: list[Event], now: float) -> str:
+    def _run(self, endpoint: str, reading: Reading, world_size: int, events: list[Event], now: float) -> str:
         digest = hashlib.sha1(f"{endpoint}|{reading.engine}|{reading.model}|{self._session}".encode())
         run_id = f"watch-{digest.hexdigest()[:12]}"
         if run_id not in self._ranks:
@@ -147,15 +150,16 @@ class Watcher:
             events.append(RunStart(run_id, engine=reading.engine, engine_version="",
                                    target_model=reading.model or endpoint, draft_model="",
                                    config={"source": "prometheus", "endpoint": endpoint, "k": k},
-                                   host=urlsplit(endpoint).netloc, ts_wall=now))
+                                   world_size=world_size, host=urlsplit(endpoint).netloc, ts_wall=now))
         return run_id
 
-    def _rank(self, run_id: str, endpoint: str, reading: Reading, events: list[Event], now: float) -> int:
+    def _rank(self, run_id: str, endpoint: str, reading: Reading, world_size: int, events: list[Event],
+              now: float) -> int:
         ranks = self._ranks[run_id]
         if reading.labels not in ranks:
             ranks[reading.labels] = rank = len(ranks)
             device = ",".join(f"{k}={v}" for k, v in reading.labels)[:64]
-            events.append(RankStart(run_id, rank, world_size=1, host=urlsplit(endpoint).netloc, pid=0,
+            events.append(RankStart(run_id, rank, world_size=world_size, host=urlsplit(endpoint).netloc, pid=0,
                                     device=device, ts_wall=now))
         return ranks[reading.labels]
 
