@@ -182,3 +182,22 @@ def test_real_prometheus_scrapes_the_exporter_and_fires_the_alerts(exporter, tmp
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_exporter_cli_serves_until_stopped(tmp_path) -> None:
+    import os
+    import sys
+
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        _traces.no_aux_capture().write(store)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "specscope", "exporter", "--db", path, "--port", "0"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        url = proc.stdout.readline().split()[-1]
+        samples = _samples(httpx.get(url, timeout=30).text)
+        assert _value(samples, "specscope_finding", code="AUX_NOT_FUSED") == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -225,3 +225,28 @@ def test_overview_requests_and_gpus_pages_show_a_watched_server(server, tmp_path
     for page in ("gpus", "requests", "findings"):
         at.switch_page(f"pages/{page}.py").run()
         assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
+
+
+def test_a_refused_store_write_loses_no_window(server, tmp_path) -> None:
+    """The store refuses one scrape's write (another connection holds SQLite's write lock); once it is
+    released, the next scrapes store the run, its ranks and the whole increase."""
+    import sqlite3
+
+    from specscope.errors import StoreError
+
+    c = ChainCounters(K)
+    server.body = llamacpp_exposition(c)
+    db = str(tmp_path / "w.db")
+    with open_store(db, busy_timeout_s=0.1) as store, Watcher(store, [server.url]) as watcher:
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(StoreError, match="locked"):
+            watcher.scrape()
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        assert watcher.run_ids == []
+        watcher.scrape()  # the baseline, now stored
+        c.add([1, 2, 3, 0])
+        server.body = llamacpp_exposition(c)
+        assert [r.verify_steps for r in watcher.scrape()] == [4]
+        assert store.query("SELECT COUNT(*), MAX(world_size) FROM runs")[1] == [(1, 1)]

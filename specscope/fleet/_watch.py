@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from specscope.errors import StoreError
 from specscope.events import Event, RankStart, RankStatus, RunStart
 from specscope.fleet._conventions import Reading, parse_exposition, window, window_groups
 from specscope.storage import Store
@@ -86,7 +87,12 @@ class Watcher:
 
     def scrape(self) -> list[ScrapeResult]:
         """Scrape every endpoint once and write what changed since the previous scrape (one store
-        transaction per endpoint). Never raises for an endpoint that is down or answers garbage."""
+        transaction per endpoint). Never raises for an endpoint that is down or answers garbage.
+
+        Raises:
+            StoreError: the store refused the write; nothing of that endpoint's scrape is stored or
+                remembered, so the next call stores the whole increase.
+        """
         return [self._scrape(endpoint) for endpoint in self.endpoints]
 
     def close(self) -> None:
@@ -121,7 +127,9 @@ class Watcher:
             return ScrapeResult(endpoint, False, error=error)
         self._down.discard(endpoint)
         now = time.time()
+        known = ({run_id: dict(ranks) for run_id, ranks in self._ranks.items()}, list(self.run_ids))
         events: list[Event] = []
+        updates: dict[tuple, Reading] = {}
         steps, runs = 0, []
         world = Counter((r.engine, r.model) for r in readings)  # rank label sets per run in this scrape
         for reading in readings:
@@ -131,13 +139,18 @@ class Watcher:
             key = (endpoint, reading.engine, reading.model, reading.labels)
             groups = window_groups(window(self._previous.get(key), reading), run_id=run_id,
                                    request_id=WATCH_REQUEST_ID, rank=rank, ts_wall=now)
-            self._previous[key] = reading
+            updates[key] = reading
             events.extend(groups)
             events.append(RankStatus(run_id, rank, 0, 0, "eager", finished=False, ts_wall=now))
             steps += sum(g.steps for g in groups)
             if run_id not in runs:
                 runs.append(run_id)
-        self.store.write(events)
+        try:
+            self.store.write(events)
+        except StoreError:  # nothing of this scrape is stored: keep the state, the next scrape retries
+            self._ranks, self.run_ids = known
+            raise
+        self._previous.update(updates)
         return ScrapeResult(endpoint, True, steps, tuple(runs))
 
     def _run(self, endpoint: str, reading: Reading, world_size: int, events: list[Event], now: float) -> str:
