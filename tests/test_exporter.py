@@ -98,7 +98,10 @@ def _concrete(expr: str) -> str:
 
 def test_grafana_dashboard_queries_use_exported_names(exporter) -> None:
     dashboard = json.loads(DASHBOARD.read_text())
-    assert dashboard["uid"] == "specscope-fleet"
+    assert dashboard["uid"] == "specscope-fleet"  # stable: re-imports replace the same dashboard
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) and all({"x", "y", "w", "h"} <= set(p["gridPos"]) for p in dashboard["panels"])
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "run_id", "model_name"}
     exported = {s.name for f in text_string_to_metric_families(generate_latest(exporter[1]).decode())
                 for s in f.samples}
     vllm = {name + "_total" for conv in CONVENTIONS if conv.engine == "vllm" for name in conv.metrics.values()}
