@@ -250,3 +250,18 @@ def test_a_refused_store_write_loses_no_window(server, tmp_path) -> None:
         server.body = llamacpp_exposition(c)
         assert [r.verify_steps for r in watcher.scrape()] == [4]
         assert store.query("SELECT COUNT(*), MAX(world_size) FROM runs")[1] == [(1, 1)]
+
+
+def test_window_groups_rebuild_a_chain_and_fall_back_without_one() -> None:
+    from specscope.fleet import Window
+    from specscope.fleet._conventions import window_groups
+
+    def groups(w: Window) -> list[tuple]:
+        return [(g.accepted_mask, g.steps, g.proposed, g.accepted)
+                for g in window_groups(w, run_id="r", request_id="watch", rank=0, ts_wall=1.0)]
+
+    # 10 steps, p = (6, 3, 1): 4 accepted none, 3 one, 2 two, 1 three; 29 proposed (one step short)
+    assert groups(Window(10, 29, 10, (6, 3, 1))) == [
+        ("000", 4, 11, 0), ("100", 3, 9, 3), ("110", 2, 6, 4), ("111", 1, 3, 3)]
+    assert groups(Window(10, 30, 9, (3, 6, 0))) == [("", 10, 30, 9)]  # not a chain: no positions
+    assert groups(Window(0, 0, 0)) == []
