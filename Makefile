@@ -4,9 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.bootstrapped
 CHROMIUM ?= /usr/bin/chromium
+PROMETHEUS ?= /usr/bin/prometheus
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test bench bootstrap browser train clean
+.PHONY: demo test bench bootstrap browser prometheus train clean
 
 bootstrap: $(STAMP)
 
@@ -27,10 +28,16 @@ $(CHROMIUM):
 	@if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
 	else echo "Chromium missing: run 'sudo apt-get install chromium' (browser tests will skip)"; fi
 
+# Debian's Prometheus (and promtool) for the exporter / alert-rule tests against a real server.
+prometheus: $(PROMETHEUS)
+$(PROMETHEUS):
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q prometheus; \
+	else echo "Prometheus missing: run 'sudo apt-get install prometheus' (its tests will skip)"; fi
+
 demo: $(STAMP)
 	$(BIN)/specscope demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser prometheus
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -1,7 +1,14 @@
 """``python -m benchmarks`` (``make bench``): every benchmark in turn, each printing its own table."""
 
-from benchmarks import collector_ingest, dashboard_queries, engine_decode, hook_overhead, inspect_memory
+from benchmarks import (
+    collector_ingest,
+    dashboard_queries,
+    engine_decode,
+    hook_overhead,
+    inspect_memory,
+    pg_ingest,
+)
 
-for module in (engine_decode, hook_overhead, collector_ingest, dashboard_queries, inspect_memory):
+for module in (engine_decode, hook_overhead, collector_ingest, pg_ingest, dashboard_queries, inspect_memory):
     print(f"\n=== {module.__name__} ===", flush=True)
     module.main()

@@ -144,7 +144,9 @@ _PROVENANCE_COLUMNS = ("run_id", "rank", "call_index", "configured", "received",
 
 def cached_store(steps: int) -> Path:
     """The benchmark store for ``steps`` verify steps, built once under the temp dir."""
-    path = Path(tempfile.gettempdir()) / f"specscope-dashboard-bench-v{GENERATOR_VERSION}-{steps}.db"
+    # the schema version too: a store cached by an older specscope would need an upgrade (read-only here)
+    path = (Path(tempfile.gettempdir())
+            / f"specscope-dashboard-bench-v{GENERATOR_VERSION}-s{schema.SCHEMA_VERSION}-{steps}.db")
     if not path.exists():
         partial = path.with_suffix(".partial")
         for stale in (partial, Path(f"{partial}-wal"), Path(f"{partial}-shm")):

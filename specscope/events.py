@@ -179,6 +179,30 @@ class VerifyStep:
 
 
 @dataclass(frozen=True, slots=True)
+class VerifyGroup:
+    """``steps`` verify steps of one request aggregated into one record: every step shares
+    ``accepted_mask`` (``'1'``/``'0'`` per draft position, position 0 first; ``""`` when the source
+    gives no per-position data), ``proposed`` / ``accepted`` are their sums (tokens).
+
+    Written instead of per-step :class:`VerifyStep` events where step detail is not kept: requests
+    the tracer sampled out of step detail (one group per distinct mask, exact per-request and
+    per-position sums), and servers observed through their Prometheus counters (``specscope watch``:
+    one group per scrape interval, rank and mask). Stored as a ``verify_steps`` row with ``step`` -1
+    whose ``steps`` column the acceptance views sum.
+    """
+
+    kind: ClassVar[str] = "verify_group"
+    run_id: str
+    request_id: str
+    rank: int
+    accepted_mask: str
+    steps: int
+    proposed: int
+    accepted: int
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class TensorEvent:
     """A tensor seen at a hook point, e.g. ``draft.forward:hidden_states`` or ``target.layers.15:input``.
 
@@ -284,5 +308,5 @@ def by_severity(findings) -> list[Finding]:
     """Findings sorted errors first, then warnings, then info; stable within a severity."""
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
-Event = Union[RunStart, RankStart, RankStatus, RequestStart, RequestEnd, VerifyStep, TensorEvent,
+Event = Union[RunStart, RankStart, RankStatus, RequestStart, RequestEnd, VerifyStep, VerifyGroup, TensorEvent,
               ProvenanceEvent, LoadReport, Finding]

@@ -94,7 +94,7 @@ def test_run_and_rank_start_carry_the_contract(models):
     (run_start,) = sink.of(RunStart)
     assert (rank_start.run_id, rank_start.rank, rank_start.world_size, rank_start.device) == ("run-1", 0, 1, "cpu")
     assert rank_start.pid > 0 and rank_start.host
-    assert run_start.config == run_config().to_dict()
+    assert run_start.config == {**run_config().to_dict(), "step_sample": 1.0}
     assert (run_start.engine, run_start.fault, run_start.draft_model) == ("test-engine", "aux_off", "tiny-eagle3")
     assert sink.events.index(rank_start) < sink.events.index(run_start)
 

@@ -9,6 +9,7 @@ import pytest
 import specscope
 
 PACKAGES = ["specscope.instrumentation", "specscope.collector", "specscope.storage", "specscope.doctor",
+            "specscope.fleet",
             "specscope.inspector", "specscope.engine"]
 
 

@@ -187,3 +187,42 @@ def test_a_version_3_store_with_data_upgrades_keeping_every_row(store_url: str, 
         assert store.query("SELECT request_id, position, accepted_steps FROM v_request_position_acceptance "
                            "WHERE run_id = 'r' ORDER BY position")[1] == [
             ("q", 0, 1), ("q", 1, 1), ("q", 2, 1), ("q", 3, 1)]
+
+
+def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url: str, monkeypatch) -> None:
+    """A version-5 store (verify_steps without ``steps``, the old mask index, views of that time gone
+    with it) holding per-step rows opens at version 6: every old row counts as one step, aggregate rows
+    written afterwards weigh as their steps, and the mask index covers ``steps``."""
+    from specscope import events as ev
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 5)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:5])
+    with open_store(store_url) as store:
+        store.write([ev.RunStart(run_id="r", engine="e", engine_version="0", target_model="t", draft_model="d",
+                                 config={}, ts_wall=1.0),
+                     ev.RequestStart(run_id="r", request_id="q", rank=0, prompt_tokens=3, ts_wall=1.0),
+                     *[ev.VerifyStep(run_id="r", request_id="q", rank=0, step=i, proposed=4, accepted=a,
+                                     ts_wall=2.0 + i) for i, a in enumerate([4, 0, 1])]])
+    engine = _engine(store_url)
+    with engine.begin() as conn:  # step 1 builds today's tables: take them back to version 5
+        for name in reversed(VIEWS):
+            conn.exec_driver_sql(f"DROP VIEW {name}")
+        conn.exec_driver_sql("DROP INDEX ix_verify_steps_masks")
+        conn.exec_driver_sql("ALTER TABLE verify_steps DROP COLUMN steps")
+        conn.exec_driver_sql("CREATE INDEX ix_verify_steps_masks ON verify_steps "
+                             "(run_id, accepted_mask, proposed, accepted)")
+    engine.dispose()
+    monkeypatch.undo()
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION == 6
+        with store.connect() as conn:
+            index = next(ix for ix in sa.inspect(conn).get_indexes("verify_steps")
+                         if ix["name"] == "ix_verify_steps_masks")
+        assert index["column_names"] == ["run_id", "accepted_mask", "proposed", "accepted", "steps"]
+        assert store.query("SELECT verify_steps, accepted, step_detail FROM v_request_acceptance")[1] == [(3, 5, 1)]
+        store.write([ev.VerifyGroup(run_id="r", request_id="q", rank=0, accepted_mask="1000", steps=5,
+                                    proposed=20, accepted=5, ts_wall=9.0)])
+        assert store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance")[1] == [(8, 32, 10)]
+        assert store.query("SELECT position, accepted_steps, verify_steps FROM v_position_acceptance "
+                           "ORDER BY position")[1] == [(0, 7, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
+    assert _versions(store_url)[-1] == (6, "weighted_verify_steps")

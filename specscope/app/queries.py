@@ -121,10 +121,10 @@ def acceptance_over_time(store: Store, run_id: str, buckets: int = 120) -> list[
         sliced AS (SELECT CASE WHEN b.dt IS NULL OR b.dt <= 0 OR v.ts_wall <= b.t0 THEN 0
                                WHEN v.ts_wall - b.t0 >= b.dt * :buckets THEN :buckets - 1
                                ELSE {slice} END AS slice,
-                          b.dt, v.accepted
+                          b.dt, v.accepted, v.steps
                    FROM verify_steps v CROSS JOIN bounds b WHERE v.run_id = :run_id)
-        SELECT slice * MAX(COALESCE(dt, 0)) AS t_s, COUNT(*) AS verify_steps, SUM(accepted) AS accepted,
-               1.0 + CAST(SUM(accepted) AS DOUBLE PRECISION) / COUNT(*) AS mean_acceptance_length
+        SELECT slice * MAX(COALESCE(dt, 0)) AS t_s, SUM(steps) AS verify_steps, SUM(accepted) AS accepted,
+               1.0 + CAST(SUM(accepted) AS DOUBLE PRECISION) / SUM(steps) AS mean_acceptance_length
         FROM sliced GROUP BY slice ORDER BY slice""".format(
             slice=_floor(store, "(v.ts_wall - b.t0) / b.dt")),
         run_id=run_id, buckets=buckets)
@@ -145,7 +145,8 @@ REQUEST_ORDER = {"start": "started_wall", "acceptance length": "mean_acceptance_
 
 
 def requests(store: Store, run_id: str, order: str = "start", limit: int = 500) -> list[Row]:
-    """Requests of a run from ``v_request_acceptance``: tokens, verify steps, AL, rate, duration (s).
+    """Requests of a run from ``v_request_acceptance``: tokens, verify steps, AL, rate, duration (s),
+    ``step_detail`` (1: per-step rows kept; 0: sampled out, exact aggregates only).
 
     ``order``: a key of :data:`REQUEST_ORDER` (start ascending; the others worst first: lowest AL,
     longest duration, most steps). At most ``limit`` rows.
@@ -159,7 +160,8 @@ def requests(store: Store, run_id: str, order: str = "start", limit: int = 500) 
     direction = "ASC" if order in ("start", "acceptance length") else "DESC"
     return _rows(store, f"""
         SELECT request_id, rank, prompt_tokens, output_tokens, verify_steps, proposed, accepted,
-               mean_acceptance_length, acceptance_rate, started_wall, finished_wall, duration_s
+               mean_acceptance_length, acceptance_rate, started_wall, finished_wall, duration_s,
+               step_detail
         FROM v_request_acceptance WHERE run_id = :run_id
         ORDER BY {column} {direction}, request_id LIMIT :limit""", run_id=run_id, limit=limit)
 
@@ -167,10 +169,11 @@ def requests(store: Store, run_id: str, order: str = "start", limit: int = 500) 
 def request_steps(store: Store, run_id: str, request_id: str, limit: int = 5000) -> list[Row]:
     """Verify steps of one request in order: ``step``, ``proposed``, ``accepted``, ``accepted_mask``,
     ``draft_s``, ``verify_s`` (s), ``emitted`` (decoded tokens: accepted drafts, then the bonus
-    token; None when not recorded)."""
+    token; None when not recorded). Empty for a request sampled out of step detail (its aggregate rows,
+    ``step`` -1, are not steps)."""
     rows = _rows(store, """
         SELECT step, proposed, accepted, accepted_mask, draft_s, verify_s, emitted, ts_wall
-        FROM verify_steps WHERE run_id = :run_id AND request_id = :request_id
+        FROM verify_steps WHERE run_id = :run_id AND request_id = :request_id AND step >= 0
         ORDER BY step LIMIT :limit""", run_id=run_id, request_id=request_id, limit=limit)
     for row in rows:
         row["emitted"] = None if row["emitted"] is None else json.loads(row["emitted"])

@@ -15,7 +15,7 @@ import sys
 from specscope import __version__
 from specscope.errors import SpecscopeError
 
-SUBCOMMANDS = ("generate", "demo", "doctor", "query", "dashboard", "inspect")
+SUBCOMMANDS = ("generate", "demo", "doctor", "query", "dashboard", "inspect", "watch", "exporter")
 
 
 class _Parser(argparse.ArgumentParser):

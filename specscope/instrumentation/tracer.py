@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,8 +23,10 @@ from specscope.events import (
     RunConfig,
     RunStart,
     TensorEvent,
+    VerifyGroup,
     VerifyStep,
 )
+from specscope.errors import ConfigError
 from specscope.instrumentation._context import capture_probe, default_device, process_context
 from specscope.instrumentation._sampling import SamplingConfig, value_stats
 
@@ -63,12 +66,18 @@ class Tracer:
                  draft_model: str, config: RunConfig, run_id: str | None = None,
                  fault: str | None = None, sample_every: int = 64, first_calls: int = 8,
                  value_stats: bool = False, provenance_every: int = 0,
-                 status_interval_s: float = 5.0, device: str | None = None) -> None:
+                 status_interval_s: float = 5.0, device: str | None = None,
+                 step_sample: float = 1.0) -> None:
         self.sink = sink
         self.run_id = run_id or uuid.uuid4().hex
         self.config = config
         self.sampling = SamplingConfig(first_calls=first_calls, sample_every=sample_every,
                                        value_stats=value_stats, provenance_every=provenance_every)
+        if not 0.0 <= step_sample <= 1.0:
+            raise ConfigError(f"step_sample must be between 0 and 1 (a share of requests), got {step_sample!r}")
+        self.step_sample = step_sample
+        # Sampled-out requests: request id -> accepted mask -> [steps, proposed, accepted].
+        self._groups: dict[str, dict[str, list[int]]] = {}
         self.device = device
         self._run = dict(engine=engine, engine_version=engine_version, target_model=target_model,
                          draft_model=draft_model, fault=fault)
@@ -107,7 +116,8 @@ class Tracer:
         self._next_status = time.monotonic() + self._status_interval_s
         self._emit(RankStart(self.run_id, self.rank, self.world_size, self.host, self.pid,
                              self.device or default_device()))
-        self._emit(RunStart(self.run_id, config=self.config.to_dict(), world_size=self.world_size,
+        config = {**self.config.to_dict(), "step_sample": self.step_sample}
+        self._emit(RunStart(self.run_id, config=config, world_size=self.world_size,
                             host=self.host, rank=self.rank, **self._run))
 
     def close(self) -> None:
@@ -119,6 +129,7 @@ class Tracer:
             handle.remove()
         self._handles.clear()
         self._closed = True
+        self._flush_groups()
         self.status(finished=True)
         try:
             self.sink.flush()
@@ -190,14 +201,21 @@ class Tracer:
         self._steps[request_id] = step + 1
         if accepted_mask is not None and not isinstance(accepted_mask, str):
             accepted_mask = "".join("1" if bit else "0" for bit in accepted_mask)
-        self._emit(VerifyStep(self.run_id, request_id, self.rank, step, int(proposed), int(accepted),
-                              accepted_mask, draft_s, verify_s,
-                              None if emitted is None else tuple(emitted)))
+        event = VerifyStep(self.run_id, request_id, self.rank, step, int(proposed), int(accepted),
+                           accepted_mask, draft_s, verify_s, None if emitted is None else tuple(emitted))
+        if self._step_detail(request_id):
+            self._emit(event)
+        else:
+            group = self._groups.setdefault(request_id, {}).setdefault(event.mask(), [0, 0, 0])
+            group[0] += 1
+            group[1] += event.proposed
+            group[2] += event.accepted
         self._request, self._step = request_id, step + 1
         self._target_fed = self._target_fed or not self._sees_target
         now = time.monotonic()
         if now >= self._next_status:
             self._next_status = now + self._status_interval_s
+            self._flush_groups()
             self.status()
 
     def finish_request(self, request_id: str, output_tokens: int, text: str | None = None) -> None:
@@ -205,9 +223,22 @@ class Tracer:
         self.start()
         request_id = str(request_id)
         steps = self._steps.pop(request_id, 0)
+        self._flush_groups(request_id)
         if self._request == request_id:
             self._request = self._step = None
         self._emit(RequestEnd(self.run_id, request_id, self.rank, int(output_tokens), steps, text))
+
+    def _step_detail(self, request_id: str) -> bool:
+        """Whether ``request_id`` keeps per-step rows: crc32 of the id below ``step_sample`` of 2**32
+        (the same answer on every rank and in every process, unlike ``hash``)."""
+        return self.step_sample >= 1.0 or zlib.crc32(request_id.encode()) < self.step_sample * 2**32
+
+    def _flush_groups(self, request_id: str | None = None) -> None:
+        """Send the aggregated steps of ``request_id`` (None: of every request) as VerifyGroup events."""
+        ids = [request_id] if request_id is not None else list(self._groups)
+        for rid in ids:
+            for mask, (steps, proposed, accepted) in self._groups.pop(rid, {}).items():
+                self._emit(VerifyGroup(self.run_id, rid, self.rank, mask, steps, proposed, accepted))
 
     # -- called from hooks ----------------------------------------------------------------------
 

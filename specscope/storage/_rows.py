@@ -83,7 +83,7 @@ def _request_end(e: ev.RequestEnd) -> Row:
 # the driver's executemany (SQLAlchemy's per-row parameter processing would cost more than SQLite).
 INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
     "verify_steps": ("run_id", "request_id", "rank", "step", "proposed", "accepted", "accepted_mask",
-                     "draft_s", "verify_s", "emitted", "ts_wall"),
+                     "draft_s", "verify_s", "emitted", "ts_wall", "steps"),
     "tensor_events": ("run_id", "rank", "hook_point", "call_index", "shape", "width", "dtype", "device",
                       "expected_shape", "expected_width", "absmax", "mean", "nonfinite", "request_id",
                       "step", "graph_phase", "ts_wall"),
@@ -97,7 +97,16 @@ INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
 
 def _verify_step(e: ev.VerifyStep) -> tuple:
     return (e.run_id, e.request_id, e.rank, e.step, e.proposed, e.accepted, e.mask(), e.draft_s,
-            e.verify_s, None if e.emitted is None else _json(e.emitted), e.ts_wall)
+            e.verify_s, None if e.emitted is None else _json(e.emitted), e.ts_wall, 1)
+
+
+AGGREGATE_STEP = -1
+"""``verify_steps.step`` of an aggregate row (a :class:`~specscope.events.VerifyGroup`)."""
+
+
+def _verify_group(e: ev.VerifyGroup) -> tuple:
+    return (e.run_id, e.request_id, e.rank, AGGREGATE_STEP, e.proposed, e.accepted, e.accepted_mask,
+            None, None, None, e.ts_wall, e.steps)
 
 
 def _tensor(e: ev.TensorEvent) -> tuple:
@@ -129,6 +138,7 @@ ROUTES: dict[str, tuple[str, Callable[[Any], Row | tuple]]] = {
     ev.RequestStart.kind: ("request_start", _request_start),
     ev.RequestEnd.kind: ("request_end", _request_end),
     ev.VerifyStep.kind: ("verify_steps", _verify_step),
+    ev.VerifyGroup.kind: ("verify_steps", _verify_group),
     ev.TensorEvent.kind: ("tensor_events", _tensor),
     ev.ProvenanceEvent.kind: ("provenance", _provenance),
     ev.LoadReport.kind: ("load_reports", _load_report),

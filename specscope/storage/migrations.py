@@ -66,12 +66,25 @@ def drop_redundant_tensor_index(conn: Connection) -> None:
     conn.exec_driver_sql("DROP INDEX IF EXISTS ix_tensor_events_run_point")
 
 
+def weighted_verify_steps(conn: Connection) -> None:
+    """Version 6: ``verify_steps.steps`` (verify steps a row stands for; 1 for every existing row) and
+    ``ix_verify_steps_masks`` rebuilt with it, so the weighted sums stay covered by the index; the
+    views are recreated after the step (sums of ``steps``, ``step_detail``)."""
+    columns = {c["name"] for c in sa.inspect(conn).get_columns(schema.verify_steps.name)}
+    if "steps" in columns:  # a fresh store: step 1 created the version 6 table and index
+        return
+    conn.exec_driver_sql("ALTER TABLE verify_steps ADD COLUMN steps INTEGER NOT NULL DEFAULT 1")
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_verify_steps_masks")
+    next(ix for ix in schema.verify_steps.indexes if ix.name == "ix_verify_steps_masks").create(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
     Migration(3, "add_position_and_nonfinite_indexes", add_position_and_nonfinite_indexes),
     Migration(4, "filterable_views", filterable_views),
     Migration(5, "drop_redundant_tensor_index", drop_redundant_tensor_index),
+    Migration(6, "weighted_verify_steps", weighted_verify_steps),
 )
 
 

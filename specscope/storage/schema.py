@@ -7,6 +7,10 @@ defined here once, in SQL:
 - acceptance rate = accepted / proposed (NULL when nothing was proposed);
 - per-position acceptance p_i = verify steps whose draft at position i was accepted / verify steps.
 
+A ``verify_steps`` row may stand for several verify steps (column ``steps``): every sum above counts
+``steps``, so exact per-request, per-rank and per-position aggregates hold whether a request kept its
+per-step rows or only one aggregate row per distinct accepted mask.
+
 Time columns ``*_wall`` are wall-clock seconds since the Unix epoch; ``*_s`` are durations in seconds.
 Shapes are stored as text ``"1x5x1728"`` plus the last dimension as an integer ``width``.
 """
@@ -26,7 +30,7 @@ from sqlalchemy import (
     text,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 metadata = MetaData()
 
@@ -96,10 +100,16 @@ verify_steps = Table(
     Column("verify_s", Float),
     Column("emitted", Text),  # JSON list of decoded tokens: accepted drafts, then the bonus token
     Column("ts_wall", Float, nullable=False),
+    # Verify steps the row stands for (schema version 6): 1 for a per-step row; n for an aggregate row
+    # of n steps of one request that share ``accepted_mask`` (``step`` = -1, ``proposed`` /
+    # ``accepted`` summed over the n steps, ``emitted`` NULL). Aggregates come from requests sampled
+    # out of step detail and from watched servers (``specscope watch``); the views weight by it.
+    Column("steps", Integer, nullable=False, server_default=text("1")),
     Index("ix_verify_steps_run_req", "run_id", "request_id", "step"),
     Index("ix_verify_steps_run_rank", "run_id", "rank"),
-    # Covers v_position_acceptance's grouping by mask and v_run_acceptance's sums. Schema version 3.
-    Index("ix_verify_steps_masks", "run_id", "accepted_mask", "proposed", "accepted"),
+    # Covers v_position_acceptance's grouping by mask and v_run_acceptance's sums. Schema version 3;
+    # ``steps`` added in version 6 (the views sum it).
+    Index("ix_verify_steps_masks", "run_id", "accepted_mask", "proposed", "accepted", "steps"),
 )
 
 tensor_events = Table(

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from specscope.errors import ReadOnlyViolation, SchemaVersionError, StoreError
 from specscope.events import Event, Finding
-from specscope.storage import migrations, schema
+from specscope.storage import _bulk, migrations, schema
 from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S, Target, create_engine, parse_target
 from specscope.storage._errors import translate
 from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, counter_rows, group_rows
@@ -41,7 +41,7 @@ class Store:
     """
 
     def __init__(self, target: Target, write_engine: Engine | None, read_engine: Engine,
-                 schema_version: int) -> None:
+                 schema_version: int, bulk: str | None = None) -> None:
         self.url = target.display
         self.dialect = target.dialect
         self.read_only = write_engine is None
@@ -50,6 +50,7 @@ class Store:
         self._read_engine = read_engine
         self._statements = _write_statements(self.dialect)
         self._inserts = _insert_sql(self.dialect)
+        self._bulk_insert = _bulk.choose(self.dialect, bulk)
 
     def __repr__(self) -> str:
         mode = "read-only" if self.read_only else "read-write"
@@ -102,7 +103,7 @@ class Store:
                 if not rows:
                     continue
                 if name in self._inserts:
-                    conn.exec_driver_sql(self._inserts[name], rows)
+                    self._bulk_insert(conn, name, self._inserts[name], rows)
                 else:
                     conn.execute(self._statements[name], rows)
 
@@ -252,7 +253,7 @@ def _write_statements(dialect: str) -> dict[str, sa.Executable]:
 
 
 def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False,
-               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Store:
+               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, bulk: str | None = None) -> Store:
     """Open (and by default create) a trace store, applying pending schema migrations.
 
     Args:
@@ -261,14 +262,18 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
         create: create the store (and the SQLite file's parent directories) when missing.
         read_only: every connection refuses writes; never creates nor upgrades (implies no create).
         busy_timeout_s: how long a SQLite writer waits for another writer's lock (seconds).
+        bulk: how plain inserts reach the database (``storage/_bulk.py``): ``"copy"`` (PostgreSQL
+            COPY, the default there) or ``"executemany"`` (the default on SQLite).
 
     Raises:
+        ConfigError: an unknown ``bulk`` strategy, or ``"copy"`` on SQLite.
         SchemaVersionError: the store's schema version is newer than ``schema.SCHEMA_VERSION``.
         StoreError: no store there (``create=False`` or ``read_only``), not a specscope store (a
             database holding other tables, a file that is not SQLite), an older store opened
             read-only, or the database is unreachable / unwritable / locked.
     """
     target = parse_target(url_or_path)
+    _bulk.choose(target.dialect, bulk)  # refuse a bad strategy before touching the database
     create = create and not read_only
     if target.sqlite_path is not None:
         _check_sqlite_path(target, create)
@@ -284,7 +289,7 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
             if engine is not None:
                 engine.dispose()
         raise
-    return Store(target, write_engine, read_engine, version)
+    return Store(target, write_engine, read_engine, version, bulk)
 
 
 def _check_sqlite_path(target: Target, create: bool) -> None:

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 def _acceptance_columns(alias: str = "") -> str:
     """The DESIGN.md section 4 acceptance columns over grouped verify steps (``alias``: the
-    verify_steps table's alias with its dot, or ""). COUNT of ``step`` counts steps, so a LEFT JOIN
-    with no step gives 0 steps and NULL ratios."""
-    step, proposed, accepted, ts_wall = (f"{alias}{c}" for c in ("step", "proposed", "accepted", "ts_wall"))
-    steps = f"COUNT({step})"
+    verify_steps table's alias with its dot, or ""). Verify steps are the SUM of ``steps`` (a row
+    stands for one step, or for n steps of an aggregate row); COALESCE makes a LEFT JOIN with no row
+    give 0 steps and NULL ratios. ``step_detail`` is 1 when some row is a per-step row (``step`` >= 0):
+    that group has step-by-step detail, not only aggregates."""
+    step, proposed, accepted, ts_wall, weight = (
+        f"{alias}{c}" for c in ("step", "proposed", "accepted", "ts_wall", "steps"))
+    steps = f"COALESCE(SUM({weight}), 0)"
     return f"""
     {steps} AS verify_steps,
     SUM({proposed}) AS proposed,
@@ -41,13 +44,16 @@ def _acceptance_columns(alias: str = "") -> str:
     MAX({ts_wall}) AS last_wall,
     CASE WHEN MAX({ts_wall}) > MIN({ts_wall})
          THEN CAST(SUM({accepted}) + {steps} AS DOUBLE PRECISION) / (MAX({ts_wall}) - MIN({ts_wall})) END
-         AS tokens_per_s"""
+         AS tokens_per_s,
+    MAX(CASE WHEN {step} >= 0 THEN 1 ELSE 0 END) AS step_detail"""
 
 
 def _positions(keys: str) -> str:
     """Per-position acceptance p_i grouped by ``keys`` (``run_id`` or ``run_id, request_id``).
 
-    One row per group and position below the group's largest ``proposed``. The numerator is a
+    One row per group and position below the group's longest ``accepted_mask`` (the draft positions
+    verified; an aggregate row without per-position data has an empty mask and adds no position).
+    Counts are sums of ``steps``, so aggregate rows weigh as the steps they stand for. The numerator is a
     correlated count over the group's steps, so a filter on the keys reaches an index instead of
     grouping every run's steps first. A run's masks are grouped before the per-position test (a run
     has a few dozen distinct masks, served by ix_verify_steps_masks); a request's few steps are read
@@ -59,16 +65,17 @@ def _positions(keys: str) -> str:
     hit = "SUBSTR({}.accepted_mask, p.pos + 1, 1) = '1'"
     if columns == ["run_id"]:
         accepted = (f"SELECT SUM(CASE WHEN {hit.format('m')} THEN m.steps ELSE 0 END) "
-                    f"FROM (SELECT accepted_mask, COUNT(*) AS steps FROM verify_steps g "
+                    f"FROM (SELECT accepted_mask, SUM(steps) AS steps FROM verify_steps g "
                     f"WHERE {match} GROUP BY accepted_mask) m")
     else:
-        accepted = f"SELECT SUM(CASE WHEN {hit.format('g')} THEN 1 ELSE 0 END) FROM verify_steps g WHERE {match}"
+        accepted = (f"SELECT SUM(CASE WHEN {hit.format('g')} THEN g.steps ELSE 0 END) "
+                    f"FROM verify_steps g WHERE {match}")
     return f"""
 SELECT {keys}, position, accepted_steps, verify_steps,
        CAST(accepted_steps AS DOUBLE PRECISION) / verify_steps AS acceptance
 FROM (SELECT DISTINCT {", ".join(f"t.{k}" for k in columns)}, p.pos AS position, t.verify_steps,
              ({accepted}) AS accepted_steps
-      FROM (SELECT {keys}, COUNT(*) AS verify_steps, MAX(proposed) AS max_proposed
+      FROM (SELECT {keys}, SUM(steps) AS verify_steps, MAX(LENGTH(accepted_mask)) AS max_proposed
             FROM verify_steps GROUP BY {keys}) t
       JOIN positions p ON p.pos < t.max_proposed) x
 """

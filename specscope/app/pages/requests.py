@@ -21,7 +21,8 @@ def body() -> None:
     st.dataframe([{"request": r["request_id"], "rank": r["rank"], "prompt tokens": r["prompt_tokens"],
                    "output tokens": r["output_tokens"], "verify steps": r["verify_steps"],
                    "acceptance length": r["mean_acceptance_length"],
-                   "acceptance rate": r["acceptance_rate"], "duration s": r["duration_s"]} for r in rows],
+                   "acceptance rate": r["acceptance_rate"], "duration s": r["duration_s"],
+                   "step detail": bool(r["step_detail"])} for r in rows],
                  hide_index=True, height=260,
                  column_config={"acceptance length": st.column_config.NumberColumn(format="%.2f"),
                                 "acceptance rate": st.column_config.ProgressColumn(min_value=0, max_value=1,
@@ -30,6 +31,9 @@ def body() -> None:
     ids = [r["request_id"] for r in rows]
     request_id = st.selectbox("Request", ids, key="request")
     steps = widgets.query("request_steps", run_id, request_id)
+    if not steps:
+        st.info(f"{request_id} has no step detail (sampled out: `step_sample` of the run config); its "
+                "acceptance and per-position figures are exact aggregates.")
     left, right = st.columns(2)
     left.plotly_chart(charts.accepted_per_step(steps, k), key="req-steps")
     right.plotly_chart(charts.positions(widgets.query("request_positions", run_id, request_id),

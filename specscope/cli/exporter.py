@@ -1,0 +1,56 @@
+"""`specscope exporter --db URL [--port 9464] [--host 127.0.0.1] [--max-runs 50]`: serve the store's
+findings, draft-input contract, acceptance and counters as a Prometheus target (``/metrics``; metric
+names in :mod:`specscope.fleet`). The store is opened read-only. Runs until Ctrl-C (exit 130), or exits
+2 for a missing store or an address that cannot be bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+
+from specscope.errors import ConfigError
+from specscope.fleet import serve_exporter
+from specscope.storage import open_store
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``exporter`` subcommand."""
+    parser = sub.add_parser(
+        "exporter", help="serve the store as a Prometheus target (/metrics)",
+        description="Serve open findings, observed vs expected draft-input widths, acceptance per "
+                    "run / rank / position, dropped events and hook errors for Prometheus to scrape.")
+    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
+                        "(postgresql+psycopg://user@host:5432/db)")
+    parser.add_argument("--port", type=_port, default=9464, help="TCP port (default 9464)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--max-runs", type=_positive, default=50, help="newest runs exported (default 50)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; 0 (StoreError / ConfigError: exit 2 via the CLI shell)."""
+    with open_store(args.db, create=False, read_only=True) as store:
+        try:
+            server, _, _ = serve_exporter(store, host=args.host, port=args.port, max_runs=args.max_runs)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+        host, port = server.server_address[:2]
+        print(f"specscope exporter: http://{host}:{port}/metrics", flush=True)
+        try:
+            threading.Event().wait()
+        finally:
+            server.shutdown()
+    return 0

@@ -1,0 +1,78 @@
+"""`specscope watch --db URL ENDPOINT... [--interval 5s] [--count N | --duration 10m]`: store the
+acceptance of servers you cannot instrument, from their Prometheus endpoints (vLLM, SGLang,
+TensorRT-LLM, llama.cpp; see :mod:`specscope.fleet`).
+
+Runs until ``--count`` scrapes or ``--duration`` have passed, or Ctrl-C; then prints one line per
+watched run. An endpoint that is down or answers garbage is a gap (one warning line), never an exit.
+Exit status 0; 2 for bad arguments or an unusable store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+
+from specscope.errors import ConfigError
+from specscope.fleet import watch
+from specscope.storage import open_store
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def seconds(text: str) -> float:
+    """``"5s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a plain number of seconds -> seconds (> 0).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*", text)
+    if not match or float(match[1]) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 5s, 500ms, 2m or 1h")
+    return float(match[1]) * _UNITS[match[2] or "s"]
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``watch`` subcommand."""
+    parser = sub.add_parser(
+        "watch", help="store the acceptance of servers from their Prometheus endpoints",
+        description="Scrape Prometheus endpoints of vLLM, SGLang, TensorRT-LLM or llama.cpp servers and "
+                    "store their acceptance (per server, rank label and draft position) as runs the "
+                    "dashboard, query and doctor read.")
+    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
+                        "(postgresql+psycopg://user@host:5432/db); created when missing")
+    parser.add_argument("endpoints", nargs="+", metavar="ENDPOINT",
+                        help="a metrics URL, or host:port (then /metrics)")
+    parser.add_argument("--interval", type=seconds, default=5.0, help="time between scrapes (default 5s)")
+    until = parser.add_mutually_exclusive_group()
+    until.add_argument("--count", type=_positive, help="stop after N scrapes (the first is the baseline)")
+    until.add_argument("--duration", type=seconds, help="stop after this long (e.g. 10m)")
+    parser.add_argument("--timeout", type=seconds, default=5.0, help="HTTP timeout per scrape (default 5s)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Watch, then print one line per watched run; 0 (errors: exit 2 via the CLI shell)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with open_store(args.db) as store:
+        try:
+            run_ids = watch(store, args.endpoints, interval_s=args.interval, count=args.count,
+                            duration_s=args.duration, timeout_s=args.timeout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        for row in store.runs():
+            if row["run_id"] in run_ids:
+                al, rate = row["mean_acceptance_length"], row["acceptance_rate"]
+                print(f"run {row['run_id']} [{row['engine']} {row['target_model']}]: "
+                      f"{row['verify_steps']} verify step(s), AL {_fmt(al, '.2f')}, rate {_fmt(rate, '.1%')}")
+    return 0
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(float(value), spec)

@@ -1,0 +1,209 @@
+"""``specscope watch``: observe a serving engine through its Prometheus endpoint, with no hooks in it.
+
+Design (the one chosen over a separate table of scraped samples): each scrape's counter increases are
+written as ordinary runs, ranks and :class:`~specscope.events.VerifyGroup` rows of ``verify_steps``
+(one row per scrape interval, rank and accepted mask, ``steps`` = the verify steps it stands for). The
+acceptance formulas stay defined once, in the store's views, and the Overview and GPUs pages,
+``specscope query`` and the doctor's acceptance rules (ACCEPT_COLLAPSE, POSITION0_LOW,
+RANK_DIVERGENCE, ACCEPT_SATURATED) read a watched server exactly as an instrumented one, unchanged.
+
+- One run per endpoint, engine and model label, per watch session (``run_id`` derived from them and
+  the session's start); one rank per distinct rank label set (vLLM ``engine``, SGLang ``tp_rank`` /
+  ``pp_rank`` / ``dp_rank``), numbered in order of appearance; its labels are the rank's ``device``.
+- The first scrape of a series is its baseline (no rows), as Prometheus ``rate()`` needs two samples;
+  a counter below its previous value is a reset (server restart) and counts from 0.
+- An endpoint that is down or answers garbage is a gap: one warning line when the gap starts, no rows
+  while it lasts, a counter increase spanning the gap once it answers again (cumulative counters lose
+  nothing unless the server also restarted during the gap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from specscope.errors import StoreError
+from specscope.events import Event, RankStart, RankStatus, RunStart
+from specscope.fleet._conventions import Reading, parse_exposition, window, window_groups
+from specscope.storage import Store
+
+logger = logging.getLogger("specscope.fleet")
+
+WATCH_REQUEST_ID = "watch"
+"""``verify_steps.request_id`` of watched rows: a server's counters do not name requests."""
+
+
+def normalize_endpoint(endpoint: str) -> str:
+    """``host:port`` -> ``http://host:port/metrics``; a URL with a path is kept as given."""
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    parts = urlsplit(url)
+    if not parts.netloc:
+        raise ValueError(f"endpoint {endpoint!r} names no host")
+    return url if parts.path not in ("", "/") else f"{parts.scheme}://{parts.netloc}/metrics"
+
+
+@dataclass(frozen=True)
+class ScrapeResult:
+    """One endpoint at one scrape: ``ok`` False for a gap (``error`` says why), ``verify_steps`` the
+    steps stored from it, ``runs`` the run ids its series belong to."""
+
+    endpoint: str
+    ok: bool
+    verify_steps: int = 0
+    runs: tuple[str, ...] = ()
+    error: str | None = None
+
+
+class Watcher:
+    """Scrapes Prometheus endpoints and stores their acceptance as runs of ``store``.
+
+    Call :meth:`scrape` once per interval (the first call is the baseline) and :meth:`close` at the
+    end (marks every watched rank finished). ``client``: an ``httpx.Client`` to use (default: one of
+    its own with ``timeout_s``). The lead's real-vLLM check: scrape, serve requests, scrape, compare
+    ``v_run_acceptance`` of :attr:`run_ids` with vLLM's own counter increases.
+
+    Raises (constructor): ValueError for an endpoint without a host.
+    """
+
+    def __init__(self, store: Store, endpoints: Sequence[str], *, timeout_s: float = 5.0,
+                 client: httpx.Client | None = None) -> None:
+        self.store = store
+        self.endpoints = [normalize_endpoint(e) for e in endpoints]
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self._own_client = client is None
+        self._session = f"{time.time():.6f}"
+        self._previous: dict[tuple, Reading] = {}
+        self._ranks: dict[str, dict[tuple, int]] = {}  # run id -> rank labels -> rank
+        self._down: set[str] = set()
+        self._closed = False
+        self.run_ids: list[str] = []
+
+    def scrape(self) -> list[ScrapeResult]:
+        """Scrape every endpoint once and write what changed since the previous scrape (one store
+        transaction per endpoint). Never raises for an endpoint that is down or answers garbage.
+
+        Raises:
+            StoreError: the store refused the write; nothing of that endpoint's scrape is stored or
+                remembered, so the next call stores the whole increase.
+        """
+        return [self._scrape(endpoint) for endpoint in self.endpoints]
+
+    def close(self) -> None:
+        """Mark every watched rank finished and close the HTTP client (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        events: list[Event] = [RankStatus(run_id, rank, 0, 0, "eager", finished=True)
+                               for run_id, ranks in self._ranks.items() for rank in ranks.values()]
+        if events:
+            self.store.write(events)
+        if self._own_client:
+            self._client.close()
+
+    def __enter__(self) -> Watcher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _scrape(self, endpoint: str) -> ScrapeResult:
+        try:
+            response = self._client.get(endpoint)
+            response.raise_for_status()
+            readings = parse_exposition(response.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if endpoint not in self._down:
+                logger.warning("watch: %s gives no metrics (%s); recording a gap until it answers", endpoint,
+                               error)
+                self._down.add(endpoint)
+            return ScrapeResult(endpoint, False, error=error)
+        self._down.discard(endpoint)
+        now = time.time()
+        known = ({run_id: dict(ranks) for run_id, ranks in self._ranks.items()}, list(self.run_ids))
+        events: list[Event] = []
+        updates: dict[tuple, Reading] = {}
+        steps, runs = 0, []
+        world = Counter((r.engine, r.model) for r in readings)  # rank label sets per run in this scrape
+        for reading in readings:
+            size = world[(reading.engine, reading.model)]
+            run_id = self._run(endpoint, reading, size, events, now)
+            rank = self._rank(run_id, endpoint, reading, size, events, now)
+            key = (endpoint, reading.engine, reading.model, reading.labels)
+            groups = window_groups(window(self._previous.get(key), reading), run_id=run_id,
+                                   request_id=WATCH_REQUEST_ID, rank=rank, ts_wall=now)
+            updates[key] = reading
+            events.extend(groups)
+            events.append(RankStatus(run_id, rank, 0, 0, "eager", finished=False, ts_wall=now))
+            steps += sum(g.steps for g in groups)
+            if run_id not in runs:
+                runs.append(run_id)
+        try:
+            self.store.write(events)
+        except StoreError:  # nothing of this scrape is stored: keep the state, the next scrape retries
+            self._ranks, self.run_ids = known
+            raise
+        self._previous.update(updates)
+        return ScrapeResult(endpoint, True, steps, tuple(runs))
+
+    def _run(self, endpoint: str, reading: Reading, world_size: int, events: list[Event], now: float) -> str:
+        digest = hashlib.sha1(f"{endpoint}|{reading.engine}|{reading.model}|{self._session}".encode())
+        run_id = f"watch-{digest.hexdigest()[:12]}"
+        if run_id not in self._ranks:
+            self._ranks[run_id] = {}
+            self.run_ids.append(run_id)
+            k = len(reading.positions.get("accepted_pos", {})) or None
+            events.append(RunStart(run_id, engine=reading.engine, engine_version="",
+                                   target_model=reading.model or endpoint, draft_model="",
+                                   config={"source": "prometheus", "endpoint": endpoint, "k": k},
+                                   world_size=world_size, host=urlsplit(endpoint).netloc, ts_wall=now))
+        return run_id
+
+    def _rank(self, run_id: str, endpoint: str, reading: Reading, world_size: int, events: list[Event],
+              now: float) -> int:
+        ranks = self._ranks[run_id]
+        if reading.labels not in ranks:
+            ranks[reading.labels] = rank = len(ranks)
+            device = ",".join(f"{k}={v}" for k, v in reading.labels)[:64]
+            events.append(RankStart(run_id, rank, world_size=world_size, host=urlsplit(endpoint).netloc, pid=0,
+                                    device=device, ts_wall=now))
+        return ranks[reading.labels]
+
+
+def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, count: int | None = None,
+          duration_s: float | None = None, timeout_s: float = 5.0,
+          sleep: Callable[[float], None] = time.sleep) -> list[str]:
+    """Scrape ``endpoints`` every ``interval_s`` seconds into ``store`` until ``count`` scrapes or
+    ``duration_s`` seconds have passed (neither: until Ctrl-C, which ends the watch normally);
+    return the watched run ids.
+    ``timeout_s``: HTTP timeout of one scrape (seconds).
+
+    Raises:
+        ValueError: a bad endpoint, or ``interval_s`` / ``count`` / ``duration_s`` not positive.
+        StoreError: the store refused a write.
+    """
+    if interval_s <= 0 or (count is not None and count < 1) or (duration_s is not None and duration_s <= 0):
+        raise ValueError(f"watch needs interval > 0 and count / duration >= 1 / > 0, got interval "
+                         f"{interval_s}, count {count}, duration {duration_s}")
+    deadline = None if duration_s is None else time.monotonic() + duration_s
+    with Watcher(store, endpoints, timeout_s=timeout_s) as watcher:
+        done = 0
+        try:
+            while True:
+                started = time.monotonic()
+                watcher.scrape()
+                done += 1
+                if (count is not None and done >= count) or (
+                        deadline is not None and time.monotonic() + interval_s > deadline):
+                    break
+                sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        except KeyboardInterrupt:  # Ctrl-C ends an open-ended watch; what was scraped is stored
+            pass
+        return list(watcher.run_ids)

@@ -1,0 +1,206 @@
+"""`specscope exporter`: the store as a Prometheus target, scraped by a REAL Prometheus (Debian's
+package) on loopback that loads the shipped alert rules; the Grafana dashboard's queries checked
+against the exported names."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import _traces
+import httpx
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specscope.cli import main
+from specscope.fleet import CONVENTIONS, serve_exporter
+from specscope.storage import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+ALERTS = ROOT / "deploy/prometheus/alerts.yml"
+DASHBOARD = ROOT / "deploy/grafana/specscope.json"
+PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
+
+
+@pytest.fixture
+def exporter(tmp_path):
+    """An exporter over a store with a healthy run and a no-aux-capture run (AUX_NOT_FUSED,
+    ACCEPT_COLLAPSE), on a free loopback port. Yields ``(url, registry)``."""
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        _traces.healthy().write(store)
+        _traces.no_aux_capture().write(store)
+    with open_store(path, create=False, read_only=True) as store:
+        server, _, registry = serve_exporter(store, port=0)
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/metrics", registry
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def _samples(text: str) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def _value(samples: dict[tuple, float], name: str, **labels: str) -> float:
+    matches = [v for (n, ls), v in samples.items() if n == name and labels.items() <= dict(ls).items()]
+    assert len(matches) == 1, (name, labels, matches)
+    return matches[0]
+
+
+def test_exported_values_are_the_views(exporter) -> None:
+    url, _ = exporter
+    samples = _samples(httpx.get(url).text)
+    assert _value(samples, "specscope_finding", code="AUX_NOT_FUSED", run_id="no-aux") == 1
+    assert _value(samples, "specscope_finding", code="ACCEPT_COLLAPSE", run_id="no-aux", severity="error") == 1
+    assert not [k for k in samples if k[0] == "specscope_finding" and ("run_id", "healthy") in k[1]]
+    fed = dict(run_id="no-aux", rank="0", hook_point="draft.forward:hidden_states", expected_width="1728")
+    assert _value(samples, "specscope_draft_input_width", **fed) == 576
+    assert _value(samples, "specscope_draft_input_expected_width", **fed) == 1728
+    assert _value(samples, "specscope_draft_input_width_mismatch_calls", **fed) > 0
+    assert _value(samples, "specscope_mean_acceptance_length", run_id="healthy", rank="all") == pytest.approx(2.0)
+    assert _value(samples, "specscope_mean_acceptance_length", run_id="no-aux", rank="0") == pytest.approx(1.0)
+    assert _value(samples, "specscope_position_acceptance", run_id="healthy", position="0") == pytest.approx(0.75)
+    assert _value(samples, "specscope_verify_steps_total", run_id="healthy", rank="all") == 32
+    assert _value(samples, "specscope_events_dropped_total", run_id="healthy", rank="0") == 0
+    assert _value(samples, "specscope_run_running", run_id="healthy",
+                  model_name="HuggingFaceTB/SmolLM2-135M-Instruct") == 0
+
+
+def test_exporter_cli_refuses_a_missing_store(tmp_path, capsys) -> None:
+    assert main(["exporter", "--db", str(tmp_path / "none.db"), "--port", "0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def _expressions() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in dashboard["templating"]["list"] if v.get("definition")]
+    return exprs
+
+
+def _concrete(expr: str) -> str:
+    """A dashboard expression with Grafana's variables replaced as Grafana would for "All"; a
+    variable's ``label_values(METRIC, label)`` becomes the series query Grafana runs for it."""
+    expr = re.sub(r"^label_values\((.+),\s*\w+\)$", r"\1", expr)
+    return (expr.replace("$__rate_interval", "1m").replace('"$run_id"', '".*"')
+            .replace('"$model_name"', '".*"'))
+
+
+def test_grafana_dashboard_queries_use_exported_names(exporter) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "specscope-fleet"  # stable: re-imports replace the same dashboard
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) and all({"x", "y", "w", "h"} <= set(p["gridPos"]) for p in dashboard["panels"])
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "run_id", "model_name"}
+    exported = {s.name for f in text_string_to_metric_families(generate_latest(exporter[1]).decode())
+                for s in f.samples}
+    vllm = {name + "_total" for conv in CONVENTIONS if conv.engine == "vllm" for name in conv.metrics.values()}
+    used = set()
+    for expr in _expressions():
+        used |= set(re.findall(r"\b(?:specscope_\w+|vllm:[\w:]+)", expr))
+    specscope_names = {n for n in used if n.startswith("specscope_")}
+    assert specscope_names and specscope_names <= exported, specscope_names - exported
+    assert {n for n in used if n.startswith("vllm:")} <= vllm
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(what: str, probe, timeout_s: float = 90.0):
+    """Poll ``probe`` until it returns something truthy (a real server's scrape / rule cycle)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = probe()
+        if result:
+            return result
+        time.sleep(0.5)
+    pytest.fail(f"Prometheus never showed {what} within {timeout_s:.0f}s")
+
+
+@pytest.mark.prometheus
+@pytest.mark.skipif(not (PROMETHEUS and PROMTOOL), reason="no prometheus / promtool (make prometheus)")
+def test_real_prometheus_scrapes_the_exporter_and_fires_the_alerts(exporter, tmp_path) -> None:
+    check = subprocess.run([PROMTOOL, "check", "rules", str(ALERTS)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    rules = yaml.safe_load(ALERTS.read_text())
+    paging = {r["alert"]: r for g in rules["groups"] for r in g["rules"] if r["labels"]["severity"] == "page"}
+    assert {r["for"] for r in paging.values()} == {"2m"}
+    for rule in paging.values():  # the test copy: same expressions, a short `for`
+        rule["for"] = "2s"
+    fast_rules = tmp_path / "alerts.yml"
+    fast_rules.write_text(yaml.safe_dump(rules))
+    url, _ = exporter
+    target = url.split("//")[1].split("/")[0]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(fast_rules)],
+        "scrape_configs": [{"job_name": "specscope", "static_configs": [{"targets": [target]}]}]}))
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api/v1"
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def query(expr: str) -> list:
+            try:
+                body = httpx.get(f"{api}/query", params={"query": expr}, timeout=5).json()
+            except httpx.HTTPError:
+                return []
+            assert body["status"] == "success", body
+            return body["data"]["result"]
+
+        result = _wait("the exported AL", lambda: query(
+            'specscope_mean_acceptance_length{run_id="healthy",rank="all"}'))
+        assert float(result[0]["value"][1]) == pytest.approx(2.0)
+        for expr in _expressions():  # every dashboard query is valid PromQL on a real server
+            query(_concrete(expr))
+
+        def firing() -> set:
+            try:
+                alerts = httpx.get(f"{api}/alerts", timeout=5).json()["data"]["alerts"]
+            except httpx.HTTPError:
+                return set()
+            found = {(a["labels"]["alertname"], a["labels"]["run_id"]) for a in alerts if a["state"] == "firing"}
+            return found if {name for name, _ in found} >= set(paging) else set()
+
+        assert _wait("both paging alerts firing", firing) == {(name, "no-aux") for name in paging}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_exporter_cli_serves_until_stopped(tmp_path) -> None:
+    import os
+    import sys
+
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        _traces.no_aux_capture().write(store)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "specscope", "exporter", "--db", path, "--port", "0"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        url = proc.stdout.readline().split()[-1]
+        samples = _samples(httpx.get(url, timeout=30).text)
+        assert _value(samples, "specscope_finding", code="AUX_NOT_FUSED") == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
