@@ -50,7 +50,7 @@ def _findings(db: str, run_id: str) -> dict[str, object]:
     from specscope.doctor import checkpoint_findings
 
     with open_store(db, read_only=True) as store:
-        found = diagnose(store, run_id) + checkpoint_findings(store, run_id)
+        found = diagnose(store, run_id).findings + checkpoint_findings(store, run_id)
     return {f.code: f for f in found}
 
 

@@ -114,8 +114,8 @@ def _wrap(cls: type, name: str, after: Callable[..., None]) -> None:
 
 def _after_scheduler_init(call: dict[str, Any]) -> None:
     scheduler = call["self"]
-    if scheduler.vllm_config.speculative_config is None:
-        return  # no speculative decoding: nothing to observe
+    if scheduler.vllm_config.speculative_config is None or not _session.enabled():
+        return  # nothing to observe, or specscope switched off for engines built from now on
     tracer = _session.session(scheduler.vllm_config, has_model=False).tracer
     setattr(scheduler, _TRACER, tracer)
 
@@ -157,7 +157,7 @@ def _after_load_model(call: dict[str, Any]) -> None:
     runner = call["self"]
     config = runner.vllm_config
     spec = config.speculative_config
-    if spec is None or getattr(runner, "drafter", None) is None:
+    if spec is None or getattr(runner, "drafter", None) is None or not _session.enabled():
         return
     eagle3 = spec.method == "eagle3"
     session = _session.session(config, has_model=True,

@@ -27,6 +27,12 @@ DEFAULT_PROVENANCE_EVERY = 16
 STATUS_INTERVAL_S = 5.0
 
 
+def enabled() -> bool:
+    """``SPECSCOPE_DB`` is set: engines built now report to specscope (one process may also build an
+    engine with it unset, e.g. a bare baseline beside an observed one)."""
+    return bool(os.environ.get(ENV_DB))
+
+
 def run_id() -> str:
     """The run of this server: ``SPECSCOPE_RUN_ID``, set to a new id (and inherited by the processes
     vLLM starts after this one) when absent."""

@@ -1,0 +1,117 @@
+"""vLLM decode with the specscope plugin vs without it, side by side.
+
+Run: ``python -m benchmarks.vllm_decode [--pairs P] [--max-new-tokens T]``.
+
+Two real vLLM OpenAI-compatible servers (``vllm.entrypoints.openai.api_server``) serve the reference
+target with the shipped EAGLE-3 draft on loopback at the same time: one bare (``SPECSCOPE_DB`` unset:
+the plugin is installed but inert), one with the plugin recording into a temporary SQLite store
+(default settings: shape sampling, provenance every 16th fused input). Each of ``pairs`` held-out
+prompts is sent to both, back to back, in alternating order (one server is busy at a time, so
+machine-load drift hits both halves of a pair alike); the figure is the median of the per-pair
+slowdowns (bare tokens/s / plugin tokens/s - 1) with its interquartile range. Speed-ups from
+different acceptance cannot enter: the same greedy request gives the same tokens and verify steps on
+both servers (checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from specscope.engine import DEFAULT_DRAFT_DIR, heldout_prompts, target_folder
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(target: Path, draft: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+    """A vLLM OpenAI-compatible server on a free loopback port; returns (process, base URL) once
+    ``/health`` answers. Raises RuntimeError if it exits or takes over 5 minutes."""
+    port = _free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
+               "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--host", "127.0.0.1",
+               "--port", str(port), "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0",
+               "--speculative-config",
+               f'{{"method": "eagle3", "model": "{draft}", "num_speculative_tokens": 4}}']
+    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM server exited with {process.returncode}; see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    process.terminate()
+    raise RuntimeError(f"vLLM server did not come up in 5 minutes; see {log}")
+
+
+def complete(url: str, model: str, prompt: str, max_new: int) -> tuple[float, list[str]]:
+    """Tokens/s of one greedy chat completion, and its text (for the same-output check)."""
+    start = time.perf_counter()
+    response = httpx.post(f"{url}/v1/chat/completions", timeout=600, json={
+        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_new,
+        "temperature": 0, "ignore_eos": True})
+    elapsed = time.perf_counter() - start
+    response.raise_for_status()
+    body = response.json()
+    return body["usage"]["completion_tokens"] / elapsed, body["choices"][0]["message"]["content"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    target, draft = target_folder(), Path(DEFAULT_DRAFT_DIR)
+    prompts = heldout_prompts()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = {k: v for k, v in os.environ.items() if k != "SPECSCOPE_DB"}
+        base["OMP_NUM_THREADS"] = "1"
+        db = str(Path(tmp) / "plugin.db")
+        servers = {}
+        try:
+            for name, env in (("bare", base), ("plugin", {**base, "SPECSCOPE_DB": db})):
+                servers[name] = start_server(target, draft, env, Path(tmp) / f"{name}.log")
+            ratios = []
+            for i in range(args.pairs):
+                prompt = prompts[i % len(prompts)]
+                halves = {}
+                for name in (("bare", "plugin") if i % 2 == 0 else ("plugin", "bare")):
+                    halves[name] = complete(servers[name][1], str(target), prompt, args.max_new_tokens)
+                if halves["bare"][1] != halves["plugin"][1]:
+                    raise RuntimeError(f"pair {i}: the two servers decoded differently")
+                ratios.append(100 * (halves["bare"][0] / halves["plugin"][0] - 1))
+        finally:
+            for process, _ in servers.values():
+                process.terminate()
+                process.wait(timeout=60)
+        q1, median, q3 = statistics.quantiles(ratios, n=4)
+        from specscope.doctor import diagnose
+        from specscope.storage import open_store
+
+        with open_store(db, read_only=True) as store:
+            _, rows = store.query("SELECT run_id, verify_steps, mean_acceptance_length FROM v_run_acceptance")
+            codes = diagnose(store, rows[0][0]).codes()
+    print(f"vLLM decode with the plugin vs bare ({args.pairs} paired requests, {args.max_new_tokens} "
+          f"tokens): overhead median {median:+.2f}% (interquartile {q1:+.2f}% .. {q3:+.2f}%)")
+    print(f"plugin run: {rows[0][1]} verify steps, AL {rows[0][2]:.3f}; doctor: {codes or 'no findings'}")
+
+
+if __name__ == "__main__":
+    main()
