@@ -30,6 +30,7 @@ _PROGRESS_STEPS = 10_000  # SQLite VM instructions between two deadline checks (
 READ_PRAGMAS = frozenset({
     "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
     "foreign_key_list", "collation_list", "function_list", "pragma_list", "module_list",
+    "integrity_check", "quick_check", "foreign_key_check",
 })
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
 # Action codes of https://sqlite.org/c3ref/c_alter_table.html, for the denial message.

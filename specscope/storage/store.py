@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Connection, Engine
 
-from specscope.errors import ReadOnlyViolation, SchemaVersionError, StoreError
+from specscope.errors import EventRejected, ReadOnlyViolation, SchemaVersionError, StoreError
 from specscope.events import Event, Finding
 from specscope.storage import migrations, schema
 from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S, Target, create_engine, parse_target
@@ -75,6 +75,14 @@ class Store:
             if engine is not None:
                 engine.dispose()
 
+    def after_fork(self) -> None:
+        """In a forked child process: forget the parent's pooled connections without closing them
+        (they belong to the parent; SQLAlchemy ``Engine.dispose(close=False)``, "Using Connection
+        Pools with Multiprocessing or os.fork()"). The child opens its own on next use."""
+        for engine in (self._write_engine, self._read_engine):
+            if engine is not None:
+                engine.dispose(close=False)
+
     def write(self, events: Sequence[Event], *, counters: Counters | None = None) -> None:
         """Write ``events`` and add ``counters`` in ONE transaction: all of it is committed, or nothing.
 
@@ -88,23 +96,24 @@ class Store:
 
         Raises:
             ReadOnlyViolation: the store was opened read-only.
-            StoreError: the database refused the transaction (locked, unreachable, bad value), or an
-                object is not an event of :mod:`specscope.events`.
+            EventRejected: an object is not an event of :mod:`specscope.events`, or the database
+                refused an event's values (too long for its column, out of range, a constraint).
+            StoreError: the database refused the transaction (locked, unreachable, full, read-only).
         """
         if self._write_engine is None:
             raise ReadOnlyViolation(f"store {self.url} was opened read-only")
         try:
             grouped = group_rows(events)
         except (KeyError, AttributeError, TypeError, ValueError) as exc:
-            raise StoreError(f"writing to {self.url}: not a specscope event or a malformed one: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise EventRejected(f"writing to {self.url}: not a specscope event or a malformed one: "
+                                f"{type(exc).__name__}: {exc}") from exc
         if counters:
             rows = counter_rows(counters, time.time())
             if rows:
                 grouped["counters"] = rows
         if not grouped:
             return
-        with translate("writing to", self.url), self._write_engine.begin() as conn:
+        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
             for name in STATEMENTS:
                 rows = grouped.get(name)
                 if not rows:
@@ -132,7 +141,7 @@ class Store:
             raise StoreError(f"writing to {self.url}: not a specscope finding or a malformed one: "
                              f"{type(exc).__name__}: {exc}") from exc
         table = schema.findings
-        with translate("writing to", self.url), self._write_engine.begin() as conn:
+        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
             if run_ids:
                 conn.execute(table.delete().where(table.c.source == source,
                                                   table.c.run_id.in_(list(run_ids))))
