@@ -7,9 +7,9 @@ store. Two modes:
 - ``kill DIR TRIALS SEED``: a zygote that imports torch once, then per trial forks an engine child on
   a fresh SQLite store, reads its flush acknowledgements ("events committed so far") and SIGKILLs it at
   a random point; one JSON line per trial on stdout.
-- ``serve STORE``: one engine that runs steps, prints ``ready``, waits for ``fault STEPS [fsize]`` on
-  stdin (``fsize`` makes it cap its own file size at 0 with RLIMIT_FSIZE: a full file system), runs
-  STEPS timed steps under the fault the test applied, prints ``faulted``, waits for ``clear``,
+- ``serve STORE``: one engine that runs steps, prints ``ready``, waits for ``fault [fsize]`` on stdin
+  (``fsize`` makes it cap its own file size at 0 with RLIMIT_FSIZE: a full file system), then runs
+  timed steps (one every millisecond or so) under the fault the test applies until ``clear`` arrives,
   recovers, and prints one JSON line of figures.
 """
 
@@ -19,6 +19,7 @@ import json
 import os
 import random
 import resource
+import select
 import signal
 import statistics
 import sys
@@ -137,14 +138,14 @@ def serve(store: str) -> None:
     healthy = timed_steps(200)
     assert sink.flush(60), "the store failed before the fault"
     print("ready", flush=True)
-    command = sys.stdin.readline().split()  # fault STEPS [fsize]
-    full = "fsize" in command
+    full = "fsize" in sys.stdin.readline().split()  # fault [fsize]
     if full:  # a full file system: no file may grow (SIGXFSZ ignored -> EFBIG)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-    faulted = timed_steps(int(command[1]))
-    print("faulted", flush=True)
-    sys.stdin.readline()  # "clear"
+    faulted: list[float] = []
+    while not select.select([sys.stdin], [], [], 0.001)[0]:  # until "clear" arrives
+        faulted += timed_steps(1)
+    sys.stdin.readline()
     if full:
         hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
@@ -162,7 +163,8 @@ def serve(store: str) -> None:
     print(json.dumps({
         "emitted": sink.emitted, "written": collector.written, "dropped": collector.dropped,
         "write_errors": collector.write_errors, "hook_errors": tracer.hook_errors,
-        "max_step_s": max(faulted), "median_healthy_step_s": statistics.median(healthy),
+        "fault_steps": len(faulted), "max_step_s": max(faulted),
+        "median_healthy_step_s": statistics.median(healthy),
         "close_s": close_s}), flush=True)
 
 
