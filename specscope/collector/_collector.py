@@ -62,7 +62,8 @@ class Collector:
             host) while the dashboard, refreshing every 2 s, still looks live.
 
     Raises:
-        ConfigError: capacity or batch_size below 1, or flush_interval_s not positive.
+        ConfigError: capacity or batch_size not an int >= 1, or flush_interval_s not a finite
+            positive number of seconds.
 
     Attributes (read at any time, from any thread):
         written: events committed to the store.
@@ -76,7 +77,8 @@ class Collector:
 
     def __init__(self, store: Store | str, *, capacity: int = 100_000, batch_size: int = 5_000,
                  flush_interval_s: float = 1.0) -> None:
-        if capacity < 1 or batch_size < 1 or flush_interval_s <= 0:
+        if not (_is_count(capacity) and _is_count(batch_size) and isinstance(flush_interval_s, (int, float))
+                and not isinstance(flush_interval_s, bool) and 0 < flush_interval_s < float("inf")):
             raise ConfigError(f"collector needs capacity >= 1, batch_size >= 1 and flush_interval_s > 0"
                               f", got {capacity}, {batch_size}, {flush_interval_s}")
         self._store = store if isinstance(store, Store) else None
@@ -344,6 +346,10 @@ class Collector:
 def _add(into: dict[Key, int], counts: dict[Key, int]) -> None:
     for key, count in counts.items():
         into[key] = into.get(key, 0) + count
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _per_key(events: Sequence[Event]) -> dict[Key, int]:
