@@ -134,3 +134,43 @@ def test_cli_rejects_bad_timeout(db: str) -> None:
                            "SELECT 1"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("specscope: error: argument --timeout")
+
+
+@pytest.mark.browser
+def test_sql_page_in_chromium_shows_the_denials(tmp_path: Path) -> None:
+    """Hostile statements typed on the dashboard's SQL page in a real Chromium: each denial (or the
+    time limit) is shown as one message, and ATTACH created no file."""
+    browser_tests = pytest.importorskip("test_dashboard_browser")
+    if not browser_tests.CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium (make browser)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from _dashboard_traces import trace, write_store
+
+    store = write_store(tmp_path / "store.db", [trace("run-sql", requests=2, steps=4)])
+    attached = tmp_path / "attached.db"
+    hostile = {f"ATTACH DATABASE '{attached}' AS x": "ATTACH (or VACUUM INTO) is not allowed",
+               "PRAGMA query_only = OFF": "PRAGMA query_only is not allowed",
+               "DELETE FROM runs": "DELETE on runs is not allowed",
+               RECURSIVE_FOREVER: "stopped after the time limit of 2 s"}
+    proc, url = browser_tests._start(store)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(browser_tests.CHROMIUM),
+                                        args=browser_tests.CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.goto(f"{url}/sql")
+                box = page.get_by_label("One read-only SQL statement")
+                box.wait_for(timeout=60_000)
+                for sql, message in hostile.items():
+                    box.fill(sql)
+                    page.get_by_role("button", name="Run").click()
+                    page.get_by_text(message).first.wait_for(timeout=60_000)
+                    assert page.get_by_text("Traceback").count() == 0
+                page.screenshot(path=str(tmp_path / "sql-denied.png"))
+            finally:
+                browser.close()
+    finally:
+        browser_tests._stop(proc)
+    assert not attached.exists()
+    assert _snapshot(store)[0][0] == "run-sql"

@@ -231,8 +231,8 @@ class QueryResult(tuple):
 
 
 def _timed_out(url: str, timeout_s: float | None) -> StoreError:
-    return StoreError(f"query on {url}: stopped after the time limit of {timeout_s:g} s "
-                      "(raise it with --timeout, or narrow the query)")
+    return StoreError(f"query on {url}: stopped after the time limit of {timeout_s:g} s; narrow the "
+                      "query or raise the limit (specscope query --timeout, the SQL page's Time limit)")
 
 
 def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
