@@ -259,34 +259,34 @@ class Collector:
         self._committed(len(chunk))
         return True
 
-    def _quarantine(self, chunk: Sequence[Event], exc: EventRejected) -> bool:
+    def _quarantine(self, chunk: Sequence[Event], rejection: EventRejected) -> bool:
         """Write ``chunk`` in halves until every rejected event is alone; drop and count only those
         (about 2 log2(len(chunk)) extra transactions per bad event). False: something was dropped."""
         store = self._open()
-        parts: list[Sequence[Event]] = [chunk]
         good: list[Event] = []
         bad: list[Event] = []
-        while parts:
-            part = parts.pop()
-            try:
-                if part is not chunk:
+        # (events, the rejection they got, or None when not tried yet); popped left half first
+        pending: list[tuple[Sequence[Event], EventRejected | None]] = [(chunk, rejection)]
+        while pending:
+            part, refused = pending.pop()
+            if refused is None:
+                try:
                     store.write(part)
-            except EventRejected as part_exc:
-                exc = part_exc
-            except Exception as store_exc:  # the store itself failed meanwhile: the rest is lost
-                lost = [event for rest in (part, *parts) for event in rest]
-                self._failed(_per_key(lost), len(lost), store_exc)
-                break
-            else:
-                if part is not chunk:
+                except EventRejected as exc:
+                    refused = exc
+                except Exception as exc:  # noqa: BLE001 - the store itself failed meanwhile
+                    lost = [event for events, _ in ((part, None), *pending) for event in events]
+                    self._failed(_per_key(lost), len(lost), exc)
+                    break
+                else:
                     good.extend(part)
                     continue
             if len(part) == 1:
-                bad.extend(part)
-                self._rejected(part[0], exc)
+                bad.append(part[0])
+                self._rejected(part[0], refused)
             else:
                 middle = len(part) // 2
-                parts += [part[middle:], part[:middle]]  # popped left half first: order kept
+                pending += [(part[middle:], None), (part[:middle], None)]
         with self._drop_lock:
             self.dropped += len(bad)
         self.rejected += len(bad)
@@ -294,11 +294,12 @@ class Collector:
         self.written += len(good)
         try:  # the counters of what did commit, and of the rejected events
             store.write((), counters=self._counters(_per_key(good)))
+        except Exception as exc:  # noqa: BLE001 - kept pending: they go with the next batch
+            _add(self._pending_written, _per_key(good))
+            self._failed({}, 0, exc)
+        else:
             self._pending_drops.clear()
             self._pending_written.clear()
-        except Exception as store_exc:  # noqa: BLE001 - kept pending: they go with the next batch
-            _add(self._pending_written, _per_key(good))
-            self._failed({}, 0, store_exc)
         return False
 
     def _rejected(self, event: Event, exc: Exception) -> None:
@@ -310,9 +311,10 @@ class Collector:
 
     def _counters(self, written: dict[Key, int]) -> dict[Key, tuple[int, int]]:
         """run_ranks increments: ``written`` plus what earlier failed counter writes left pending."""
-        written = {**self._pending_written, **{k: v + self._pending_written.get(k, 0) for k, v in written.items()}}
-        return {key: (written.get(key, 0), self._pending_drops.get(key, 0))
-                for key in written.keys() | self._pending_drops.keys()}
+        totals = dict(self._pending_written)
+        _add(totals, written)
+        return {key: (totals.get(key, 0), self._pending_drops.get(key, 0))
+                for key in totals.keys() | self._pending_drops.keys()}
 
     def _committed(self, count: int) -> None:
         self._pending_drops.clear()
