@@ -254,3 +254,15 @@ def test_rank_resolved_when_torch_distributed_comes_up_later(tmp_path, when: str
     torch.multiprocessing.spawn(run_rank, args=(str(tmp_path / "pg"), str(tmp_path), when), nprocs=2)
     assert (tmp_path / "rank0.txt").read_text() == "0 2 2 [0]"
     assert (tmp_path / "rank1.txt").read_text() == "1 2 2 [1]"
+
+
+@pytest.mark.postgres
+def test_a_value_too_long_for_its_column_costs_only_that_event(pg_url: str) -> None:
+    """PostgreSQL enforces column lengths (SQLite does not): a 300-character hook point used to fail
+    the whole transaction and take the batch's other events with it."""
+    with open_store(pg_url) as store, Collector(store, batch_size=500, flush_interval_s=60.0) as collector:
+        for i in range(100):
+            collector.emit(_tensor(i, hook_point="x" * 300 if i == 42 else "draft.forward:hidden_states"))
+        assert collector.flush(HANG) is False
+        assert (collector.written, collector.rejected) == (99, 1)
+        assert _count(store) == 99
