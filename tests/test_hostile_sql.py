@@ -29,6 +29,7 @@ SQLITE_DENIED = {
     "PRAGMA journal_mode = DELETE": "PRAGMA journal_mode",
     "PRAGMA query_only = OFF": "PRAGMA query_only",
     "SELECT load_extension('/tmp/nothing')": "load_extension",
+    "SELECT fts3_tokenizer('simple')": "fts3_tokenizer",
     "DELETE FROM runs": "DELETE on runs",
     "INSERT INTO runs (run_id) VALUES ('x')": "INSERT on runs",
     "DROP TABLE runs": "",
