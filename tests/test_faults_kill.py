@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from specscope.app import queries
+from streamlit.testing.v1 import AppTest
+
+from specscope.app import DB_ENV, ENTRY, queries
 from specscope.doctor import diagnose
 from specscope.storage import open_store
 
@@ -27,7 +29,7 @@ HELPER = Path(__file__).with_name("_fault_engine.py")
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL") or not hasattr(os, "fork"), reason="needs POSIX")
-def test_sigkill_at_random_points_loses_nothing_acknowledged(tmp_path) -> None:
+def test_sigkill_at_random_points_loses_nothing_acknowledged(tmp_path, monkeypatch) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HELPER.parent), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, str(HELPER), "kill", str(tmp_path), str(TRIALS), "20261201"],
                           capture_output=True, text=True, timeout=600, env=env)
@@ -52,4 +54,10 @@ def test_sigkill_at_random_points_loses_nothing_acknowledged(tmp_path) -> None:
                 assert summary["state"] != "finished" and summary["verify_steps"] == steps
         acked_total += trial["acked_events"]
     assert acked_total > TRIALS  # the trials did commit events before their kills
+    # the dashboard itself opens a killed store, on its Overview and Tensors pages
+    monkeypatch.setenv(DB_ENV, max(trials, key=lambda t: t["acked_events"])["store"])
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    assert not at.exception and at.session_state["run_id"] == "run-kill"
+    at.switch_page("pages/tensors.py").run()
+    assert not at.exception
     print(f"\n{TRIALS} SIGKILL trials, {acked_total} acknowledged events, 0 lost")

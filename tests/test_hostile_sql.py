@@ -130,6 +130,16 @@ def test_cli_one_line_exit_2_and_timeout_flag(db: str, tmp_path: Path, capsys: p
     assert capsys.readouterr().err == "specscope query: result cut at 0 rows\n"
 
 
+@pytest.mark.parametrize("sql", list(SQLITE_DENIED))
+def test_cli_denies_each_hostile_statement(sql: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    url = str(tmp_path / "store.db")
+    open_store(url).close()
+    assert main(["query", "--db", url, sql.format(dir=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("specscope query: error: ") and SQLITE_DENIED[sql] in err
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))] == ["store.db"]
+
+
 def test_cli_rejects_bad_timeout(db: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "specscope", "query", "--db", db, "--timeout", "-1",
                            "SELECT 1"], capture_output=True, text=True, timeout=120)
