@@ -10,7 +10,9 @@ left unanswered). ``capacity`` bounds the events held, queued or being written (
 lock: concurrent emitters can overshoot it by at most one event each); beyond it ``emit`` drops and
 counts. A failing store (locked, unwritable, unreachable) costs the failed batch, counted as dropped,
 and one logged error per outage; the writer then waits before the next attempt (0.05 s doubling up to
-:data:`MAX_BACKOFF_S`), so it recovers when the store does without spinning. An event whose values
+:data:`MAX_BACKOFF_S`), so it recovers when the store does without spinning; meanwhile the queue
+drains one batch per wait, so a ``flush`` during an outage returns at its timeout (or after about
+``queued / batch_size * MAX_BACKOFF_S``), and ``close`` on a failing store drops what is queued at once. An event whose values
 the database refuses (:class:`~specscope.errors.EventRejected`) is isolated by writing its batch in
 halves: it alone is dropped (counted in ``rejected`` and ``dropped``, logged once), the rest commits.
 After ``os.fork`` the child gets an empty queue, a writer thread of its own and fresh database
