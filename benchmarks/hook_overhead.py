@@ -79,8 +79,8 @@ class DiscardSink:
     def emit(self, event) -> None:
         pass
 
-    def flush(self) -> None:
-        pass
+    def flush(self, timeout_s: float | None = None) -> bool:
+        return True
 
     def close(self) -> None:
         pass

@@ -92,6 +92,11 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, Path] | None]:
         weight_map = _read_json(index, "shard index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"shard index {index} has no weight_map")
+        bad = next((f"{k!r}: {v!r}" for k, v in weight_map.items()
+                    if not isinstance(v, str) or not v or Path(v).name != v), None)
+        if bad is not None:  # a shard is a file name beside the index, nothing else
+            raise CheckpointError(f"shard index {index} maps a key to something that is not a shard file "
+                                  f"name: {bad[:120]}")
         by_key = {k: path / v for k, v in weight_map.items()}
         for shard in sorted(set(by_key.values())):
             if not shard.is_file():

@@ -17,6 +17,11 @@ class ConfigError(SpecscopeError, ValueError):
     """A configuration value or argument is unusable (unknown fault, bad k, malformed config.json)."""
 
 
+class InvalidEvent(SpecscopeError, ValueError):
+    """An event's values contradict each other or the store's limits (e.g. ``accepted > proposed``).
+    Raised by the event constructors; the tracer catches it, counts it and drops the event."""
+
+
 class ModelNotFoundError(SpecscopeError, FileNotFoundError):
     """A model file or package is not installed; the message names the command that installs it."""
 
@@ -27,6 +32,11 @@ class CheckpointError(SpecscopeError, ValueError):
 
 class StoreError(SpecscopeError):
     """The trace store cannot be opened, written or read (bad URL, locked file, not a specscope store)."""
+
+
+class EventRejected(StoreError):
+    """The database refused the values of the events being written (too long, out of range, a
+    constraint), not the store as a whole: the collector then isolates the bad event and writes the rest."""
 
 
 class SchemaVersionError(StoreError):

@@ -13,7 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
+from specscope.errors import ConfigError, InvalidEvent
+
 Shape = tuple[int, ...]
+MAX_PROPOSED = 64  # draft tokens per verify step the store holds a mask for (verify_steps.accepted_mask)
 
 
 def now() -> float:
@@ -68,6 +71,39 @@ class RunConfig:
     num_draft_tokens: int | None = None
     dtype: str = "float32"
     aux_layer_ids_active: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        """Check the contract is self-consistent (the user's own call, not the engine's hot path).
+
+        Raises:
+            ConfigError: a value of the wrong type or out of range, ``expected_fused_width`` other
+                than ``len(aux_layer_ids_resolved) * target_hidden_size``, or an aux layer id outside
+                the target's hidden states ``0 .. num_target_layers``.
+        """
+        for name in ("target_hidden_size", "expected_fused_width", "k", "num_target_layers", "topk"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ConfigError(f"RunConfig.{name} must be an int >= 1, got {value!r}")
+        if self.num_draft_tokens is not None and (not _is_int(self.num_draft_tokens) or self.num_draft_tokens < 1):
+            raise ConfigError(f"RunConfig.num_draft_tokens must be an int >= 1 or None, got {self.num_draft_tokens!r}")
+        if not isinstance(self.dtype, str):
+            raise ConfigError(f"RunConfig.dtype must be a string such as 'bfloat16', got {self.dtype!r}")
+        for name in ("aux_layer_ids_resolved", "aux_layer_ids_configured"):
+            ids = getattr(self, name)
+            if ids is None and name == "aux_layer_ids_configured":
+                continue
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__") or not all(_is_int(i) for i in ids):
+                raise ConfigError(f"RunConfig.{name} must be a sequence of ints, got {ids!r}")
+            outside = [i for i in ids if not 0 <= i <= self.num_target_layers]
+            if outside:
+                raise ConfigError(f"RunConfig.{name} {list(ids)}: {outside} outside the target's hidden "
+                                  f"states 0..{self.num_target_layers} (num_target_layers={self.num_target_layers})")
+        fused = len(self.aux_layer_ids_resolved) * self.target_hidden_size
+        if self.expected_fused_width != fused:
+            raise ConfigError(
+                f"RunConfig.expected_fused_width={self.expected_fused_width} contradicts "
+                f"{len(self.aux_layer_ids_resolved)} aux layers x target_hidden_size {self.target_hidden_size} "
+                f"= {fused} (fc.in_features of an EAGLE-3 draft)")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; ``num_draft_tokens`` defaults to ``k + 1`` (SGLang's convention)."""
@@ -170,6 +206,31 @@ class VerifyStep:
     verify_s: float | None = None
     emitted: tuple[str, ...] | None = None
     ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        """The one check of a verify step's figures, for every producer (tracer, adapters, tests).
+
+        Raises:
+            InvalidEvent: ``proposed`` outside ``0..MAX_PROPOSED``, ``accepted`` outside
+                ``0..proposed``, or a mask that is not ``'0'``/``'1'``, not ``proposed`` long, or
+                whose count of ``'1'`` differs from ``accepted``.
+        """
+        if not (_is_int(self.proposed) and _is_int(self.accepted) and _is_int(self.step)):
+            raise InvalidEvent(f"verify step: proposed, accepted and step must be ints, got "
+                               f"{self.proposed!r}, {self.accepted!r}, {self.step!r}")
+        if not 0 <= self.proposed <= MAX_PROPOSED:
+            raise InvalidEvent(f"verify step: proposed={self.proposed} outside 0..{MAX_PROPOSED}")
+        if not 0 <= self.accepted <= self.proposed:
+            raise InvalidEvent(f"verify step: accepted={self.accepted} outside 0..proposed={self.proposed}")
+        mask = self.accepted_mask
+        if mask is None:
+            return
+        if not isinstance(mask, str) or len(mask) != self.proposed or mask.strip("01"):
+            raise InvalidEvent(f"verify step: accepted_mask {mask!r} is not {self.proposed} characters "
+                               "of '0'/'1' (one per proposed draft token)")
+        if mask.count("1") != self.accepted:
+            raise InvalidEvent(f"verify step: accepted_mask {mask!r} accepts {mask.count('1')} "
+                               f"position(s) but accepted={self.accepted}")
 
     def mask(self) -> str:
         """The per-position mask, derived from ``accepted`` for a chain when not given."""
@@ -302,6 +363,10 @@ class Finding:
 
 
 SEVERITIES = ("error", "warning", "info")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def by_severity(findings) -> list[Finding]:

@@ -14,8 +14,9 @@ class ListSink:
     def emit(self, event) -> None:
         self.events.append(event)
 
-    def flush(self) -> None:
+    def flush(self, timeout_s: float | None = None) -> bool:
         self.flushes += 1
+        return True
 
     def close(self) -> None:
         self.closed = True

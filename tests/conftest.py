@@ -51,7 +51,7 @@ def _pg_schema_url() -> Iterator[str]:
             pytest.fail(reason)
         pytest.skip(reason)
     schema = f"specscope_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_URL)
+    admin = sa.create_engine(PG_URL, pool_pre_ping=True)  # survives a server restart (pgrestart tests)
     with admin.begin() as conn:
         conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
     url = sa.make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})

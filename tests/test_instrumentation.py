@@ -310,12 +310,12 @@ def test_requests_and_verify_steps(models):
     with make_tracer(sink, status_interval_s=0.0) as tracer:
         tracer.start_request(7, prompt_tokens=12)
         tracer.record_verify(7, proposed=3, accepted=2)
-        tracer.record_verify(7, proposed=3, accepted=1, accepted_mask=[True, False, True],
+        tracer.record_verify(7, proposed=3, accepted=1, accepted_mask=[True, False, False],
                              draft_s=0.01, verify_s=0.02, emitted=["a", "b"])
         tracer.finish_request(7, output_tokens=5, text="ab")
     assert sink.of(RequestStart)[0].prompt_tokens == 12
     steps = sink.of(VerifyStep)
-    assert [(s.request_id, s.step, s.accepted, s.mask()) for s in steps] == [("7", 0, 2, "110"), ("7", 1, 1, "101")]
+    assert [(s.request_id, s.step, s.accepted, s.mask()) for s in steps] == [("7", 0, 2, "110"), ("7", 1, 1, "100")]
     assert steps[1].emitted == ("a", "b") and steps[1].verify_s == 0.02
     (end,) = sink.of(RequestEnd)
     assert (end.verify_steps, end.output_tokens, end.text) == (2, 5, "ab")

@@ -44,7 +44,7 @@ def test_round_trip_of_every_event_kind(store: Store) -> None:
         ev.RequestStart(run_id=RUN, request_id="q1", rank=0, prompt_tokens=12, ts_wall=100.5),
         ev.VerifyStep(run_id=RUN, request_id="q1", rank=0, step=0, proposed=4, accepted=2,
                       draft_s=0.01, verify_s=0.02, emitted=("a", "b", "c"), ts_wall=101.0),
-        ev.VerifyStep(run_id=RUN, request_id="q1", rank=0, step=1, proposed=4, accepted=1,
+        ev.VerifyStep(run_id=RUN, request_id="q1", rank=0, step=1, proposed=4, accepted=2,
                       accepted_mask="1010", ts_wall=102.0),
         ev.TensorEvent(run_id=RUN, rank=0, hook_point="draft.forward:hidden_states", call_index=3,
                        shape=(1, 5, 576), dtype="float32", device="cpu", expected_shape=(1, -1, 1728),
@@ -80,7 +80,7 @@ def test_round_trip_of_every_event_kind(store: Store) -> None:
     steps = _rows(store, "SELECT step, proposed, accepted, accepted_mask, draft_s, verify_s, emitted, "
                          "ts_wall FROM verify_steps ORDER BY step")
     assert steps == [(0, 4, 2, "1100", 0.01, 0.02, '["a","b","c"]', 101.0),
-                     (1, 4, 1, "1010", None, None, None, 102.0)]
+                     (1, 4, 2, "1010", None, None, None, 102.0)]
     assert _rows(store, "SELECT hook_point, call_index, shape, width, dtype, device, expected_shape, "
                         "expected_width, absmax, mean, nonfinite, request_id, step, graph_phase "
                         "FROM tensor_events ORDER BY call_index DESC") == [

@@ -66,7 +66,10 @@ _RUNS_SQL = """
     LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
                       MAX(last_seen_wall) AS last_seen_wall, SUM(events_written) AS events_written,
                       SUM(events_dropped) AS events_dropped, SUM(hook_errors) AS hook_errors,
-                      MAX(graph_mode) AS graph_mode
+                      -- ranks that saw different modes make the run 'mixed' (a lexical MAX would
+                      -- call an eager + capture_only run 'eager'); per rank: ranks()
+                      CASE WHEN COUNT(DISTINCT graph_mode) > 1 THEN 'mixed' ELSE MAX(graph_mode) END
+                          AS graph_mode
                FROM run_ranks {inner} GROUP BY run_id) k ON k.run_id = r.run_id
     {outer}"""  # the run columns of v_run_summary (views.py), without its whole-table acceptance scan
 

@@ -1,7 +1,10 @@
 """`specscope query`: one read-only SQL statement on a trace store, as a table, JSON or CSV.
 
-The store is opened read-only (never created nor upgraded) and the database itself refuses writes
-(see :meth:`specscope.storage.Store.query`); a write, bad SQL or a missing store exits with status 2.
+The store is opened read-only (never created nor upgraded) and the database itself refuses writes,
+ATTACH, temp objects and extension loading (see :meth:`specscope.storage.Store.query`); the statement
+has ``--timeout`` seconds (default 2) and the result at most 64 MiB. A refused statement, bad SQL, the
+time limit or a missing store exits with status 2; a result cut by ``--limit`` or the byte cap says so
+on stderr.
 Tables and views to query: specscope/storage/schema.py and specscope/storage/views.py.
 """
 
@@ -14,7 +17,7 @@ import sys
 from decimal import Decimal
 from typing import Any, TextIO
 
-from specscope.storage import open_store
+from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, open_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,19 +34,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     output.add_argument("--json", action="store_true", help="print a JSON list of objects")
     output.add_argument("--csv", action="store_true", help="print CSV with a header row")
     parser.add_argument("--limit", type=_non_negative, help="print at most N rows")
+    parser.add_argument("--timeout", type=_positive_seconds, default=DEFAULT_QUERY_TIMEOUT_S,
+                        metavar="SECONDS", help="stop the statement after this many seconds "
+                        f"(default {DEFAULT_QUERY_TIMEOUT_S:g})")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the statement's rows; 0 on success. Errors (StoreError) are exit 2 via the CLI shell."""
     with open_store(args.db, create=False, read_only=True) as store:
-        columns, rows = store.query(args.sql, limit=args.limit)
+        result = store.query(args.sql, limit=args.limit, timeout_s=args.timeout)
+    columns, rows = result
     if args.json:
         write_json(columns, rows, sys.stdout)
     elif args.csv:
         write_csv(columns, rows, sys.stdout)
     else:
         write_table(columns, rows, sys.stdout)
+    if result.truncated:
+        print(f"specscope query: result cut at {result.truncated}", file=sys.stderr)
     return 0
 
 
@@ -95,4 +104,14 @@ def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
     return value

@@ -4,28 +4,40 @@ Design (DESIGN.md sections 2 and 9): ``emit`` is a bounds check and a ``deque.ap
 CPython, no lock, never waits on the database); the writer thread takes up to ``batch_size`` events
 off the deque and writes them in ONE store transaction together with the per-(run, rank) written /
 dropped counters. ``flush`` enqueues a marker and waits for the writer to reach it, so FIFO order is
-the whole synchronisation. ``capacity`` bounds the events held, queued or being written (checked
-without a lock: concurrent emitters can overshoot it by at most one event each); beyond it ``emit``
-drops and counts. A failing store (locked, unwritable, unreachable) costs the failed batch, counted as
-dropped, and one logged error per outage; the writer goes on with the next batch, so it recovers
-when the store does.
+the whole synchronisation; ``flush`` and the writer's shutdown take one lock, so a marker is either
+queued before the writer drains the queue for the last time or answered at once (no marker is ever
+left unanswered). ``capacity`` bounds the events held, queued or being written (checked without a
+lock: concurrent emitters can overshoot it by at most one event each); beyond it ``emit`` drops and
+counts. A failing store (locked, unwritable, unreachable) costs the failed batch, counted as dropped,
+and one logged error per outage; the writer then waits before the next attempt (0.05 s doubling up to
+:data:`MAX_BACKOFF_S`), so it recovers when the store does without spinning; meanwhile the queue
+drains one batch per wait, so a ``flush`` during an outage returns at its timeout (or after about
+``queued / batch_size * MAX_BACKOFF_S``), and ``close`` on a failing store drops what is queued at once. An event whose values
+the database refuses (:class:`~specscope.errors.EventRejected`) is isolated by writing its batch in
+halves: it alone is dropped (counted in ``rejected`` and ``dropped``, logged once), the rest commits.
+After ``os.fork`` the child gets an empty queue, a writer thread of its own and fresh database
+connections (``os.register_at_fork``), so what a forked worker emits is written, not silently lost.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Sequence
 
-from specscope.errors import ConfigError
+from specscope.errors import ConfigError, EventRejected
 from specscope.events import Event
 from specscope.storage import Store, open_store
 
 logger = logging.getLogger("specscope")
 
 Key = tuple[str, int]  # (run_id, rank)
+FIRST_BACKOFF_S = 0.05  # wait after the first failed write; doubled per failure in a row
+MAX_BACKOFF_S = 2.0  # longest wait between two write attempts on a failing store (seconds)
 
 
 class _FlushMarker:
@@ -52,11 +64,14 @@ class Collector:
             host) while the dashboard, refreshing every 2 s, still looks live.
 
     Raises:
-        ConfigError: capacity or batch_size below 1, or flush_interval_s not positive.
+        ConfigError: capacity or batch_size not an int >= 1, or flush_interval_s not a finite
+            positive number of seconds.
 
     Attributes (read at any time, from any thread):
         written: events committed to the store.
-        dropped: events lost: refused by a full buffer, emitted after close, or in a failed batch.
+        dropped: events lost: refused by a full buffer, emitted after close, in a failed batch, or
+            rejected by the database.
+        rejected: of those, events whose values the database refused (quarantined one by one).
         write_errors: failed write attempts (a failed batch counts once).
 
     Usable as a context manager; also flushed and closed at interpreter exit (``atexit``) until closed.
@@ -64,7 +79,8 @@ class Collector:
 
     def __init__(self, store: Store | str, *, capacity: int = 100_000, batch_size: int = 5_000,
                  flush_interval_s: float = 1.0) -> None:
-        if capacity < 1 or batch_size < 1 or flush_interval_s <= 0:
+        if not (_is_count(capacity) and _is_count(batch_size) and isinstance(flush_interval_s, (int, float))
+                and not isinstance(flush_interval_s, bool) and 0 < flush_interval_s < float("inf")):
             raise ConfigError(f"collector needs capacity >= 1, batch_size >= 1 and flush_interval_s > 0"
                               f", got {capacity}, {batch_size}, {flush_interval_s}")
         self._store = store if isinstance(store, Store) else None
@@ -72,23 +88,46 @@ class Collector:
         self._capacity = capacity
         self._batch_size = batch_size
         self._interval = flush_interval_s
+        self._closing = False
+        self._start_writer()
+        _LIVE.add(self)
+        atexit.register(self.close)
+
+    def _start_writer(self) -> None:
+        """Fresh state and writer thread (at construction, and in a forked child)."""
         self.written = 0
         self.dropped = 0
+        self.rejected = 0
         self.write_errors = 0
         self._queue: deque[Event | _FlushMarker] = deque()
         self._in_flight = 0  # events taken off the queue and not yet handled (writer thread only)
         self._wake = threading.Event()
-        self._closing = False
+        self._stop = threading.Event()  # set by close(): cuts a backoff wait short
         self._closed = False
+        self._lossy_close = False  # events were lost at or after close: flush() answers False
+        self._lock = threading.Lock()  # serialises flush()'s marker with the writer's shutdown
         self._drop_lock = threading.Lock()  # guards dropped and _emit_drops (the rare path)
         self._emit_drops: dict[Key, int] = {}
-        # Writer thread only: drops not yet committed to run_ranks, failures since the last marker.
+        # Writer thread only: counts not yet committed to run_ranks, failures since the last marker.
         self._pending_drops: dict[Key, int] = {}
+        self._pending_written: dict[Key, int] = {}
         self._failed_since_marker = False
         self._failing = False
+        self._backoff_s = FIRST_BACKOFF_S
+        self._logged_rejection = False
         self._thread = threading.Thread(target=self._run, name="specscope-collector", daemon=True)
         self._thread.start()
-        atexit.register(self.close)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's queued events are the parent's to write; its pooled connections must not be
+        # used here (SQLAlchemy: Engine.dispose(close=False) in the child).
+        if self._closing:
+            return
+        if self._store_url is not None:
+            self._store = None
+        elif self._store is not None:
+            self._store.after_fork()
+        self._start_writer()
 
     def __enter__(self) -> Collector:
         return self
@@ -111,37 +150,55 @@ class Collector:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every event emitted before this call has been written or dropped.
 
+        Safe against a concurrent :meth:`close`: it always returns (within ``timeout_s`` when given).
+
         Returns:
             True when all of them were committed (the store holds them, durably); False when the
-            timeout (seconds) expired first, the collector is closed with events left, or a write of
-            any event emitted since the previous flush failed.
+            timeout (seconds) expired first, any event emitted since the previous flush was dropped
+            by a failed or rejected write, or the collector is closed and lost events at or after
+            its close.
         """
-        if not self._thread.is_alive():  # closed: nothing can be written any more
-            return all(isinstance(item, _FlushMarker) for item in self._queue)
-        marker = _FlushMarker()
-        self._queue.append(marker)
+        with self._lock:
+            if self._closed:  # the writer has stopped: nothing more can be written
+                return not self._lossy_close
+            marker = _FlushMarker()
+            self._queue.append(marker)
         self._wake.set()
         return marker.done.wait(timeout_s) and marker.committed
 
     def close(self, timeout_s: float | None = None) -> None:
         """Flush, stop the writer thread and close a store this collector opened. Idempotent;
-        events emitted afterwards are dropped and counted."""
+        events emitted afterwards are dropped and counted. On a failing store it does not retry:
+        what is still queued is dropped and counted."""
         atexit.unregister(self.close)
         self._closing = True
+        self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
-        if self._store_url is not None and self._store is not None and not self._thread.is_alive():
-            self._store.close()
+        if not self._thread.is_alive():
+            self._abandon()  # an emit that raced the writer's last drain is counted, not left behind
+            if self._store_url is not None and self._store is not None:
+                self._store.close()
 
     def _drop(self, event: Event) -> None:
         key = (getattr(event, "run_id", None), getattr(event, "rank", 0))
         with self._drop_lock:
             self.dropped += 1
             self._emit_drops[key] = self._emit_drops.get(key, 0) + 1
+            if self._closed:
+                self._lossy_close = True
 
     # --- writer thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:  # also when the loop died of a bug: no flush may wait forever
+            with self._lock:
+                self._closed = True  # emit() drops from now on: nobody would write it
+            self._abandon()
+
+    def _loop(self) -> None:
         queue = self._queue
         while True:
             self._wake.clear()
@@ -156,7 +213,8 @@ class Collector:
                     break
                 chunk.append(item)
                 self._in_flight += 1
-            if not self._write(chunk) and chunk:
+            committed = self._write(chunk)
+            if not committed and chunk:
                 self._failed_since_marker = True
             self._in_flight = 0
             if marker is not None:
@@ -164,9 +222,12 @@ class Collector:
                 self._failed_since_marker = False
                 marker.done.set()
             if self._closing and (not queue or self._failing):
-                self._closed = True  # emit() drops from now on: nobody would write it
-                self._abandon()  # a failing store at close: do not hold the process up per batch
-                return
+                if self._failed_since_marker:
+                    self._lossy_close = True
+                return  # a failing store at close: do not hold the process up per batch
+            if self._failing:  # bounded backoff: no retry storm against a store that is down
+                self._stop.wait(self._backoff_s)
+                self._backoff_s = min(MAX_BACKOFF_S, self._backoff_s * 2)
 
     def _abandon(self) -> None:
         lost = 0
@@ -179,31 +240,92 @@ class Collector:
                 lost += 1
         with self._drop_lock:
             self.dropped += lost
+            if lost:
+                self._lossy_close = True
 
     def _write(self, chunk: Sequence[Event]) -> bool:
-        """Write one batch with the pending counters in one transaction; False when it failed."""
+        """Write one batch with the pending counters in one transaction; False when any of it failed."""
         with self._drop_lock:
             emit_drops, self._emit_drops = self._emit_drops, {}
         _add(self._pending_drops, emit_drops)
         if not chunk and not self._pending_drops:
             return True
-        written: dict[Key, int] = {}
+        written = _per_key(chunk)
         try:
-            for event in chunk:
-                key = (event.run_id, event.rank)
-                written[key] = written.get(key, 0) + 1
-            counters = {key: (written.get(key, 0), self._pending_drops.get(key, 0))
-                        for key in written.keys() | self._pending_drops.keys()}
-            self._open().write(chunk, counters=counters)
+            self._open().write(chunk, counters=self._counters(written))
+        except EventRejected as exc:
+            return self._quarantine(chunk, exc)
         except Exception as exc:  # StoreError, or a bug: either way the writer thread must live on
             self._failed(written, len(chunk), exc)
             return False
+        self._committed(len(chunk))
+        return True
+
+    def _quarantine(self, chunk: Sequence[Event], rejection: EventRejected) -> bool:
+        """Write ``chunk`` in halves until every rejected event is alone; drop and count only those
+        (about 2 log2(len(chunk)) extra transactions per bad event). False: something was dropped."""
+        store = self._open()
+        good: list[Event] = []
+        bad: list[Event] = []
+        # (events, the rejection they got, or None when not tried yet); popped left half first
+        pending: list[tuple[Sequence[Event], EventRejected | None]] = [(chunk, rejection)]
+        while pending:
+            part, refused = pending.pop()
+            if refused is None:
+                try:
+                    store.write(part)
+                except EventRejected as exc:
+                    refused = exc
+                except Exception as exc:  # noqa: BLE001 - the store itself failed meanwhile
+                    lost = [event for events, _ in ((part, None), *pending) for event in events]
+                    self._failed(_per_key(lost), len(lost), exc)
+                    break
+                else:
+                    good.extend(part)
+                    continue
+            if len(part) == 1:
+                bad.append(part[0])
+                self._rejected(part[0], refused)
+            else:
+                middle = len(part) // 2
+                pending += [(part[middle:], None), (part[:middle], None)]
+        with self._drop_lock:
+            self.dropped += len(bad)
+        self.rejected += len(bad)
+        _add(self._pending_drops, _per_key(bad))
+        self.written += len(good)
+        try:  # the counters of what did commit, and of the rejected events
+            store.write((), counters=self._counters(_per_key(good)))
+        except Exception as exc:  # noqa: BLE001 - kept pending: they go with the next batch
+            _add(self._pending_written, _per_key(good))
+            self._failed({}, 0, exc)
+        else:
+            self._pending_drops.clear()
+            self._pending_written.clear()
+        return False
+
+    def _rejected(self, event: Event, exc: Exception) -> None:
+        if not self._logged_rejection:  # once per collector: a bad producer would flood the log
+            self._logged_rejection = True
+            logger.error("specscope collector: store %s rejected a %s event of run %s (%s); it is "
+                         "dropped, the rest of its batch is written; later rejections are only counted",
+                         self._describe(), event.kind, getattr(event, "run_id", None), exc)
+
+    def _counters(self, written: dict[Key, int]) -> dict[Key, tuple[int, int]]:
+        """run_ranks increments: ``written`` plus what earlier failed counter writes left pending."""
+        totals = dict(self._pending_written)
+        _add(totals, written)
+        return {key: (totals.get(key, 0), self._pending_drops.get(key, 0))
+                for key in totals.keys() | self._pending_drops.keys()}
+
+    def _committed(self, count: int) -> None:
         self._pending_drops.clear()
-        self.written += len(chunk)
+        self._pending_written.clear()
+        self.written += count
+        self._backoff_s = FIRST_BACKOFF_S
         if self._failing:
             self._failing = False
             logger.info("specscope collector: store %s writable again", self._describe())
-        return True
 
     def _failed(self, lost: dict[Key, int], count: int, exc: Exception) -> None:
         self.write_errors += 1
@@ -213,7 +335,8 @@ class Collector:
         if not self._failing:  # one error per outage, not one per batch
             self._failing = True
             logger.error("specscope collector: cannot write to store %s (%s); dropping events and "
-                         "retrying with later batches", self._describe(), exc)
+                         "retrying with later batches, waiting up to %g s between attempts",
+                         self._describe(), exc, MAX_BACKOFF_S)
 
     def _open(self) -> Store:
         if self._store is None:
@@ -227,3 +350,26 @@ class Collector:
 def _add(into: dict[Key, int], counts: dict[Key, int]) -> None:
     for key, count in counts.items():
         into[key] = into.get(key, 0) + count
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _per_key(events: Sequence[Event]) -> dict[Key, int]:
+    counts: dict[Key, int] = {}
+    for event in events:
+        key = (getattr(event, "run_id", None), getattr(event, "rank", 0))
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+_LIVE: weakref.WeakSet[Collector] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for collector in list(_LIVE):
+        collector._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
 import uuid
@@ -36,12 +37,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("specscope")
 
+CLOSE_FLUSH_TIMEOUT_S = 5.0  # longest Tracer.close() waits for the sink (seconds): a bound on shutdown
+
 
 class Sink(Protocol):
     """Where events go (e.g. ``specscope.collector.Collector``). ``emit`` must never block."""
 
     def emit(self, event: Event) -> None: ...
-    def flush(self) -> None: ...
+    def flush(self, timeout_s: float | None = None) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -51,9 +54,14 @@ class Tracer:
     Create one per rank, attach it with :func:`~specscope.instrumentation.instrument`, report requests
     and verify steps from CPU-side values, and ``close()`` it (or use it as a context manager) to
     remove every hook. The first of ``instrument`` / ``start_request`` / ``record_verify`` /
-    ``check_load`` / ``close`` starts the run: a :class:`RankStart` and a :class:`RunStart` (every rank
+    ``check_load`` / ``close`` starts the run: rank and world size are read from ``torch.distributed``
+    then (not at construction), and a :class:`RankStart` and a :class:`RunStart` go out (every rank
     sends one; the store keeps the first). :class:`RankStatus` goes out every ``status_interval_s``
-    seconds (checked in ``record_verify``) and at close with ``finished=True``.
+    seconds (checked in ``record_verify``) and at close with ``finished=True``; a process that exits
+    without ``close()`` is closed at interpreter exit (``atexit``), so its final status still goes
+    out. When ``torch.distributed`` is initialised after the run started, the next status notices it,
+    takes the real rank and world size and sends a new :class:`RankStart` (events sent before that
+    stay under the rank they were sent with).
 
     Arguments: ``run_id`` (default: a uuid4 hex; give all ranks the same one), run metadata
     (``engine``, ``engine_version``, ``target_model``, ``draft_model``, ``config``: the target/draft
@@ -81,9 +89,7 @@ class Tracer:
         self.device = device
         self._run = dict(engine=engine, engine_version=engine_version, target_model=target_model,
                          draft_model=draft_model, fault=fault)
-        context = process_context()
-        self.host, self.pid, self.rank, self.world_size = (
-            context.host, context.pid, context.rank, context.world_size)
+        self._resolve_context()
         self._first_calls, self._sample_every = first_calls, sample_every  # plain attrs: hot path
         # Counters bumped inline by the hooks (see _hooks.guarded).
         self.hook_calls = 0
@@ -109,11 +115,21 @@ class Tracer:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Emit :class:`RankStart` and :class:`RunStart` once (idempotent)."""
+        """Resolve rank / world size, emit :class:`RankStart` and :class:`RunStart` once (idempotent)."""
         if self._started:
             return
         self._started = True
+        self._resolve_context()
         self._next_status = time.monotonic() + self._status_interval_s
+        self._announce()
+        atexit.register(self.close)
+
+    def _resolve_context(self) -> None:
+        context = process_context()
+        self.host, self.pid, self.rank, self.world_size = (
+            context.host, context.pid, context.rank, context.world_size)
+
+    def _announce(self) -> None:
         self._emit(RankStart(self.run_id, self.rank, self.world_size, self.host, self.pid,
                              self.device or default_device()))
         config = {**self.config.to_dict(), "step_sample": self.step_sample}
@@ -121,10 +137,12 @@ class Tracer:
                             host=self.host, rank=self.rank, **self._run))
 
     def close(self) -> None:
-        """Remove every hook, send the final :class:`RankStatus` (``finished=True``), flush the sink."""
+        """Remove every hook, send the final :class:`RankStatus` (``finished=True``), flush the sink
+        (waiting at most :data:`CLOSE_FLUSH_TIMEOUT_S`). Idempotent; never raises."""
         if self._closed:
             return
         self.start()
+        atexit.unregister(self.close)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -132,7 +150,7 @@ class Tracer:
         self._flush_groups()
         self.status(finished=True)
         try:
-            self.sink.flush()
+            self.sink.flush(CLOSE_FLUSH_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - observing must not break the engine's shutdown
             self._hook_failed("sink.flush", exc)
 
@@ -150,7 +168,13 @@ class Tracer:
         return "capture_only" if self._capture_calls == self.hook_calls else "mixed"
 
     def status(self, finished: bool = False) -> RankStatus:
-        """Emit and return the current :class:`RankStatus`."""
+        """Emit and return the current :class:`RankStatus` (after a new :class:`RankStart` when
+        ``torch.distributed`` came up since the rank was read)."""
+        if self.world_size == 1 and self._started:
+            before = (self.rank, self.world_size)
+            self._resolve_context()
+            if (self.rank, self.world_size) != before:
+                self._announce()
         event = RankStatus(self.run_id, self.rank, self.hook_calls, self.hook_errors,
                            self.graph_mode, finished)
         self._emit(event)
@@ -194,15 +218,26 @@ class Tracer:
         Python values only: pass no tensors (reading one would sync the device). The step index is
         counted per request by the tracer; without target hooks, the next draft call counts as
         target-fed.
+
+        Never raises into the engine: a step of a request never started (:meth:`start_request`), or
+        one whose figures contradict each other (``accepted > proposed``, a mask of the wrong length
+        or with another count of accepted positions: the checks of :class:`VerifyStep`), is dropped,
+        counted in ``hook_errors`` and logged once (``record_verify``).
         """
         self.start()
-        request_id = str(request_id)
-        step = self._steps.get(request_id, 0)
+        try:
+            request_id = str(request_id)
+            if request_id not in self._steps:
+                raise LookupError(f"request {request_id!r} was never started (call start_request first)")
+            step = self._steps[request_id]
+            if accepted_mask is not None and not isinstance(accepted_mask, str):
+                accepted_mask = "".join("1" if bit else "0" for bit in accepted_mask)
+            event = VerifyStep(self.run_id, request_id, self.rank, step, int(proposed), int(accepted),
+                               accepted_mask, draft_s, verify_s, None if emitted is None else tuple(emitted))
+        except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
+            self._hook_failed("record_verify", exc)
+            return
         self._steps[request_id] = step + 1
-        if accepted_mask is not None and not isinstance(accepted_mask, str):
-            accepted_mask = "".join("1" if bit else "0" for bit in accepted_mask)
-        event = VerifyStep(self.run_id, request_id, self.rank, step, int(proposed), int(accepted),
-                           accepted_mask, draft_s, verify_s, None if emitted is None else tuple(emitted))
         if self._step_detail(request_id):
             self._emit(event)
         else:

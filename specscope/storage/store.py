@@ -18,14 +18,22 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Connection, Engine
 
-from specscope.errors import ReadOnlyViolation, SchemaVersionError, StoreError
+from specscope.errors import EventRejected, ReadOnlyViolation, SchemaVersionError, StoreError
 from specscope.events import Event, Finding
 from specscope.storage import _bulk, migrations, schema
 from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S, Target, create_engine, parse_target
 from specscope.storage._errors import translate
+from specscope.storage._guard import (
+    DEFAULT_MAX_RESULT_BYTES,
+    DEFAULT_QUERY_TIMEOUT_S,
+    ResultCap,
+    SqliteGuard,
+    postgres_timeout_sql,
+)
 from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, counter_rows, group_rows
 
 _PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
+_PG_QUERY_CANCELED = "57014"  # SQLSTATE query_canceled: statement_timeout expired
 
 
 class Store:
@@ -68,6 +76,14 @@ class Store:
             if engine is not None:
                 engine.dispose()
 
+    def after_fork(self) -> None:
+        """In a forked child process: forget the parent's pooled connections without closing them
+        (they belong to the parent; SQLAlchemy ``Engine.dispose(close=False)``, "Using Connection
+        Pools with Multiprocessing or os.fork()"). The child opens its own on next use."""
+        for engine in (self._write_engine, self._read_engine):
+            if engine is not None:
+                engine.dispose(close=False)
+
     def write(self, events: Sequence[Event], *, counters: Counters | None = None) -> None:
         """Write ``events`` and add ``counters`` in ONE transaction: all of it is committed, or nothing.
 
@@ -81,23 +97,24 @@ class Store:
 
         Raises:
             ReadOnlyViolation: the store was opened read-only.
-            StoreError: the database refused the transaction (locked, unreachable, bad value), or an
-                object is not an event of :mod:`specscope.events`.
+            EventRejected: an object is not an event of :mod:`specscope.events`, or the database
+                refused an event's values (too long for its column, out of range, a constraint).
+            StoreError: the database refused the transaction (locked, unreachable, full, read-only).
         """
         if self._write_engine is None:
             raise ReadOnlyViolation(f"store {self.url} was opened read-only")
         try:
             grouped = group_rows(events)
         except (KeyError, AttributeError, TypeError, ValueError) as exc:
-            raise StoreError(f"writing to {self.url}: not a specscope event or a malformed one: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise EventRejected(f"writing to {self.url}: not a specscope event or a malformed one: "
+                                f"{type(exc).__name__}: {exc}") from exc
         if counters:
             rows = counter_rows(counters, time.time())
             if rows:
                 grouped["counters"] = rows
         if not grouped:
             return
-        with translate("writing to", self.url), self._write_engine.begin() as conn:
+        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
             for name in STATEMENTS:
                 rows = grouped.get(name)
                 if not rows:
@@ -125,7 +142,7 @@ class Store:
             raise StoreError(f"writing to {self.url}: not a specscope finding or a malformed one: "
                              f"{type(exc).__name__}: {exc}") from exc
         table = schema.findings
-        with translate("writing to", self.url), self._write_engine.begin() as conn:
+        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
             if run_ids:
                 conn.execute(table.delete().where(table.c.source == source,
                                                   table.c.run_id.in_(list(run_ids))))
@@ -155,56 +172,128 @@ class Store:
             return [{name: float(value) if isinstance(value, Decimal) else value
                      for name, value in row.items()} for row in result.mappings()]
 
-    def query(self, sql: str, params: Mapping[str, Any] | None = None,
-              limit: int | None = None) -> tuple[list[str], list[tuple]]:
-        """Run ONE SQL statement on a read-only connection; return ``(column names, rows)``.
+    def query(self, sql: str, params: Mapping[str, Any] | None = None, limit: int | None = None, *,
+              timeout_s: float | None = DEFAULT_QUERY_TIMEOUT_S,
+              max_bytes: int | None = DEFAULT_MAX_RESULT_BYTES) -> QueryResult:
+        """Run ONE user SQL statement on a read-only connection; return ``(column names, rows)``.
 
         Without ``params`` the SQL is sent as written; with ``params`` it may name ``:param``
-        placeholders (SQLAlchemy ``text()``). ``limit`` caps the rows fetched. Writes are refused by
-        the database itself (SQLite ``mode=ro`` + ``query_only``; PostgreSQL read-only transaction,
-        and the extended query protocol so a second statement cannot follow a ``COMMIT``), and the
-        transaction is rolled back afterwards. A statement that returns no rows gives ``([], [])``.
+        placeholders (SQLAlchemy ``text()``). The database enforces read-only for every statement
+        class (:mod:`specscope.storage._guard`: on SQLite an authorizer denying ATTACH / DETACH /
+        VACUUM INTO, writes, temp objects, transactions, state-changing PRAGMAs and
+        ``load_extension``, on a ``mode=ro`` + ``query_only`` connection; on PostgreSQL a read-only
+        transaction sent through the extended protocol, so a second statement cannot follow a
+        ``COMMIT``), and the transaction is rolled back afterwards. ``timeout_s`` (seconds, None = no
+        limit; default 2 s) bounds the statement, fetch included; ``limit`` (rows) and ``max_bytes``
+        (values as text; default 64 MiB) cap what is returned: the result's ``truncated`` then names
+        the cap. A statement that returns no rows gives ``([], [])``.
 
         Raises:
-            ReadOnlyViolation: the statement tried to write; nothing changed.
-            StoreError: the database rejected the SQL (its message), or more than one statement.
+            ReadOnlyViolation: the statement tried to write or to reach outside the store; nothing
+                changed and no file was created.
+            StoreError: the database rejected the SQL (its message), more than one statement, a
+                negative limit, or the time limit expired.
         """
         if limit is not None and limit < 0:
             raise StoreError(f"query limit must be >= 0, got {limit}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise StoreError(f"query time limit must be > 0 seconds, got {timeout_s}")
+        cap = ResultCap(limit, max_bytes)
         with translate("query on", self.url), self._read_engine.connect() as conn:
+            conn.begin()  # the BEGIN of the read engine runs before the guard denies transactions
             try:
                 if self.dialect == "postgresql":
-                    return _query_postgres(conn, sql, params, limit)
-                return _query_sqlite(conn, sql, params, limit)
+                    columns, rows = _query_postgres(conn, sql, params, cap, timeout_s, self.url)
+                else:
+                    columns, rows = _query_sqlite(conn, sql, params, cap, timeout_s, self.url)
             finally:
                 conn.rollback()
+        return QueryResult(columns, rows, cap.truncated)
 
 
-def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None,
-                  limit: int | None) -> tuple[list[str], list[tuple]]:
+class QueryResult(tuple):
+    """``(columns, rows)`` of :meth:`Store.query`; ``truncated`` names the cap that cut the rows
+    (``"10,000 rows"``, ``"67,108,864 bytes"``) or is None when every row is there."""
+
+    truncated: str | None
+
+    def __new__(cls, columns: list[str], rows: list[tuple], truncated: str | None = None) -> QueryResult:
+        result = super().__new__(cls, (columns, rows))
+        result.truncated = truncated
+        return result
+
+    @property
+    def columns(self) -> list[str]:
+        return self[0]
+
+    @property
+    def rows(self) -> list[tuple]:
+        return self[1]
+
+
+def _timed_out(url: str, timeout_s: float | None) -> StoreError:
+    return StoreError(f"query on {url}: stopped after the time limit of {timeout_s:g} s; narrow the "
+                      "query or raise the limit (specscope query --timeout, the SQL page's Time limit)")
+
+
+def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
+                  timeout_s: float | None, url: str) -> tuple[list[str], list[tuple]]:
     # sqlite3 itself refuses a second statement ("You can only execute one statement at a time").
-    result = conn.exec_driver_sql(sql) if params is None else conn.execute(sa.text(sql), dict(params))
-    if not result.returns_rows:
-        return [], []
-    rows = result.fetchmany(limit) if limit is not None else result.fetchall()
-    return list(result.keys()), [tuple(row) for row in rows]
+    raw = conn.connection.dbapi_connection
+    guard = SqliteGuard(timeout_s)
+    guard.install(raw)
+    try:
+        result = conn.exec_driver_sql(sql) if params is None else conn.execute(sa.text(sql), dict(params))
+        if not result.returns_rows:
+            return [], []
+        return list(result.keys()), cap.take(result)
+    except sa.exc.DBAPIError as exc:
+        if guard.denied is not None:
+            raise ReadOnlyViolation(f"query on {url}: {guard.denied} is not allowed (the SQL surface is "
+                                    "read-only: SELECT, WITH and schema PRAGMAs only)") from exc
+        if guard.timed_out:
+            raise _timed_out(url, timeout_s) from exc
+        raise
+    finally:
+        guard.remove(raw)
 
 
-def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None,
-                    limit: int | None) -> tuple[list[str], list[tuple]]:
+def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
+                    timeout_s: float | None, url: str) -> tuple[list[str], list[tuple]]:
     # psycopg sends a query without parameters through the simple protocol, which runs several
     # ';'-separated statements ("COMMIT; SET ...; INSERT ..." would escape the read-only
     # transaction). binary=True makes it use the extended protocol: one statement only.
+    import psycopg  # the PostgreSQL driver is optional (extra "postgres"); this store needs it
+
     raw = conn.connection.dbapi_connection
     if params is not None:
         compiled = sa.text(sql).compile(dialect=conn.dialect)
         sql, params = compiled.string, compiled.construct_params(dict(params))
     with raw.cursor() as cursor:
-        cursor.execute(sql, params, binary=True)
-        if cursor.description is None:
-            return [], []
-        rows = cursor.fetchmany(limit) if limit is not None else cursor.fetchall()
-        return [column.name for column in cursor.description], [tuple(row) for row in rows]
+        timeout_sql = postgres_timeout_sql(timeout_s)
+        if timeout_sql is not None:
+            cursor.execute(timeout_sql)
+        try:
+            # stream(): rows arrive one by one (a plain cursor would hold the whole result in memory
+            # before the caps apply); leaving it early cancels the statement.
+            stream = cursor.stream(sql, params, binary=True)
+            try:
+                rows = cap.take(stream)
+            finally:
+                stream.close()
+            if cursor.description is None and not rows:
+                # An empty stream carries no column names: run it once more to learn them.
+                cursor.execute(sql, params, binary=True)
+            if cursor.description is None:
+                return [], []
+            return [column.name for column in cursor.description], rows
+        except psycopg.Error as exc:
+            if exc.sqlstate == _PG_QUERY_CANCELED:
+                raise _timed_out(url, timeout_s) from exc
+            if exc.sqlstate is None:  # psycopg's own refusal: COMMIT, SET, COPY ... return no result
+                raise StoreError(f"query on {url}: the statement returns no result; only queries "
+                                 "run here") from exc
+            raise
 
 
 def _insert_sql(dialect: str) -> dict[str, str]:

@@ -9,9 +9,11 @@ import streamlit as st
 from specscope.app import widgets
 from specscope.cli.query import write_csv
 from specscope.errors import SpecscopeError
-from specscope.storage import schema, views
+from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, schema, views
 
 ROW_LIMIT = 10_000
+BYTE_LIMIT = 16 * 2**20  # what one page view may pull into the Streamlit server and the browser
+MAX_TIMEOUT_S = 30.0  # a visitor may raise the time limit up to this, never remove it
 EXAMPLES = {
     "Runs, newest first": "SELECT run_id, engine, fault, status, verify_steps, mean_acceptance_length,\n"
                           "       acceptance_rate, error_findings\nFROM v_run_summary ORDER BY started_wall DESC",
@@ -37,13 +39,19 @@ with left:
         sql = st.text_area("One read-only SQL statement", EXAMPLES[example].format(run_id=run_id), height=160,
                            key=f"sql_text_{example}")
         submitted = st.form_submit_button("Run", type="primary")
-    st.caption(f"Writes are refused by the database; at most {ROW_LIMIT:,} rows are fetched.")
+    timeout_s = st.number_input("Time limit (s)", min_value=0.1, max_value=MAX_TIMEOUT_S,
+                                value=DEFAULT_QUERY_TIMEOUT_S, step=0.5, key="sql_timeout_s")
+    st.caption(f"Writes, ATTACH, temp tables and extensions are refused by the database; at most "
+               f"{ROW_LIMIT:,} rows and {BYTE_LIMIT // 2**20} MiB are fetched.")
     if submitted or sql:
         try:
-            columns, rows = widgets.store().query(sql, limit=ROW_LIMIT)
+            result = widgets.store().query(sql, limit=ROW_LIMIT, timeout_s=timeout_s, max_bytes=BYTE_LIMIT)
         except SpecscopeError as exc:
             st.error(str(exc))
         else:
+            columns, rows = result
+            if result.truncated:
+                st.warning(f"Result cut at {result.truncated}: add a LIMIT or narrow the query.")
             st.dataframe([dict(zip(columns, row)) for row in rows], hide_index=True)
             out = io.StringIO()
             write_csv(columns, rows, out)

@@ -17,8 +17,8 @@ MODES = {
     "capture_only": "**CUDA-graph capture only**: hooks fired only while graphs were captured; replays "
                     "are invisible. The shapes shown are those captured (and replayed); per-step values "
                     "and counts are not observed.",
-    "mixed": "**Mixed**: some calls were seen eagerly, others only while CUDA graphs were captured "
-             "(replays invisible).",
+    "mixed": "**Mixed**: some calls (or ranks) were seen eagerly, others only while CUDA graphs were "
+             "captured (replays invisible).",
 }
 
 
@@ -42,7 +42,10 @@ def body() -> None:
     phases = queries.graph_phases(contract)
     mode = summary["graph_mode"] or "eager"
     counts = ", ".join(f"{phase}: {events:,}" for phase, events in phases.items()) or "none"
-    st.info(f"Observed mode — {MODES.get(mode, mode)} Events by graph phase: {counts}.",
+    per_rank = {r["rank"]: r["graph_mode"] for r in widgets.query("ranks", run_id)}
+    by_rank = (" Per rank: " + ", ".join(f"rank {k} {v}" for k, v in per_rank.items()) + "."
+               if len(set(per_rank.values())) > 1 else "")
+    st.info(f"Observed mode — {MODES.get(mode, mode)}{by_rank} Events by graph phase: {counts}.",
             icon=":material/visibility:")
     left, right = st.columns(2)
     with left:

@@ -1,0 +1,42 @@
+"""Graph mode is aggregated per rank: a run whose ranks saw different modes is 'mixed' (not the
+lexical MAX 'eager'), the Tensors page names each rank's mode, the doctor names the blind rank."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from _dashboard_traces import trace, write_store
+from specscope import events as ev
+from specscope.app import DB_ENV, ENTRY, queries
+from specscope.doctor import diagnose
+from specscope.storage import open_store
+
+
+@pytest.fixture
+def split_modes(tmp_path) -> str:
+    path = write_store(tmp_path / "store.db", [trace("split-run", world_size=2)])
+    with open_store(path) as store:  # rank 0 eager, rank 1 only saw CUDA-graph capture
+        store.write([ev.RankStatus(run_id="split-run", rank=0, hook_calls=10, hook_errors=0,
+                                   graph_mode="eager", finished=True),
+                     ev.RankStatus(run_id="split-run", rank=1, hook_calls=10, hook_errors=0,
+                                   graph_mode="capture_only", finished=True)])
+    return path
+
+
+def test_run_is_mixed_and_ranks_keep_their_mode(split_modes: str) -> None:
+    with open_store(split_modes, read_only=True) as store:
+        assert queries.run_summary(store, "split-run")["graph_mode"] == "mixed"
+        assert [(r["rank"], r["graph_mode"]) for r in queries.ranks(store, "split-run")] == [
+            (0, "eager"), (1, "capture_only")]
+        (blind,) = [f for f in diagnose(store, "split-run").findings if f.code == "GRAPH_MODE_BLIND"]
+        assert blind.evidence["ranks"] == [1]
+
+
+def test_tensors_page_shows_mode_per_rank(monkeypatch, split_modes: str) -> None:
+    monkeypatch.setenv(DB_ENV, split_modes)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    at.switch_page("pages/tensors.py").run()
+    assert not at.exception
+    (mode,) = [i.value for i in at.info if i.value.startswith("Observed mode")]
+    assert "**Mixed**" in mode and "Per rank: rank 0 eager, rank 1 capture_only." in mode
