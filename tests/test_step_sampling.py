@@ -50,10 +50,10 @@ def _trace(store, run_id: str, accepted_by_rank: dict[int, list[int]], step_samp
     with Collector(store, flush_interval_s=0.05) as collector:
         tracers = {}
         for rank in accepted_by_rank:
-            tracer = Tracer(collector, run_id=run_id, engine="sampled", engine_version="0",
-                            target_model="t", draft_model="d", config=CONFIG, step_sample=step_sample)
-            tracer.rank, tracer.world_size = rank, len(accepted_by_rank)  # two ranks in one process
-            tracers[rank] = tracer
+            tracers[rank] = Tracer(collector, run_id=run_id, engine="sampled", engine_version="0",
+                                   target_model="t", draft_model="d", config=CONFIG,
+                                   step_sample=step_sample, rank=rank,
+                                   world_size=len(accepted_by_rank))  # two ranks in one process
         for index in range(REQUESTS):
             rank = index % len(tracers)
             tracer, request_id = tracers[rank], f"req-{index:02d}"

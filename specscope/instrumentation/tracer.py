@@ -66,8 +66,10 @@ class Tracer:
     Arguments: ``run_id`` (default: a uuid4 hex; give all ranks the same one), run metadata
     (``engine``, ``engine_version``, ``target_model``, ``draft_model``, ``config``: the target/draft
     contract, ``fault``), sampling (:class:`SamplingConfig` fields), ``device`` (default: the draft's
-    device, else the current CUDA device, else ``"cpu"``). The tracer does not own the sink: ``close``
-    flushes it, its owner closes it. Raises :class:`ConfigError` for bad sampling values.
+    device, else the current CUDA device, else ``"cpu"``), ``rank`` / ``world_size`` (default: from
+    ``torch.distributed`` at start, and again if it comes up later; give both where the engine numbers
+    its ranks itself, e.g. vLLM's world group). The tracer does not own the sink: ``close`` flushes it,
+    its owner closes it. Raises :class:`ConfigError` for bad sampling values or rank.
     """
 
     def __init__(self, sink: Sink, *, engine: str, engine_version: str, target_model: str,
@@ -75,7 +77,8 @@ class Tracer:
                  fault: str | None = None, sample_every: int = 64, first_calls: int = 8,
                  value_stats: bool = False, provenance_every: int = 0,
                  status_interval_s: float = 5.0, device: str | None = None,
-                 step_sample: float = 1.0) -> None:
+                 step_sample: float = 1.0, rank: int | None = None,
+                 world_size: int | None = None) -> None:
         self.sink = sink
         self.run_id = run_id or uuid.uuid4().hex
         self.config = config
@@ -89,6 +92,9 @@ class Tracer:
         self.device = device
         self._run = dict(engine=engine, engine_version=engine_version, target_model=target_model,
                          draft_model=draft_model, fault=fault)
+        if (rank is None) != (world_size is None) or (rank is not None and not 0 <= rank < world_size):
+            raise ConfigError(f"give rank and world_size together, 0 <= rank < world_size; got {rank}, {world_size}")
+        self._given_rank = None if rank is None else (int(rank), int(world_size))
         self._resolve_context()
         self._first_calls, self._sample_every = first_calls, sample_every  # plain attrs: hot path
         # Counters bumped inline by the hooks (see _hooks.guarded).
@@ -128,6 +134,8 @@ class Tracer:
         context = process_context()
         self.host, self.pid, self.rank, self.world_size = (
             context.host, context.pid, context.rank, context.world_size)
+        if self._given_rank is not None:  # the engine's own numbering (e.g. vLLM's world group)
+            self.rank, self.world_size = self._given_rank
 
     def _announce(self) -> None:
         self._emit(RankStart(self.run_id, self.rank, self.world_size, self.host, self.pid,

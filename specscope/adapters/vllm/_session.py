@@ -76,6 +76,19 @@ def run_config(vllm_config: Any, active: tuple[int, ...] | None = None) -> RunCo
                      dtype=str(model.dtype).removeprefix("torch."), aux_layer_ids_active=active)
 
 
+def _rank(vllm_config: Any, has_model: bool) -> tuple[int, int]:
+    """``(rank, world size)``: a worker's place in vLLM's world group (tensor x pipeline x data
+    parallel, ``vllm/distributed/parallel_state.py``); the scheduler's data-parallel rank, whose
+    requests it schedules."""
+    parallel = vllm_config.parallel_config
+    if has_model:
+        from vllm.distributed.parallel_state import get_world_group
+
+        group = get_world_group()
+        return group.rank_in_group, group.world_size
+    return parallel.data_parallel_rank, max(parallel.data_parallel_size, 1)
+
+
 class _SchedulerOnlySink:
     """The collector minus run and rank rows, for a process that observes no model (see the module
     doc): the worker, which loads the models before EngineCore builds its scheduler, writes them,
@@ -111,7 +124,9 @@ class Session:
         sink = self.collector if has_model else _SchedulerOnlySink(self.collector)
         spec = vllm_config.speculative_config
         every = int(os.environ.get(ENV_PROVENANCE_EVERY, DEFAULT_PROVENANCE_EVERY))
-        self.tracer = Tracer(sink, engine=ENGINE, engine_version=vllm.__version__,
+        rank, world_size = _rank(vllm_config, has_model)
+        self.tracer = Tracer(sink, engine=ENGINE, engine_version=vllm.__version__, rank=rank,
+                             world_size=world_size,
                              target_model=str(vllm_config.model_config.model),
                              draft_model=str(spec.model), config=run_config(vllm_config, active),
                              run_id=self.run_id, provenance_every=every)
