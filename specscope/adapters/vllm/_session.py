@@ -101,8 +101,8 @@ class _SchedulerOnlySink:
         if not isinstance(event, (RunStart, RankStart, RankStatus)):
             self._collector.emit(event)
 
-    def flush(self) -> None:
-        self._collector.flush()
+    def flush(self, timeout_s: float | None = None) -> bool:
+        return self._collector.flush(timeout_s)
 
     def close(self) -> None:
         self._collector.close()
