@@ -1,7 +1,8 @@
-"""Hook closures. Everything a hook needs is bound when it is made; the per-call path reads tensor
-metadata (``.shape`` / ``.dtype`` / ``.device``), bumps counters and compares a cached signature.
+"""Hook closures over a :class:`HookState`. Everything a hook needs is bound when it is made; the
+per-call path reads tensor metadata (``.shape`` / ``.dtype`` / ``.device``), bumps counters and
+compares a cached signature (:meth:`HookState.observe`).
 
-Every hook body runs inside :func:`guarded`: an exception is counted and logged once by the tracer and
+Every hook body runs inside :func:`guarded`: an exception is counted and logged once by the state and
 never reaches the engine; hooks always return None, so arguments and outputs pass through untouched.
 """
 
@@ -15,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from specscope.instrumentation import points
 from specscope.instrumentation._sampling import SamplingConfig, TensorPoint
+from specscope.instrumentation._state import HookState
 
 if TYPE_CHECKING:
     from specscope.instrumentation._provenance import Provenance
-    from specscope.instrumentation.tracer import Tracer
 
 MAX_ITEMS = 16
 """Tensors looked at inside one tuple/list/dict argument (bounds the per-call cost)."""
@@ -28,12 +30,12 @@ LayerInput = Callable[[tuple, dict], "torch.Tensor | None"]
 
 
 class PointTable:
-    """Hook points of one module hook, made on first sight: ``prefix:key`` or ``prefix:key.index``."""
+    """Hook points of one module hook, made on first sight: ``module:key`` or ``module:key.index``."""
 
-    __slots__ = ("_prefix", "_sampling", "_points", "_runs")
+    __slots__ = ("_module", "_sampling", "_points", "_runs")
 
-    def __init__(self, prefix: str, sampling: SamplingConfig) -> None:
-        self._prefix = prefix
+    def __init__(self, module: str, sampling: SamplingConfig) -> None:
+        self._module = module
         self._sampling = sampling
         self._points: dict[Any, TensorPoint] = {}
         self._runs: dict[tuple[str, int], tuple[TensorPoint, ...]] = {}
@@ -41,8 +43,8 @@ class PointTable:
     def get(self, key: str | tuple[str, Any]) -> TensorPoint:
         point = self._points.get(key)
         if point is None:
-            suffix = key if isinstance(key, str) else f"{key[0]}.{key[1]}"
-            point = self._points[key] = TensorPoint(f"{self._prefix}:{suffix}", self._sampling)
+            suffix = key if isinstance(key, str) else points.item(*key)
+            point = self._points[key] = TensorPoint(points.point(self._module, suffix), self._sampling)
         return point
 
     def run(self, name: str, count: int) -> tuple[TensorPoint, ...]:
@@ -53,17 +55,17 @@ class PointTable:
         return points
 
 
-def guarded(tracer: Tracer, name: str, body: Callable[[bool, nn.Module, Any, Any], None]) -> Callable:
+def guarded(state: HookState, name: str, body: Callable[[bool, nn.Module, Any, Any], None]) -> Callable:
     """Wrap ``body(capturing, module, args, kwargs_or_output)``: count the call, tag CUDA-graph
     capture, swallow and count any exception. The counters are bumped inline (hot path)."""
-    probe, failed = tracer._capturing, tracer._hook_failed
+    probe, failed = state.capturing, state.failed
 
     def hook(module: nn.Module, args: tuple, extra: Any = None) -> None:
-        tracer.hook_calls += 1
+        state.calls += 1
         try:
             capturing = probe()
             if capturing:
-                tracer._capture_calls += 1
+                state.capture_calls += 1
             body(capturing, module, args, extra)
         except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
             failed(name, exc)
@@ -71,20 +73,20 @@ def guarded(tracer: Tracer, name: str, body: Callable[[bool, nn.Module, Any, Any
     return hook
 
 
-def _visit(tracer: Tracer, table: PointTable, name: str, value: Any, capturing: bool) -> None:
+def _visit(state: HookState, table: PointTable, name: str, value: Any, capturing: bool) -> None:
     """Record a tensor, or the tensors one level inside a tuple / list / mapping (``name.i``)."""
     if isinstance(value, torch.Tensor):
-        tracer._observe(table.get(name), value, None, capturing)
+        state.observe(table.get(name), value, None, capturing)
     elif isinstance(value, (tuple, list)):
         for point, item in zip(table.run(name, min(len(value), MAX_ITEMS)), value):
             if isinstance(item, torch.Tensor):
-                tracer._observe(point, item, None, capturing)
+                state.observe(point, item, None, capturing)
     elif isinstance(value, Mapping):
         for count, (key, item) in enumerate(value.items()):
             if count == MAX_ITEMS:
                 break
             if isinstance(item, torch.Tensor):
-                tracer._observe(table.get((name, key)), item, None, capturing)
+                state.observe(table.get((name, key)), item, None, capturing)
 
 
 def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
@@ -97,44 +99,45 @@ def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def draft_forward_hooks(tracer: Tracer, draft: nn.Module, hidden_arg: str, draft_width: int,
+def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Module, hidden_arg: str,
+                        fused_width: int, draft_width: int,
                         provenance: Provenance | None) -> tuple[Callable, Callable]:
     """``(pre_hook, forward_hook)`` for the draft's forward.
 
     The pre-hook (``with_kwargs=True``) records every tensor argument as ``draft.forward:<argname>``;
-    ``hidden_arg`` is recorded with its expected width (``config.expected_fused_width`` on a
-    target-fed call, ``draft_width`` on chained calls) and, on sampled target-fed calls, checked for
+    ``hidden_arg`` is recorded with its expected width (``fused_width``, i.e.
+    ``config.expected_fused_width``, on a target-fed call, ``draft_width`` on chained calls) and, on sampled target-fed calls, checked for
     provenance. The forward hook records ``draft.forward:output`` (``output.0``, ... for a tuple).
     """
     names = positional_names(draft.forward)
-    inputs = PointTable("draft.forward", tracer.sampling)
-    outputs = PointTable("draft.forward", tracer.sampling)
+    inputs = PointTable(points.DRAFT_FORWARD, sampling)
+    outputs = PointTable(points.DRAFT_FORWARD, sampling)
     positional = tuple((name, inputs.get(name)) for name in names)
     hidden_point = inputs.get(hidden_arg)
-    fused = tracer.config.expected_fused_width
-    observe = tracer._observe
+    observe = state.observe
 
     def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        fed = tracer._target_fed
-        tracer._target_fed = False
+        fed = state.target_fed
+        state.target_fed = False
         items = zip(positional, args)
         if kwargs or len(args) > len(names):
-            extra = ((f"args.{i}", a) for i, a in enumerate(args[len(names):], len(names)))
+            extra = ((points.item("args", i), a) for i, a in enumerate(args[len(names):], len(names)))
             items = chain(items, (((k, inputs.get(k)), v) for k, v in chain(extra, kwargs.items())))
         for (name, point), value in items:
             if not isinstance(value, torch.Tensor):
-                _visit(tracer, inputs, name, value, capturing)
+                _visit(state, inputs, name, value, capturing)
             elif point is not hidden_point:
                 observe(point, value, None, capturing)
             else:
-                observe(point, value, fused if fed else draft_width, capturing)
+                observe(point, value, fused_width if fed else draft_width, capturing)
                 if fed and provenance is not None and not capturing:
-                    tracer._check_provenance(value, point.calls - 1)
+                    state.check_provenance(value, point.calls - 1)
 
     def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
-        _visit(tracer, outputs, "output", output, capturing)
+        _visit(state, outputs, points.OUTPUT, output, capturing)
 
-    return (guarded(tracer, "draft.forward:input", pre), guarded(tracer, "draft.forward:output", post))
+    return (guarded(state, points.point(points.DRAFT_FORWARD, points.INPUT), pre),
+            guarded(state, points.DRAFT_OUTPUT, post))
 
 
 def default_layer_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -144,52 +147,54 @@ def default_layer_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return kwargs.get("hidden_states")
 
 
-def target_layer_hook(tracer: Tracer, index: int, record: bool, first: bool,
-                      provenance: Provenance | None, layer_input: LayerInput) -> Callable:
+def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, width: int, record: bool,
+                      first: bool, provenance: Provenance | None, layer_input: LayerInput) -> Callable:
     """Pre-hook (``with_kwargs=True``) on target decoder layer ``index``: ``target.layers.{i}:input``.
 
-    ``record``: emit tensor events (configured capture layers); ``first``: the lowest hooked layer,
-    whose call marks a new target forward; ``provenance``: fingerprint the input on sampled steps.
+    ``width``: the expected hidden width (``config.target_hidden_size``); ``record``: emit tensor
+    events (configured capture layers); ``first``: the lowest hooked layer, whose call marks a new
+    target forward; ``provenance``: fingerprint the input on sampled steps.
     """
-    point = TensorPoint(f"target.layers.{index}:input", tracer.sampling) if record else None
-    width = tracer.config.target_hidden_size
+    name = points.target_layer_input(index)
+    point = TensorPoint(name, sampling) if record else None
 
     def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if first:  # a new target forward: the next draft call is target-fed
-            tracer._target_forward()
+            state.target_forward()
         hidden = layer_input(args, kwargs)
         if hidden is None:
             return
         if point is not None:
-            tracer._observe(point, hidden, width, capturing)
+            state.observe(point, hidden, width, capturing)
         if provenance is not None and not capturing and provenance.due:
             provenance.record(index, hidden)
 
-    return guarded(tracer, f"target.layers.{index}:input", pre)
+    return guarded(state, name, pre)
 
 
-def final_norm_hook(tracer: Tracer, provenance: Provenance, index: int) -> Callable:
+def final_norm_hook(state: HookState, provenance: Provenance, index: int) -> Callable:
     """Forward hook on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
 
     def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
         if not capturing and provenance.due and isinstance(output, torch.Tensor):
             provenance.record(index, output)
 
-    return guarded(tracer, "target.norm:output", post)
+    return guarded(state, points.TARGET_NORM_OUTPUT, post)
 
 
-def module_hooks(tracer: Tracer, name: str) -> tuple[Callable, Callable]:
+def module_hooks(state: HookState, sampling: SamplingConfig, name: str) -> tuple[Callable, Callable]:
     """``(pre_hook, forward_hook)`` recording ``<name>:input`` and ``<name>:output``.
 
     One positional argument is ``input``; several are ``input.0``, ``input.1``, ...; a tuple output
     is ``output.0``, ``output.1``, ...
     """
-    table = PointTable(name, tracer.sampling)
+    table = PointTable(name, sampling)
 
     def pre(capturing: bool, module: nn.Module, args: tuple, unused: None) -> None:
-        _visit(tracer, table, "input", args[0] if len(args) == 1 else args, capturing)
+        _visit(state, table, points.INPUT, args[0] if len(args) == 1 else args, capturing)
 
     def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
-        _visit(tracer, table, "output", output, capturing)
+        _visit(state, table, points.OUTPUT, output, capturing)
 
-    return guarded(tracer, f"{name}:input", pre), guarded(tracer, f"{name}:output", post)
+    return (guarded(state, points.point(name, points.INPUT), pre),
+            guarded(state, points.point(name, points.OUTPUT), post))

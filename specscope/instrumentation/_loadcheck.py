@@ -20,7 +20,6 @@ from specscope.events import LoadReport
 from specscope.instrumentation.tracer import Tracer
 
 
-
 def checkpoint_keys(checkpoint: Mapping[str, Any] | str | os.PathLike | Iterable[str]) -> tuple[list[str], str]:
     """``(keys, source)`` of a state dict, a ``.safetensors`` file (or a directory of them: header
     only, no tensor is read) or a plain key list. Raises :class:`CheckpointError` for a path that is
@@ -68,5 +67,5 @@ def check_load(tracer: Tracer, module_or_param_names: nn.Module | Iterable[str],
     report = LoadReport(tracer.run_id, tracer.rank, module_name, source,
                         plan.strict if strict is None else strict,
                         len(plan.loaded) + len(plan.renamed), plan.missing, plan.dropped, plan.renamed)
-    tracer._emit(report)
+    tracer.hook_state.emit(report)
     return report
