@@ -1,6 +1,11 @@
-"""Hook closures over a :class:`HookState`. Everything a hook needs is bound when it is made; the
-per-call path reads tensor metadata (``.shape`` / ``.dtype`` / ``.device``), bumps counters and
-compares a cached signature (:meth:`HookState.observe`).
+"""Hook closures over a :class:`HookState`. Everything a hook needs is bound when it is made.
+
+Per call a hook reads its tensors' metadata into one call key (``(shape, dtype, device)`` of each,
+read in C by :data:`SIGNATURE` when the value is a tensor or a sequence of tensors), counts the call
+at its :class:`CallSite` and returns unless the call is sampled (:meth:`HookState.sample`); only a
+sampled call builds names and events. Values that are not plain tensors or sequences of tensors
+(mappings, mixed sequences, keyword arguments) take the general path, which names every tensor in
+the key.
 
 Every hook body runs inside :func:`guarded`: an exception is counted and logged once by the state and
 never reaches the engine; hooks always return None, so arguments and outputs pass through untouched.
@@ -9,15 +14,15 @@ never reaches the engine; hooks always return None, so arguments and outputs pas
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from torch import Tensor, nn
 
 from specscope.instrumentation import points
-from specscope.instrumentation._sampling import SamplingConfig, TensorPoint
+from specscope.instrumentation._sampling import CallSite, SamplingConfig
 from specscope.instrumentation._state import HookState
 
 if TYPE_CHECKING:
@@ -26,33 +31,35 @@ if TYPE_CHECKING:
 MAX_ITEMS = 16
 """Tensors looked at inside one tuple/list/dict argument (bounds the per-call cost)."""
 
-LayerInput = Callable[[tuple, dict], "torch.Tensor | None"]
+SIGNATURE = attrgetter("shape", "dtype", "device")
+"""A tensor's ``(shape, dtype, device)`` in one C call; AttributeError for a non-tensor."""
+
+LayerInput = Callable[[tuple, dict], "Tensor | None"]
 
 
 class PointTable:
-    """Hook points of one module hook, made on first sight: ``module:key`` or ``module:key.index``."""
+    """Hook-point names of one hook, made on first sight: ``module:key`` or ``module:key.index``."""
 
-    __slots__ = ("_module", "_sampling", "_points", "_runs")
+    __slots__ = ("_module", "_names", "_runs")
 
-    def __init__(self, module: str, sampling: SamplingConfig) -> None:
+    def __init__(self, module: str) -> None:
         self._module = module
-        self._sampling = sampling
-        self._points: dict[Any, TensorPoint] = {}
-        self._runs: dict[tuple[str, int], tuple[TensorPoint, ...]] = {}
+        self._names: dict[Any, str] = {}
+        self._runs: dict[tuple[str, int], tuple[str, ...]] = {}
 
-    def get(self, key: str | tuple[str, Any]) -> TensorPoint:
-        point = self._points.get(key)
-        if point is None:
+    def get(self, key: str | tuple[str, Any]) -> str:
+        name = self._names.get(key)
+        if name is None:
             suffix = key if isinstance(key, str) else points.item(*key)
-            point = self._points[key] = TensorPoint(points.point(self._module, suffix), self._sampling)
-        return point
+            name = self._names[key] = points.point(self._module, suffix)
+        return name
 
-    def run(self, name: str, count: int) -> tuple[TensorPoint, ...]:
-        """Points ``name.0`` .. ``name.{count-1}`` (cached: a tuple output costs no name building)."""
-        points = self._runs.get((name, count))
-        if points is None:
-            points = self._runs[(name, count)] = tuple(self.get((name, i)) for i in range(count))
-        return points
+    def run(self, name: str, count: int) -> tuple[str, ...]:
+        """Names ``name.0`` .. ``name.{n-1}``, n = ``min(count, MAX_ITEMS)`` (cached by ``count``)."""
+        run = self._runs.get((name, count))
+        if run is None:
+            run = self._runs[(name, count)] = tuple(self.get((name, i)) for i in range(min(count, MAX_ITEMS)))
+        return run
 
 
 def guarded(state: HookState, name: str, body: Callable[[bool, nn.Module, Any, Any], None]) -> Callable:
@@ -63,30 +70,69 @@ def guarded(state: HookState, name: str, body: Callable[[bool, nn.Module, Any, A
     def hook(module: nn.Module, args: tuple, extra: Any = None) -> None:
         state.calls += 1
         try:
-            capturing = probe()
-            if capturing:
+            if probe is not None and probe():
                 state.capture_calls += 1
-            body(capturing, module, args, extra)
+                body(True, module, args, extra)
+            else:
+                body(False, module, args, extra)
         except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
             failed(name, exc)
 
     return hook
 
 
-def _visit(state: HookState, table: PointTable, name: str, value: Any, capturing: bool) -> None:
-    """Record a tensor, or the tensors one level inside a tuple / list / mapping (``name.i``)."""
-    if isinstance(value, torch.Tensor):
-        state.observe(table.get(name), value, None, capturing)
+def _tensors(table: PointTable, name: str, value: Any) -> Iterator[tuple[str, Tensor]]:
+    """``(point name, tensor)`` for a tensor, or the tensors one level inside a tuple / list /
+    mapping (``name.i`` / ``name.key``, at most :data:`MAX_ITEMS` items looked at)."""
+    if isinstance(value, Tensor):
+        yield table.get(name), value
     elif isinstance(value, (tuple, list)):
-        for point, item in zip(table.run(name, min(len(value), MAX_ITEMS)), value):
-            if isinstance(item, torch.Tensor):
-                state.observe(point, item, None, capturing)
+        for point, item in zip(table.run(name, len(value)), value):
+            if isinstance(item, Tensor):
+                yield point, item
     elif isinstance(value, Mapping):
         for count, (key, item) in enumerate(value.items()):
             if count == MAX_ITEMS:
                 break
-            if isinstance(item, torch.Tensor):
-                state.observe(table.get((name, key)), item, None, capturing)
+            if isinstance(item, Tensor):
+                yield table.get((name, key)), item
+
+
+def _general_key(items: list[tuple[str, Tensor, int | None]]) -> tuple:
+    """The call key of named tensors: which points were present, and each one's signature."""
+    return tuple((point, *SIGNATURE(tensor), width) for point, tensor, width in items)
+
+
+def value_hook(state: HookState, sampling: SamplingConfig, table: PointTable, name: str,
+               inputs: bool) -> Callable[[bool, nn.Module, tuple, Any], None]:
+    """The body of a hook that reads one value as ``name``: the positional inputs (``inputs``: one
+    argument itself, several as a tuple) or the output. A tensor is ``name``, a sequence's tensors
+    ``name.0``, ``name.1``, ..."""
+    site = CallSite(sampling)
+
+    def body(capturing: bool, module: nn.Module, args: tuple, extra: Any) -> None:
+        value = (args[0] if len(args) == 1 else args) if inputs else extra
+        if isinstance(value, Tensor):
+            if state.sample(site, SIGNATURE(value)):
+                state.record(table.get(name), site.calls - 1, value, None, capturing)
+            return
+        key = None
+        if isinstance(value, (tuple, list)) and len(value) <= MAX_ITEMS:
+            try:
+                key = tuple(map(SIGNATURE, value))  # all tensors: the common output
+            except AttributeError:  # something other than a tensor inside: the general path
+                pass
+        if key is not None:
+            if state.sample(site, key):
+                for point, item in zip(table.run(name, len(value)), value):
+                    state.record(point, site.calls - 1, item, None, capturing)
+            return
+        items = [(point, tensor, None) for point, tensor in _tensors(table, name, value)]
+        if state.sample(site, _general_key(items)):
+            for point, tensor, _ in items:
+                state.record(point, site.calls - 1, tensor, None, capturing)
+
+    return body
 
 
 def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
@@ -106,43 +152,62 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
 
     The pre-hook (``with_kwargs=True``) records every tensor argument as ``draft.forward:<argname>``;
     ``hidden_arg`` is recorded with its expected width (``fused_width``, i.e.
-    ``config.expected_fused_width``, on a target-fed call, ``draft_width`` on chained calls) and, on sampled target-fed calls, checked for
-    provenance. The forward hook records ``draft.forward:output`` (``output.0``, ... for a tuple).
+    ``config.expected_fused_width``, on a target-fed call, ``draft_width`` on chained calls) and, on
+    sampled target-fed calls, checked for provenance. The forward hook records
+    ``draft.forward:output`` (``output.0``, ... for a tuple). The common call (only positional
+    tensors) reads them into the call key without looking at names.
     """
     names = positional_names(draft.forward)
-    inputs = PointTable(points.DRAFT_FORWARD, sampling)
-    outputs = PointTable(points.DRAFT_FORWARD, sampling)
-    positional = tuple((name, inputs.get(name)) for name in names)
+    inputs = PointTable(points.DRAFT_FORWARD)
+    positional = tuple(inputs.get(name) for name in names)
     hidden_point = inputs.get(hidden_arg)
-    observe = state.observe
+    hidden_at = names.index(hidden_arg) if hidden_arg in names else None
+    count = len(names)
+    calls = CallSite(sampling)
 
     def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
         fed = state.target_fed
         state.target_fed = False
-        items = zip(positional, args)
-        if kwargs or len(args) > len(names):
-            extra = ((points.item("args", i), a) for i, a in enumerate(args[len(names):], len(names)))
-            items = chain(items, (((k, inputs.get(k)), v) for k, v in chain(extra, kwargs.items())))
-        for (name, point), value in items:
-            if not isinstance(value, torch.Tensor):
-                _visit(state, inputs, name, value, capturing)
-            elif point is not hidden_point:
-                observe(point, value, None, capturing)
-            else:
-                observe(point, value, fused_width if fed else draft_width, capturing)
-                if fed and provenance is not None and not capturing:
-                    state.check_provenance(value, point.calls - 1)
+        width = fused_width if fed else draft_width
+        key = None
+        if not kwargs and len(args) == count:
+            try:
+                key = (width, *map(SIGNATURE, args))
+            except AttributeError:  # a positional argument that is not a tensor: the general path
+                pass
+        if key is None:
+            _draft_call(capturing, args, kwargs, fed, width)
+            return
+        if state.sample(calls, key):
+            index = calls.calls - 1
+            for point, value in zip(positional, args):
+                state.record(point, index, value, width if point is hidden_point else None, capturing)
+        if fed and provenance is not None and not capturing and hidden_at is not None:
+            state.check_provenance(args[hidden_at], calls.calls - 1)
 
-    def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
-        _visit(state, outputs, points.OUTPUT, output, capturing)
+    def _draft_call(capturing: bool, args: tuple, kwargs: dict, fed: bool, width: int) -> None:
+        # General path: named arguments (keywords, extra positionals, containers, non-tensors).
+        named = chain(zip(names, args),
+                      ((points.item("args", i), a) for i, a in enumerate(args[count:], count)),
+                      kwargs.items())
+        items = [(point, tensor, width if point == hidden_point else None)
+                 for name, value in named for point, tensor in _tensors(inputs, name, value)]
+        if state.sample(calls, _general_key(items)):
+            for point, tensor, expected in items:
+                state.record(point, calls.calls - 1, tensor, expected, capturing)
+        if fed and provenance is not None and not capturing:
+            for point, tensor, _ in items:
+                if point == hidden_point:
+                    state.check_provenance(tensor, calls.calls - 1)
 
+    post = value_hook(state, sampling, PointTable(points.DRAFT_FORWARD), points.OUTPUT, inputs=False)
     return (guarded(state, points.point(points.DRAFT_FORWARD, points.INPUT), pre),
             guarded(state, points.DRAFT_OUTPUT, post))
 
 
-def default_layer_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+def default_layer_input(args: tuple, kwargs: dict) -> Tensor | None:
     """The hidden state entering a decoder layer: HF layers take it as the first positional argument."""
-    if args and isinstance(args[0], torch.Tensor):
+    if args and isinstance(args[0], Tensor):
         return args[0]
     return kwargs.get("hidden_states")
 
@@ -156,7 +221,7 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
     target forward; ``provenance``: fingerprint the input on sampled steps.
     """
     name = points.target_layer_input(index)
-    point = TensorPoint(name, sampling) if record else None
+    calls = CallSite(sampling)
 
     def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if first:  # a new target forward: the next draft call is target-fed
@@ -164,8 +229,8 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
         hidden = layer_input(args, kwargs)
         if hidden is None:
             return
-        if point is not None:
-            state.observe(point, hidden, width, capturing)
+        if record and state.sample(calls, SIGNATURE(hidden)):
+            state.record(name, calls.calls - 1, hidden, width, capturing)
         if provenance is not None and not capturing and provenance.due:
             provenance.record(index, hidden)
 
@@ -176,7 +241,7 @@ def final_norm_hook(state: HookState, provenance: Provenance, index: int) -> Cal
     """Forward hook on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
 
     def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
-        if not capturing and provenance.due and isinstance(output, torch.Tensor):
+        if not capturing and provenance.due and isinstance(output, Tensor):
             provenance.record(index, output)
 
     return guarded(state, points.TARGET_NORM_OUTPUT, post)
@@ -188,13 +253,8 @@ def module_hooks(state: HookState, sampling: SamplingConfig, name: str) -> tuple
     One positional argument is ``input``; several are ``input.0``, ``input.1``, ...; a tuple output
     is ``output.0``, ``output.1``, ...
     """
-    table = PointTable(name, sampling)
-
-    def pre(capturing: bool, module: nn.Module, args: tuple, unused: None) -> None:
-        _visit(state, table, points.INPUT, args[0] if len(args) == 1 else args, capturing)
-
-    def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
-        _visit(state, table, points.OUTPUT, output, capturing)
-
+    table = PointTable(name)
+    pre = value_hook(state, sampling, table, points.INPUT, inputs=True)
+    post = value_hook(state, sampling, table, points.OUTPUT, inputs=False)
     return (guarded(state, points.point(name, points.INPUT), pre),
             guarded(state, points.point(name, points.OUTPUT), post))

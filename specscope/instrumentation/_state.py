@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specscope.events import Event, ProvenanceEvent, TensorEvent
-from specscope.instrumentation._sampling import SamplingConfig, TensorPoint, value_stats
+from specscope.instrumentation._sampling import CallSite, SamplingConfig, value_stats
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -30,24 +30,21 @@ class HookState:
 
     ``sink``: where events go (``emit(event)``, never blocking); ``run_id`` / ``rank``: stamped on
     every event; ``sampling``: which calls become events; ``capturing``: a cheap ``() -> bool``, is a
-    CUDA graph being captured (``_context.capture_probe``). Counters (plain ints): ``calls`` (hook
+    CUDA graph being captured (``_context.capture_probe``; None where CUDA is unavailable). Counters (plain ints): ``calls`` (hook
     calls), ``errors`` (hook or sink failures), ``capture_calls`` (calls under graph capture).
     Request tags: ``request`` / ``step`` (the request the engine last reported; exact at batch size 1).
     ``target_fed``: set by a target forward (or, without target hooks, by a request / verify-step
     boundary), consumed by the next draft call.
     """
 
-    __slots__ = ("sink", "run_id", "rank", "capturing", "first_calls", "sample_every", "value_stats",
-                 "calls", "errors", "capture_calls", "request", "step", "target_fed",
+    __slots__ = ("sink", "run_id", "rank", "capturing", "value_stats", "calls", "errors", "capture_calls", "request", "step", "target_fed",
                  "sees_target", "provenance", "installed", "_handles", "_failed_points")
 
     def __init__(self, sink: object, run_id: str, rank: int, sampling: SamplingConfig,
-                 capturing: Callable[[], bool]) -> None:
+                 capturing: Callable[[], bool] | None) -> None:
         self.sink = sink
         self.run_id, self.rank = run_id, rank
         self.capturing = capturing
-        # Copied out of the (frozen) config: plain slot reads on the hot path.
-        self.first_calls, self.sample_every = sampling.first_calls, sampling.sample_every
         self.value_stats = sampling.value_stats
         self.calls = self.errors = self.capture_calls = 0
         self.request: str | None = None
@@ -106,35 +103,38 @@ class HookState:
 
     # -- hot path ---------------------------------------------------------------------------------
 
-    def observe(self, point: TensorPoint, tensor: torch.Tensor, expected_width: int | None,
-                capturing: bool) -> None:
-        """Count a call at ``point``; emit a :class:`TensorEvent` when it is sampled (the first
-        ``first_calls`` calls, every ``sample_every``-th, or a (shape, dtype, device, expected width)
-        not seen there before). ``expected_width``: the last dimension the contract expects (None:
-        no expectation). Reads tensor metadata only, never values unless ``value_stats`` is on.
+    def sample(self, site: CallSite, key: tuple) -> bool:
+        """Count a call at ``site``; True when it is sampled: a first call, every ``sample_every``-th,
+        or a call ``key`` (the signatures of its tensors) not seen there before. Its index is
+        ``site.calls - 1``.
 
-        The common call (seen signature, not sampled) is one counter bump, one tuple and one set
-        lookup: the call counter is checked first, the signature only after it.
+        The common call (not sampled by count, seen key) is one counter bump, one comparison and one
+        set lookup: "not sampled" is decided by count before the key is looked at.
         """
-        index = point.calls
-        point.calls = index + 1
-        sampled = index < self.first_calls or not index % self.sample_every
-        signature = (tensor.shape, tensor.dtype, tensor.device, expected_width)
-        if signature not in point.seen:
-            point.remember(signature)
-        elif not sampled:
-            return
-        self._record(point, index, tensor, expected_width, capturing)
+        index = site.calls
+        site.calls = index + 1
+        if index != site.due:
+            if key in site.seen:
+                return False
+            site.remember(key)
+        else:
+            site.schedule()
+            if key not in site.seen:
+                site.remember(key)
+        return True
 
-    def _record(self, point: TensorPoint, index: int, tensor: torch.Tensor,
-                expected_width: int | None, capturing: bool) -> None:
+    def record(self, name: str, index: int, tensor: torch.Tensor, expected_width: int | None,
+               capturing: bool) -> None:
+        """Emit the :class:`TensorEvent` of ``tensor`` (any shape) at hook point ``name`` in the
+        sampled call ``index``; ``expected_width``: the last dimension the contract expects (None:
+        no expectation). Reads values only when ``value_stats`` is on (a device sync)."""
         shape = tuple(tensor.shape)
         expected = None if expected_width is None else (-1,) * (len(shape) - 1) + (expected_width,)
         absmax = mean = nonfinite = None
         if self.value_stats and not capturing:
             absmax, mean, nonfinite = value_stats(tensor)
         self.emit(TensorEvent(
-            self.run_id, self.rank, point.name, index, shape, str(tensor.dtype).removeprefix("torch."),
+            self.run_id, self.rank, name, index, shape, str(tensor.dtype).removeprefix("torch."),
             str(tensor.device), expected, absmax, mean, nonfinite, self.request, self.step,
             "capture" if capturing else "eager"))
 
