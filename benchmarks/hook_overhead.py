@@ -11,10 +11,11 @@ Collector writing a temporary SQLite store; unhooked under ``torch.profiler.prof
 
 Every mode runs on the same module object (hooks are registered before a batch and removed after it):
 identical deep copies of a module differ by up to 50% in time per call on this machine, more than
-the hooks cost. One round times one batch of ``calls`` calls per mode, in an order that rotates from
-round to round; a mode's added cost is the median over ``repeats`` rounds of its batch minus the
-unhooked batch of the same round (paired, so drift in machine load cancels). Figures are in
-microseconds per call. Budget (docs/design.md, "Budgets"): the specscope hook adds at most 1.5x what
+the hooks cost. Batches are timed in this thread's CPU time (``time.thread_time``), not wall time:
+on a shared machine the time spent descheduled is other people's. One round times one batch of
+``calls`` calls per mode, in an order that rotates from round to round; a mode's added cost is the
+median over ``repeats`` rounds of its batch minus the unhooked batch of the same round (paired, so
+drift in machine load cancels). Figures are in microseconds per call. Budget (docs/design.md, "Budgets"): the specscope hook adds at most 1.5x what
 the two empty hooks add, and the profiler adds at least 10x what the specscope hook adds. The
 profiler's cost grows with the ops inside the module, the hook's does not.
 """
@@ -22,6 +23,7 @@ profiler's cost grows with the ops inside the module, the hook's does not.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -91,11 +93,16 @@ class DiscardSink:
 
 
 def batch_us(model: nn.Module, args: tuple, calls: int) -> float:
-    """Mean time of one call over a batch of ``calls`` calls (µs)."""
-    start = time.perf_counter()
+    """Mean time of one call over a batch of ``calls`` calls (µs of this thread's CPU time: on a
+    shared machine, time spent descheduled is not the hook's), after ``calls // 4`` untimed calls
+    and a garbage collection, so that every mode starts its batch from the same state."""
+    for _ in range(calls // 4):
+        model(*args)
+    gc.collect()
+    start = time.thread_time()
     for _ in range(calls):
         model(*args)
-    return (time.perf_counter() - start) / calls * 1e6
+    return (time.thread_time() - start) / calls * 1e6
 
 
 def profiled_batch_us(model: nn.Module, args: tuple, calls: int) -> float:
@@ -167,8 +174,8 @@ def compare(model: nn.Module, calls: int, repeats: int) -> tuple[dict[str, float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=500, help="calls per timed batch")
-    parser.add_argument("--repeats", type=int, default=31, help="rounds (one batch per mode each)")
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed batch")
+    parser.add_argument("--repeats", type=int, default=61, help="rounds (one batch per mode each)")
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"{opts.repeats} rounds x {opts.calls} calls per mode, torch {torch.__version__}, 1 thread, "
