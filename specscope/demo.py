@@ -82,7 +82,7 @@ def _serve_rank(rank: int, opts: DemoOptions, port: int | None) -> None:
 def _serve(rank: int, opts: DemoOptions, collector) -> None:
     from specscope.engine import DEFAULT_DRAFT_DIR, ENGINE_NAME, ENGINE_VERSION, Engine, demo_prompts
     from specscope.inspector import inspect_checkpoint
-    from specscope.instrumentation import Tracer, instrument
+    from specscope.instrumentation import Tracer, check_load, instrument
 
     engine = Engine(fault=opts.fault, k=opts.k)
     target_id, draft_id = engine.model_ids
@@ -90,8 +90,8 @@ def _serve(rank: int, opts: DemoOptions, collector) -> None:
                 draft_model=draft_id, config=engine.run_config(), run_id=opts.run_id, fault=opts.fault,
                 provenance_every=opts.provenance_every) as tracer:
         instrument(tracer, draft=engine.draft, target=engine.target, modules=["fc"])
-        tracer.check_load(engine.draft, list(engine.loaded.checkpoint_keys), engine="reference",
-                          strict=engine.loaded.strict)
+        check_load(tracer, engine.draft, list(engine.loaded.checkpoint_keys), engine="reference",
+                   strict=engine.loaded.strict)
         if rank == 0:
             for finding in inspect_checkpoint(DEFAULT_DRAFT_DIR, engine="reference").findings:
                 collector.emit(dataclasses.replace(finding, run_id=opts.run_id))

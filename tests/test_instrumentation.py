@@ -369,7 +369,7 @@ def test_a_tracer_instruments_once(models):
     with make_tracer(ListSink()) as tracer:
         instrument(tracer, draft=draft, target=target)
         with pytest.raises(ConfigError):
-            tracer.instrument(draft=draft)
+            instrument(tracer, draft=draft)
 
 
 def test_reference_engine_draft_module_is_observed(models):

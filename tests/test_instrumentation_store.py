@@ -99,7 +99,7 @@ def test_load_check_reports_renamed_keys_for_sglang():
     sink = ListSink()
     with Tracer(sink, engine="sglang", engine_version="0", target_model="t", draft_model="d",
                 config=run_config()) as tracer:
-        report = tracer.check_load(draft, checkpoint, engine="sglang", module_name="draft.model")
+        report = check_load(tracer, draft, checkpoint, engine="sglang", module_name="draft.model")
     assert report.renamed == tuple(sorted((f"model.{k}", k) for k in draft.state_dict()))
     assert report.missing == () and report.unexpected == ()
     assert report.loaded == len(draft.state_dict()) and report.source == "state_dict"

@@ -45,20 +45,17 @@ def default_device() -> str:
     return "cpu"
 
 
-def _never() -> bool:
-    return False
-
-
 def _cuda_capturing() -> bool:
     # is_initialized first: querying the capture state must not initialise CUDA from a hook.
     return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
-def capture_probe() -> Callable[[], bool]:
-    """A cheap ``() -> bool``: is the current CUDA stream capturing a graph right now?
+def capture_probe() -> Callable[[], bool] | None:
+    """A cheap ``() -> bool``: is the current CUDA stream capturing a graph right now? None where
+    CUDA is unavailable (nothing can be captured; hooks then skip the call).
 
-    Chosen once (at instrument time): without CUDA it is a constant ``False``. Module hooks run while
-    a CUDA graph is captured, never when it is replayed (DESIGN.md section 7), so events seen under
+    Chosen once (at tracer construction). Module hooks run while a CUDA graph is captured, never
+    when it is replayed (docs/design.md, "Where the real engines let us in"), so events seen under
     capture are tagged ``graph_phase="capture"``.
     """
-    return _cuda_capturing if torch.cuda.is_available() else _never
+    return _cuda_capturing if torch.cuda.is_available() else None

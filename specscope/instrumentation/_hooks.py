@@ -1,90 +1,138 @@
-"""Hook closures. Everything a hook needs is bound when it is made; the per-call path reads tensor
-metadata (``.shape`` / ``.dtype`` / ``.device``), bumps counters and compares a cached signature.
+"""Hook closures over a :class:`HookState`. Everything a hook needs is bound when it is made.
 
-Every hook body runs inside :func:`guarded`: an exception is counted and logged once by the tracer and
+Per call a hook reads its tensors' metadata into one call key (``(shape, dtype, device)`` of each,
+read in C by :data:`SIGNATURE` when the value is a tensor or a sequence of tensors), counts the call
+at its :class:`CallSite` and returns unless the call is sampled (:meth:`HookState.sample`); only a
+sampled call builds names and events. Values that are not plain tensors or sequences of tensors
+(mappings, mixed sequences, keyword arguments) take the general path, which names every tensor in
+the key.
+
+Every hook body runs inside :func:`guarded`: an exception is counted and logged once by the state and
 never reaches the engine; hooks always return None, so arguments and outputs pass through untouched.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from torch import Tensor, nn
 
-from specscope.instrumentation._sampling import SamplingConfig, TensorPoint
+from specscope.instrumentation import points
+from specscope.instrumentation._sampling import CallSite, SamplingConfig
+from specscope.instrumentation._state import HookState
 
 if TYPE_CHECKING:
     from specscope.instrumentation._provenance import Provenance
-    from specscope.instrumentation.tracer import Tracer
 
 MAX_ITEMS = 16
 """Tensors looked at inside one tuple/list/dict argument (bounds the per-call cost)."""
 
-LayerInput = Callable[[tuple, dict], "torch.Tensor | None"]
+SIGNATURE = attrgetter("shape", "dtype", "device")
+"""A tensor's ``(shape, dtype, device)`` in one C call; AttributeError for a non-tensor."""
+
+LayerInput = Callable[[tuple, dict], "Tensor | None"]
 
 
 class PointTable:
-    """Hook points of one module hook, made on first sight: ``prefix:key`` or ``prefix:key.index``."""
+    """Hook-point names of one hook, made on first sight: ``module:key`` or ``module:key.index``."""
 
-    __slots__ = ("_prefix", "_sampling", "_points", "_runs")
+    __slots__ = ("_module", "_names", "_runs")
 
-    def __init__(self, prefix: str, sampling: SamplingConfig) -> None:
-        self._prefix = prefix
-        self._sampling = sampling
-        self._points: dict[Any, TensorPoint] = {}
-        self._runs: dict[tuple[str, int], tuple[TensorPoint, ...]] = {}
+    def __init__(self, module: str) -> None:
+        self._module = module
+        self._names: dict[Any, str] = {}
+        self._runs: dict[tuple[str, int], tuple[str, ...]] = {}
 
-    def get(self, key: str | tuple[str, Any]) -> TensorPoint:
-        point = self._points.get(key)
-        if point is None:
-            suffix = key if isinstance(key, str) else f"{key[0]}.{key[1]}"
-            point = self._points[key] = TensorPoint(f"{self._prefix}:{suffix}", self._sampling)
-        return point
+    def get(self, key: str | tuple[str, Any]) -> str:
+        name = self._names.get(key)
+        if name is None:
+            suffix = key if isinstance(key, str) else points.item(*key)
+            name = self._names[key] = points.point(self._module, suffix)
+        return name
 
-    def run(self, name: str, count: int) -> tuple[TensorPoint, ...]:
-        """Points ``name.0`` .. ``name.{count-1}`` (cached: a tuple output costs no name building)."""
-        points = self._runs.get((name, count))
-        if points is None:
-            points = self._runs[(name, count)] = tuple(self.get((name, i)) for i in range(count))
-        return points
+    def run(self, name: str, count: int) -> tuple[str, ...]:
+        """Names ``name.0`` .. ``name.{n-1}``, n = ``min(count, MAX_ITEMS)`` (cached by ``count``)."""
+        run = self._runs.get((name, count))
+        if run is None:
+            run = self._runs[(name, count)] = tuple(self.get((name, i)) for i in range(min(count, MAX_ITEMS)))
+        return run
 
 
-def guarded(tracer: Tracer, name: str, body: Callable[[bool, nn.Module, Any, Any], None]) -> Callable:
+def guarded(state: HookState, name: str, body: Callable[[bool, nn.Module, Any, Any], None]) -> Callable:
     """Wrap ``body(capturing, module, args, kwargs_or_output)``: count the call, tag CUDA-graph
     capture, swallow and count any exception. The counters are bumped inline (hot path)."""
-    probe, failed = tracer._capturing, tracer._hook_failed
+    probe, failed = state.capturing, state.failed
 
     def hook(module: nn.Module, args: tuple, extra: Any = None) -> None:
-        tracer.hook_calls += 1
+        state.calls += 1
         try:
-            capturing = probe()
-            if capturing:
-                tracer._capture_calls += 1
-            body(capturing, module, args, extra)
+            if probe is not None and probe():
+                state.capture_calls += 1
+                body(True, module, args, extra)
+            else:
+                body(False, module, args, extra)
         except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
             failed(name, exc)
 
     return hook
 
 
-def _visit(tracer: Tracer, table: PointTable, name: str, value: Any, capturing: bool) -> None:
-    """Record a tensor, or the tensors one level inside a tuple / list / mapping (``name.i``)."""
-    if isinstance(value, torch.Tensor):
-        tracer._observe(table.get(name), value, None, capturing)
+def _tensors(table: PointTable, name: str, value: Any) -> Iterator[tuple[str, Tensor]]:
+    """``(point name, tensor)`` for a tensor, or the tensors one level inside a tuple / list /
+    mapping (``name.i`` / ``name.key``, at most :data:`MAX_ITEMS` items looked at)."""
+    if isinstance(value, Tensor):
+        yield table.get(name), value
     elif isinstance(value, (tuple, list)):
-        for point, item in zip(table.run(name, min(len(value), MAX_ITEMS)), value):
-            if isinstance(item, torch.Tensor):
-                tracer._observe(point, item, None, capturing)
+        for point, item in zip(table.run(name, len(value)), value):
+            if isinstance(item, Tensor):
+                yield point, item
     elif isinstance(value, Mapping):
         for count, (key, item) in enumerate(value.items()):
             if count == MAX_ITEMS:
                 break
-            if isinstance(item, torch.Tensor):
-                tracer._observe(table.get((name, key)), item, None, capturing)
+            if isinstance(item, Tensor):
+                yield table.get((name, key)), item
+
+
+def _general_key(items: list[tuple[str, Tensor, int | None]]) -> tuple:
+    """The call key of named tensors: which points were present, and each one's signature."""
+    return tuple((point, *SIGNATURE(tensor), width) for point, tensor, width in items)
+
+
+def value_hook(state: HookState, sampling: SamplingConfig, table: PointTable, name: str,
+               inputs: bool) -> Callable[[bool, nn.Module, tuple, Any], None]:
+    """The body of a hook that reads one value as ``name``: the positional inputs (``inputs``: one
+    argument itself, several as a tuple) or the output. A tensor is ``name``, a sequence's tensors
+    ``name.0``, ``name.1``, ..."""
+    site = CallSite(sampling)
+
+    def body(capturing: bool, module: nn.Module, args: tuple, extra: Any) -> None:
+        value = (args[0] if len(args) == 1 else args) if inputs else extra
+        if isinstance(value, Tensor):
+            if state.sample(site, SIGNATURE(value)):
+                state.record(table.get(name), site.calls - 1, value, None, capturing)
+            return
+        key = None
+        if isinstance(value, (tuple, list)) and len(value) <= MAX_ITEMS:
+            try:
+                key = tuple(map(SIGNATURE, value))  # all tensors: the common output
+            except AttributeError:  # something other than a tensor inside: the general path
+                pass
+        if key is not None:
+            if state.sample(site, key):
+                for point, item in zip(table.run(name, len(value)), value):
+                    state.record(point, site.calls - 1, item, None, capturing)
+            return
+        items = [(point, tensor, None) for point, tensor in _tensors(table, name, value)]
+        if state.sample(site, _general_key(items)):
+            for point, tensor, _ in items:
+                state.record(point, site.calls - 1, tensor, None, capturing)
+
+    return body
 
 
 def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
@@ -97,131 +145,149 @@ def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def draft_forward_hooks(tracer: Tracer, draft: nn.Module, hidden_arg: str, draft_width: int,
-                        provenance: Provenance | None, fused_here: bool = True) -> tuple[Callable, Callable]:
+def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Module, hidden_arg: str,
+                        fused_width: int, draft_width: int, provenance: Provenance | None,
+                        fused_here: bool = True) -> tuple[Callable, Callable]:
     """``(pre_hook, forward_hook)`` for the draft's forward.
 
     The pre-hook (``with_kwargs=True``) records every tensor argument as ``draft.forward:<argname>``;
-    ``hidden_arg`` is recorded with its expected width (``config.expected_fused_width`` on a
-    target-fed call, ``draft_width`` on chained calls) and, on sampled target-fed calls, checked for
-    provenance. With ``fused_here=False`` (the engine fuses the aux states before the forward, as
-    vLLM's ``combine_hidden_states`` does) ``hidden_arg`` is always expected ``draft_width`` wide and
-    provenance is checked at the fused input instead (:func:`fused_input_hook`). The forward hook
-    records ``draft.forward:output`` (``output.0``, ... for a tuple).
+    ``hidden_arg`` is recorded with its expected width (``fused_width``, i.e.
+    ``config.expected_fused_width``, on a target-fed call, ``draft_width`` on chained calls) and, on
+    sampled target-fed calls, checked for provenance. The forward hook records
+    ``draft.forward:output`` (``output.0``, ... for a tuple). The common call (only positional
+    tensors) reads them into the call key without looking at names. With ``fused_here=False`` (the
+    engine fuses the aux states before the draft forward, as vLLM's ``combine_hidden_states`` does)
+    ``hidden_arg`` is expected ``draft_width`` wide on every call and provenance is checked at the
+    fused input instead (:func:`fused_input_hook`).
     """
     if not fused_here:
-        provenance = None
+        fused_width, provenance = draft_width, None
     names = positional_names(draft.forward)
-    inputs = PointTable("draft.forward", tracer.sampling)
-    outputs = PointTable("draft.forward", tracer.sampling)
-    positional = tuple((name, inputs.get(name)) for name in names)
+    inputs = PointTable(points.DRAFT_FORWARD)
+    positional = tuple(inputs.get(name) for name in names)
     hidden_point = inputs.get(hidden_arg)
-    fused = tracer.config.expected_fused_width
-    observe = tracer._observe
+    hidden_at = names.index(hidden_arg) if hidden_arg in names else None
+    count = len(names)
+    calls = CallSite(sampling)
 
     def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        fed = tracer._target_fed
-        tracer._target_fed = False
-        items = zip(positional, args)
-        if kwargs or len(args) > len(names):
-            extra = ((f"args.{i}", a) for i, a in enumerate(args[len(names):], len(names)))
-            items = chain(items, (((k, inputs.get(k)), v) for k, v in chain(extra, kwargs.items())))
-        for (name, point), value in items:
-            if not isinstance(value, torch.Tensor):
-                _visit(tracer, inputs, name, value, capturing)
-            elif point is not hidden_point:
-                observe(point, value, None, capturing)
-            else:
-                observe(point, value, fused if fed and fused_here else draft_width, capturing)
-                if fed and provenance is not None and not capturing:
-                    tracer._check_provenance(value, point.calls - 1)
+        fed = state.target_fed
+        state.target_fed = False
+        width = fused_width if fed else draft_width
+        key = None
+        if not kwargs and len(args) == count:
+            try:
+                key = (width, *map(SIGNATURE, args))
+            except AttributeError:  # a positional argument that is not a tensor: the general path
+                pass
+        if key is None:
+            _draft_call(capturing, args, kwargs, fed, width)
+            return
+        if state.sample(calls, key):
+            index = calls.calls - 1
+            for point, value in zip(positional, args):
+                state.record(point, index, value, width if point is hidden_point else None, capturing)
+        if fed and provenance is not None and not capturing and hidden_at is not None:
+            state.check_provenance(args[hidden_at], calls.calls - 1)
 
-    def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
-        _visit(tracer, outputs, "output", output, capturing)
+    def _draft_call(capturing: bool, args: tuple, kwargs: dict, fed: bool, width: int) -> None:
+        # General path: named arguments (keywords, extra positionals, containers, non-tensors).
+        named = chain(zip(names, args),
+                      ((points.item("args", i), a) for i, a in enumerate(args[count:], count)),
+                      kwargs.items())
+        items = [(point, tensor, width if point == hidden_point else None)
+                 for name, value in named for point, tensor in _tensors(inputs, name, value)]
+        if state.sample(calls, _general_key(items)):
+            for point, tensor, expected in items:
+                state.record(point, calls.calls - 1, tensor, expected, capturing)
+        if fed and provenance is not None and not capturing:
+            for point, tensor, _ in items:
+                if point == hidden_point:
+                    state.check_provenance(tensor, calls.calls - 1)
 
-    return (guarded(tracer, "draft.forward:input", pre), guarded(tracer, "draft.forward:output", post))
+    post = value_hook(state, sampling, PointTable(points.DRAFT_FORWARD), points.OUTPUT, inputs=False)
+    return (guarded(state, points.point(points.DRAFT_FORWARD, points.INPUT), pre),
+            guarded(state, points.DRAFT_OUTPUT, post))
 
 
-def default_layer_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+def fused_input_hook(state: HookState, sampling: SamplingConfig, name: str, fused_width: int,
+                     provenance: Provenance | None) -> Callable:
+    """Pre-hook on the draft submodule that receives the fused aux hidden states (vLLM: ``fc``, called
+    by ``Eagle3LlamaForCausalLM.combine_hidden_states``, ``vllm/model_executor/models/llama_eagle3.py``).
+
+    Records ``<name>:input`` ``(T, W)`` with the expected width ``fused_width`` (n_aux x target hidden)
+    on every call, since the engine calls it on the target's aux hidden states only, and checks
+    provenance on sampled calls.
+    """
+    point = points.point(name, points.INPUT)
+    calls = CallSite(sampling)
+
+    def pre(capturing: bool, module: nn.Module, args: tuple, unused: None) -> None:
+        if not args or not isinstance(args[0], Tensor):
+            return
+        if state.sample(calls, SIGNATURE(args[0])):
+            state.record(point, calls.calls - 1, args[0], fused_width, capturing)
+        if provenance is not None and not capturing:
+            state.check_provenance(args[0], calls.calls - 1)
+
+    return guarded(state, point, pre)
+
+
+def default_layer_input(args: tuple, kwargs: dict) -> Tensor | None:
     """The hidden state entering a decoder layer: HF layers take it as the first positional argument."""
-    if args and isinstance(args[0], torch.Tensor):
+    if args and isinstance(args[0], Tensor):
         return args[0]
     return kwargs.get("hidden_states")
 
 
-def fused_input_hook(tracer: Tracer, name: str, provenance: Provenance | None) -> Callable:
-    """Pre-hook on the draft submodule that receives the fused aux hidden states (vLLM: ``fc`` inside
-    ``Eagle3LlamaForCausalLM.combine_hidden_states``, ``vllm/model_executor/models/llama_eagle3.py``).
-
-    Records ``<name>:input`` (``(T, W)``) with the expected width ``config.expected_fused_width``
-    (n_aux x target hidden) on every call, since the engine calls it on target hidden states only, and
-    checks provenance on sampled calls.
-    """
-    point = TensorPoint(f"{name}:input", tracer.sampling)
-    fused = tracer.config.expected_fused_width
-
-    def pre(capturing: bool, module: nn.Module, args: tuple, unused: None) -> None:
-        if not args or not isinstance(args[0], torch.Tensor):
-            return
-        tracer._observe(point, args[0], fused, capturing)
-        if provenance is not None and not capturing:
-            tracer._check_provenance(args[0], point.calls - 1)
-
-    return guarded(tracer, f"{name}:input", pre)
-
-
-def target_layer_hook(tracer: Tracer, index: int, record: bool, first: bool,
-                      provenance: Provenance | None, layer_input: LayerInput,
+def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, width: int, record: bool,
+                      first: bool, provenance: Provenance | None, layer_input: LayerInput,
                       layer_value: LayerInput | None = None) -> Callable:
     """Pre-hook (``with_kwargs=True``) on target decoder layer ``index``: ``target.layers.{i}:input``.
 
-    ``record``: emit tensor events (configured capture layers); ``first``: the lowest hooked layer,
-    whose call marks a new target forward; ``provenance``: fingerprint the input on sampled steps.
-    ``layer_input`` picks the tensor whose metadata is recorded (every call: must not compute);
-    ``layer_value`` the residual-stream value fingerprinted on sampled steps (default: the same).
+    ``width``: the expected hidden width (``config.target_hidden_size``); ``record``: emit tensor
+    events (configured capture layers); ``first``: the lowest hooked layer, whose call marks a new
+    target forward; ``provenance``: fingerprint the input on sampled steps. ``layer_input`` picks the
+    tensor whose metadata is recorded (every call: it must not compute); ``layer_value`` the
+    residual-stream value fingerprinted on sampled steps (default: the same tensor).
     """
-    value_of = layer_value or layer_input
-    point = TensorPoint(f"target.layers.{index}:input", tracer.sampling) if record else None
-    width = tracer.config.target_hidden_size
+    name = points.target_layer_input(index)
+    calls = CallSite(sampling)
 
     def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if first:  # a new target forward: the next draft call is target-fed
-            tracer._target_forward()
+            state.target_forward()
         hidden = layer_input(args, kwargs)
         if hidden is None:
             return
-        if point is not None:
-            tracer._observe(point, hidden, width, capturing)
+        if record and state.sample(calls, SIGNATURE(hidden)):
+            state.record(name, calls.calls - 1, hidden, width, capturing)
         if provenance is not None and not capturing and provenance.due:
-            provenance.record(index, hidden if value_of is layer_input else value_of(args, kwargs))
+            provenance.record(index, hidden if layer_value is None else layer_value(args, kwargs))
 
-    return guarded(tracer, f"target.layers.{index}:input", pre)
+    return guarded(state, name, pre)
 
 
-def final_norm_hook(tracer: Tracer, provenance: Provenance, index: int) -> Callable:
+def final_norm_hook(state: HookState, provenance: Provenance, index: int) -> Callable:
     """Forward hook on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
 
     def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
         if isinstance(output, tuple) and output:  # fused add-norm (vLLM, SGLang): (normed, residual)
             output = output[0]
-        if not capturing and provenance.due and isinstance(output, torch.Tensor):
+        if not capturing and provenance.due and isinstance(output, Tensor):
             provenance.record(index, output)
 
-    return guarded(tracer, "target.norm:output", post)
+    return guarded(state, points.TARGET_NORM_OUTPUT, post)
 
 
-def module_hooks(tracer: Tracer, name: str) -> tuple[Callable, Callable]:
+def module_hooks(state: HookState, sampling: SamplingConfig, name: str) -> tuple[Callable, Callable]:
     """``(pre_hook, forward_hook)`` recording ``<name>:input`` and ``<name>:output``.
 
     One positional argument is ``input``; several are ``input.0``, ``input.1``, ...; a tuple output
     is ``output.0``, ``output.1``, ...
     """
-    table = PointTable(name, tracer.sampling)
-
-    def pre(capturing: bool, module: nn.Module, args: tuple, unused: None) -> None:
-        _visit(tracer, table, "input", args[0] if len(args) == 1 else args, capturing)
-
-    def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
-        _visit(tracer, table, "output", output, capturing)
-
-    return guarded(tracer, f"{name}:input", pre), guarded(tracer, f"{name}:output", post)
+    table = PointTable(name)
+    pre = value_hook(state, sampling, table, points.INPUT, inputs=True)
+    post = value_hook(state, sampling, table, points.OUTPUT, inputs=False)
+    return (guarded(state, points.point(name, points.INPUT), pre),
+            guarded(state, points.point(name, points.OUTPUT), post))

@@ -67,40 +67,39 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
     id outside the target, an unknown draft hidden size, or a tracer already instrumented or closed.
     Nothing is hooked when it raises.
     """
-    if tracer.instrumented or tracer._closed:
+    if tracer.instrumented or tracer.closed:
         raise ConfigError("this tracer is already instrumented or closed; use one tracer per engine")
     config = tracer.config
     aux = tuple(int(i) for i in (config.aux_layer_ids_resolved if aux_layer_ids is None else aux_layer_ids))
     draft_width = draft_hidden_size or _draft_hidden_size(draft)
-    fused = resolve_modules([fused_input], {"draft": draft})[0] if fused_input is not None else None
     roots = {"draft": draft} if target is None else {"draft": draft, "target": target}
     extra = resolve_modules(modules, roots)
+    fused = resolve_modules([fused_input], {"draft": draft})[0] if fused_input is not None else None
+    state, sampling = tracer.hook_state, tracer.sampling
     handles = []
     provenance = None
     if target is not None:
         layer_hooks, provenance, norm = _target_plan(tracer, target, aux, layers, final_norm_module)
         if norm is not None:
             handles.append(norm.register_forward_hook(
-                final_norm_hook(tracer, provenance, config.num_target_layers)))
+                final_norm_hook(state, provenance, config.num_target_layers)))
         read_input = layer_input or default_layer_input
         first = min(index for index, _ in layer_hooks)
         for index, layer in layer_hooks:
-            hook = target_layer_hook(tracer, index, index in aux, index == first, provenance, read_input,
-                                     layer_value)
+            hook = target_layer_hook(state, sampling, index, config.target_hidden_size, index in aux,
+                                     index == first, provenance, read_input, layer_value)
             handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
-    pre, post = draft_forward_hooks(tracer, draft, draft_hidden_arg, draft_width, provenance,
-                                    fused_here=fused is None)
+    pre, post = draft_forward_hooks(state, sampling, draft, draft_hidden_arg, config.expected_fused_width,
+                                    draft_width, provenance, fused_here=fused is None)
     handles += [draft.register_forward_pre_hook(pre, with_kwargs=True), draft.register_forward_hook(post)]
     if fused is not None:
-        handles.append(fused[1].register_forward_pre_hook(fused_input_hook(tracer, fused[0], provenance)))
+        hook = fused_input_hook(state, sampling, fused[0], config.expected_fused_width, provenance)
+        handles.append(fused[1].register_forward_pre_hook(hook))
     for name, module in extra:
-        pre, post = module_hooks(tracer, name)
+        pre, post = module_hooks(state, sampling, name)
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    tracer._provenance = provenance
-    tracer._sees_target = target is not None
+    state.install(handles, provenance, sees_target=target is not None)
     tracer.device = tracer.device or module_device(draft)
-    tracer._adopt(handles)
-    tracer.instrumented = True
     tracer.start()
     return tracer
 

@@ -56,5 +56,5 @@ def check_load(tracer: Tracer, module_or_param_names: nn.Module | Iterable[str],
     report = LoadReport(tracer.run_id, tracer.rank, module_name, source,
                         plan.strict if strict is None else strict,
                         len(plan.loaded) + len(plan.renamed), plan.missing, plan.dropped, plan.renamed)
-    tracer._emit(report)
+    tracer.hook_state.emit(report)
     return report

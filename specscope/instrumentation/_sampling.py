@@ -13,10 +13,13 @@ from specscope.errors import ConfigError
 class SamplingConfig:
     """How often hooks emit events and whether they may read tensor values.
 
-    - ``first_calls``: the first N calls of every hook point are recorded.
+    - ``first_calls``: the first N calls of every hook are recorded.
     - ``sample_every``: after those, every Nth call (call index divisible by N) is recorded.
-    - A call whose (shape, dtype, device, expected shape) was not seen before at that hook point is
-      always recorded; each hook point remembers up to ``max_signatures`` of them (then starts over).
+    - A call in which any tensor's (shape, dtype, device, expected shape) was not seen before at that
+      hook, or a new combination of them, is always recorded; each hook remembers up to
+      ``max_signatures`` call keys (then starts over).
+    - Counts are per hook call (a module call): all tensors read in one call share its
+      ``call_index`` and are sampled together.
     - ``value_stats``: add absmax / mean / non-finite count to recorded float tensors. Reads values,
       so it synchronises the device on every recorded call; off by default.
     - ``provenance_every``: fingerprint the aux hidden states on every Nth target-fed draft call
@@ -37,26 +40,37 @@ class SamplingConfig:
             raise ConfigError("first_calls, provenance_every and max_signatures must be >= 0")
 
 
-class TensorPoint:
-    """One hook point (e.g. ``draft.forward:hidden_states``): its call count and the signatures seen.
+class CallSite:
+    """The calls of one hook (e.g. the draft forward's pre-hook): how many, and the call keys seen.
 
-    The sampling decision itself is inlined in ``Tracer._observe`` (the hot path); this class only
-    holds the state and the rarely taken "new signature" branch.
+    A call key is what the hook read from its tensors (shape, dtype, device, expected width of each,
+    in order); a call is sampled when it is a first call, every ``sample_every``-th, or its key is
+    new here. ``calls``: calls so far (the next call's index, which is the ``call_index`` of every
+    tensor event of that call); ``due``: the index of the next call sampled by count, so that the
+    hot path (``HookState.sample``) decides "not sampled" with one comparison; ``seen``: call keys
+    seen (up to ``max_signatures``, then it starts over). This class holds the state and the rarely
+    taken branches (:meth:`schedule`, :meth:`remember`).
     """
 
-    __slots__ = ("name", "calls", "seen", "_max")
+    __slots__ = ("calls", "due", "seen", "_first", "_every", "_max")
 
-    def __init__(self, name: str, sampling: SamplingConfig) -> None:
-        self.name = name
-        self.calls = 0
+    def __init__(self, sampling: SamplingConfig) -> None:
+        self.calls = self.due = 0
         self.seen: set[tuple] = set()
-        self._max = sampling.max_signatures
+        self._first, self._every, self._max = (
+            sampling.first_calls, sampling.sample_every, sampling.max_signatures)
 
-    def remember(self, signature: tuple) -> None:
-        """Add a new (shape, dtype, device, expected width) signature; start over when full."""
+    def schedule(self) -> None:
+        """After the sampled call ``due``: the next call index that is a first call (below
+        ``first_calls``) or a multiple of ``sample_every``."""
+        following = self.due + 1
+        self.due = following if following < self._first else -(-following // self._every) * self._every
+
+    def remember(self, key: tuple) -> None:
+        """Add a new call key; start over when full."""
         if len(self.seen) >= self._max:
             self.seen.clear()
-        self.seen.add(signature)
+        self.seen.add(key)
 
 
 def value_stats(tensor: torch.Tensor) -> tuple[float | None, float | None, int | None]:

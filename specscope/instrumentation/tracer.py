@@ -3,39 +3,27 @@
 from __future__ import annotations
 
 import atexit
-import logging
 import time
 import uuid
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
-import torch
-from torch.utils.hooks import RemovableHandle
-
+from specscope.errors import ConfigError
 from specscope.events import (
     Event,
-    LoadReport,
-    ProvenanceEvent,
     RankStart,
     RankStatus,
     RequestEnd,
     RequestStart,
     RunConfig,
     RunStart,
-    TensorEvent,
     VerifyGroup,
     VerifyStep,
 )
-from specscope.errors import ConfigError
 from specscope.instrumentation._context import capture_probe, default_device, process_context
-from specscope.instrumentation._sampling import SamplingConfig, value_stats
-
-if TYPE_CHECKING:
-    from specscope.instrumentation._sampling import TensorPoint
-    from specscope.instrumentation._provenance import Provenance
-
-logger = logging.getLogger("specscope")
+from specscope.instrumentation._sampling import SamplingConfig
+from specscope.instrumentation._state import HookState
 
 CLOSE_FLUSH_TIMEOUT_S = 5.0  # longest Tracer.close() waits for the sink (seconds): a bound on shutdown
 
@@ -65,25 +53,35 @@ class Tracer:
 
     Arguments: ``run_id`` (default: a uuid4 hex; give all ranks the same one), run metadata
     (``engine``, ``engine_version``, ``target_model``, ``draft_model``, ``config``: the target/draft
-    contract, ``fault``), sampling (:class:`SamplingConfig` fields), ``device`` (default: the draft's
-    device, else the current CUDA device, else ``"cpu"``), ``rank`` / ``world_size`` (default: from
-    ``torch.distributed`` at start, and again if it comes up later; give both where the engine numbers
-    its ranks itself, e.g. vLLM's world group). The tracer does not own the sink: ``close`` flushes it,
-    its owner closes it. Raises :class:`ConfigError` for bad sampling values or rank.
+    contract, ``fault``), ``sampling``: a :class:`SamplingConfig` (default: its defaults), or any of
+    its fields as keywords (``sample_every=``, ``first_calls=``, ``value_stats=``,
+    ``provenance_every=``) but not both; ``device`` (default: the draft's device, else the current
+    CUDA device, else ``"cpu"``); ``step_sample``: the share of requests (0..1, chosen by a hash of the
+    request id, the same on every rank) whose verify steps are stored one row each; the others are
+    stored as exact per-mask aggregates (:class:`VerifyGroup`); ``rank`` / ``world_size`` (default:
+    from ``torch.distributed`` at start, and again if it comes up later; give both where the engine
+    numbers its ranks itself, e.g. vLLM's world group). The tracer does not own the sink: ``close``
+    flushes it (waiting at most ``CLOSE_FLUSH_TIMEOUT_S``), its owner closes it; ``close`` also runs at
+    interpreter exit. Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together
+    with a sampling keyword, a ``step_sample`` outside 0..1, or a bad rank.
+
+    ``hook_state`` is what the hooks share on the hot path (counters, sampling, request tags);
+    :func:`~specscope.instrumentation.instrument` installs hooks over it.
     """
 
     def __init__(self, sink: Sink, *, engine: str, engine_version: str, target_model: str,
                  draft_model: str, config: RunConfig, run_id: str | None = None,
-                 fault: str | None = None, sample_every: int = 64, first_calls: int = 8,
-                 value_stats: bool = False, provenance_every: int = 0,
+                 fault: str | None = None, sampling: SamplingConfig | None = None,
+                 sample_every: int | None = None, first_calls: int | None = None,
+                 value_stats: bool | None = None, provenance_every: int | None = None,
                  status_interval_s: float = 5.0, device: str | None = None,
                  step_sample: float = 1.0, rank: int | None = None,
                  world_size: int | None = None) -> None:
         self.sink = sink
         self.run_id = run_id or uuid.uuid4().hex
         self.config = config
-        self.sampling = SamplingConfig(first_calls=first_calls, sample_every=sample_every,
-                                       value_stats=value_stats, provenance_every=provenance_every)
+        self.sampling = _sampling(sampling, first_calls=first_calls, sample_every=sample_every,
+                                  value_stats=value_stats, provenance_every=provenance_every)
         if not 0.0 <= step_sample <= 1.0:
             raise ConfigError(f"step_sample must be between 0 and 1 (a share of requests), got {step_sample!r}")
         self.step_sample = step_sample
@@ -95,28 +93,12 @@ class Tracer:
         if (rank is None) != (world_size is None) or (rank is not None and not 0 <= rank < world_size):
             raise ConfigError(f"give rank and world_size together, 0 <= rank < world_size; got {rank}, {world_size}")
         self._given_rank = None if rank is None else (int(rank), int(world_size))
+        self.hook_state = HookState(sink, self.run_id, 0, self.sampling, capture_probe())
         self._resolve_context()
-        self._first_calls, self._sample_every = first_calls, sample_every  # plain attrs: hot path
-        # Counters bumped inline by the hooks (see _hooks.guarded).
-        self.hook_calls = 0
-        self.hook_errors = 0
-        self._capture_calls = 0
-        self._capturing = capture_probe()
-        self._failed_points: set[str] = set()
-        self._handles: list[RemovableHandle] = []
-        self._started = self._closed = self.instrumented = False
+        self._started = self._closed = False
         self._status_interval_s = status_interval_s
         self._next_status = 0.0
-        # Request tags: the request the engine last reported on this rank (exact at batch size 1).
         self._steps: dict[str, int] = {}
-        self._request: str | None = None
-        self._step: int | None = None
-        # Set by a target forward (when the target is hooked; else by start_request / record_verify),
-        # consumed by the next draft call. Engines differ in when they report a verify step relative
-        # to the draft extend that follows it, so a hooked target forward is the only reliable mark.
-        self._target_fed = False
-        self._sees_target = False
-        self._provenance: Provenance | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -136,6 +118,7 @@ class Tracer:
             context.host, context.pid, context.rank, context.world_size)
         if self._given_rank is not None:  # the engine's own numbering (e.g. vLLM's world group)
             self.rank, self.world_size = self._given_rank
+        self.hook_state.rank = self.rank
 
     def _announce(self) -> None:
         self._emit(RankStart(self.run_id, self.rank, self.world_size, self.host, self.pid,
@@ -151,9 +134,7 @@ class Tracer:
             return
         self.start()
         atexit.unregister(self.close)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self.hook_state.remove()
         self._closed = True
         self._flush_groups()
         self.status(finished=True)
@@ -169,11 +150,32 @@ class Tracer:
         self.close()
 
     @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (its hooks are removed)."""
+        return self._closed
+
+    @property
+    def instrumented(self) -> bool:
+        """True once :func:`~specscope.instrumentation.instrument` installed hooks."""
+        return self.hook_state.installed
+
+    @property
+    def hook_calls(self) -> int:
+        """Hook calls so far (every call, sampled or not)."""
+        return self.hook_state.calls
+
+    @property
+    def hook_errors(self) -> int:
+        """Hook and sink failures so far (counted, never raised into the engine)."""
+        return self.hook_state.errors
+
+    @property
     def graph_mode(self) -> str:
         """``"eager"``, ``"capture_only"`` (hooks only fired under CUDA-graph capture) or ``"mixed"``."""
-        if self._capture_calls == 0:
+        captured = self.hook_state.capture_calls
+        if captured == 0:
             return "eager"
-        return "capture_only" if self._capture_calls == self.hook_calls else "mixed"
+        return "capture_only" if captured == self.hook_calls else "mixed"
 
     def status(self, finished: bool = False) -> RankStatus:
         """Emit and return the current :class:`RankStatus` (after a new :class:`RankStart` when
@@ -188,21 +190,6 @@ class Tracer:
         self._emit(event)
         return event
 
-    # -- wiring (delegates) ------------------------------------------------------------------
-
-    def instrument(self, **kwargs: Any) -> Tracer:
-        """Same as :func:`specscope.instrumentation.instrument` with this tracer."""
-        from specscope.instrumentation._instrument import instrument
-        return instrument(self, **kwargs)
-
-    def check_load(self, module_or_param_names: Any, checkpoint: Any, **kwargs: Any) -> LoadReport:
-        """Same as :func:`specscope.instrumentation.check_load` with this tracer."""
-        from specscope.instrumentation._loadcheck import check_load
-        return check_load(self, module_or_param_names, checkpoint, **kwargs)
-
-    def _adopt(self, handles: Sequence[RemovableHandle]) -> None:
-        self._handles.extend(handles)
-
     # -- requests and verify steps (CPU-side values only, never a device sync) -----------------
 
     def start_request(self, request_id: str, prompt_tokens: int) -> None:
@@ -211,8 +198,7 @@ class Tracer:
         self.start()
         request_id = str(request_id)
         self._steps[request_id] = 0
-        self._request, self._step = request_id, 0
-        self._target_fed = self._target_fed or not self._sees_target
+        self.hook_state.new_step(request_id, 0)
         self._emit(RequestStart(self.run_id, request_id, self.rank, int(prompt_tokens)))
 
     def record_verify(self, request_id: str, proposed: int, accepted: int,
@@ -253,8 +239,7 @@ class Tracer:
             group[0] += 1
             group[1] += event.proposed
             group[2] += event.accepted
-        self._request, self._step = request_id, step + 1
-        self._target_fed = self._target_fed or not self._sees_target
+        self.hook_state.new_step(request_id, step + 1)
         now = time.monotonic()
         if now >= self._next_status:
             self._next_status = now + self._status_interval_s
@@ -267,8 +252,8 @@ class Tracer:
         request_id = str(request_id)
         steps = self._steps.pop(request_id, 0)
         self._flush_groups(request_id)
-        if self._request == request_id:
-            self._request = self._step = None
+        if self.hook_state.request == request_id:
+            self.hook_state.request = self.hook_state.step = None
         self._emit(RequestEnd(self.run_id, request_id, self.rank, int(output_tokens), steps, text))
 
     def _step_detail(self, request_id: str) -> bool:
@@ -283,51 +268,20 @@ class Tracer:
             for mask, (steps, proposed, accepted) in self._groups.pop(rid, {}).items():
                 self._emit(VerifyGroup(self.run_id, rid, self.rank, mask, steps, proposed, accepted))
 
-    # -- called from hooks ----------------------------------------------------------------------
+    # -- events -------------------------------------------------------------------------------
 
     def _emit(self, event: Event) -> None:
-        try:
-            self.sink.emit(event)
-        except Exception as exc:  # noqa: BLE001 - a failing sink must not reach the engine
-            self._hook_failed("sink.emit", exc)
+        self.hook_state.emit(event)
 
     def _hook_failed(self, point: str, exc: Exception) -> None:
-        self.hook_errors += 1
-        if point not in self._failed_points:
-            self._failed_points.add(point)
-            logger.warning("specscope: hook %s failed (%s: %s); later failures there are only counted",
-                           point, type(exc).__name__, exc)
+        self.hook_state.failed(point, exc)
 
-    def _target_forward(self) -> None:
-        self._target_fed = True
-        if self._provenance is not None and self._provenance.due:
-            self._provenance.new_target_forward()
 
-    def _observe(self, point: TensorPoint, tensor: torch.Tensor, expected_width: int | None,
-                 capturing: bool) -> None:
-        """Hot path: count the call at ``point``; emit a :class:`TensorEvent` on sampled calls
-        (first calls, a new signature, every Nth call). Reads tensor metadata only."""
-        signature = (tensor.shape, tensor.dtype, tensor.device, expected_width)
-        index = point.calls
-        point.calls = index + 1
-        if signature in point.seen:
-            if index >= self._first_calls and index % self._sample_every:
-                return
-        else:
-            point.remember(signature)
-        shape = tuple(tensor.shape)
-        expected = None if expected_width is None else (-1,) * (len(shape) - 1) + (expected_width,)
-        absmax = mean = nonfinite = None
-        if self.sampling.value_stats and not capturing:
-            absmax, mean, nonfinite = value_stats(tensor)
-        self._emit(TensorEvent(
-            self.run_id, self.rank, point.name, index, shape, str(tensor.dtype).removeprefix("torch."),
-            str(tensor.device), expected, absmax, mean, nonfinite, self._request, self._step,
-            "capture" if capturing else "eager"))
-
-    def _check_provenance(self, hidden: torch.Tensor, call_index: int) -> None:
-        provenance = self._provenance
-        received = provenance.check(hidden)
-        if received is not None:
-            self._emit(ProvenanceEvent(self.run_id, self.rank, call_index, provenance.configured,
-                                       received, int(hidden.shape[-1]), self._request, self._step))
+def _sampling(sampling: SamplingConfig | None, **fields: int | bool | None) -> SamplingConfig:
+    """``sampling``, or a :class:`SamplingConfig` of the given keyword fields (None: its default)."""
+    given = {name: value for name, value in fields.items() if value is not None}
+    if sampling is None:
+        return SamplingConfig(**given)
+    if given:
+        raise ConfigError(f"pass sampling= or {', '.join(sorted(given))}=, not both")
+    return sampling

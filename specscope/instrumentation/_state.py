@@ -1,0 +1,148 @@
+"""The hooks' shared state: the one object a tracer's hooks read and write on the hot path.
+
+A :class:`~specscope.instrumentation.Tracer` makes one :class:`HookState` and hands it to the hooks
+(:mod:`specscope.instrumentation._hooks` bind it into their closures at instrument time). The tracer
+reads its counters and tells it where request / verify-step boundaries are; nothing else reaches into
+either object.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from specscope.events import Event, ProvenanceEvent, TensorEvent
+from specscope.instrumentation._sampling import CallSite, SamplingConfig, value_stats
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from specscope.instrumentation._provenance import Provenance
+
+logger = logging.getLogger("specscope")
+
+
+class HookState:
+    """Counters, sampling, request tags and the guarded sink of one tracer's hooks.
+
+    ``sink``: where events go (``emit(event)``, never blocking); ``run_id`` / ``rank``: stamped on
+    every event; ``sampling``: which calls become events; ``capturing``: a cheap ``() -> bool``, is a
+    CUDA graph being captured (``_context.capture_probe``; None where CUDA is unavailable). Counters (plain ints): ``calls`` (hook
+    calls), ``errors`` (hook or sink failures), ``capture_calls`` (calls under graph capture).
+    Request tags: ``request`` / ``step`` (the request the engine last reported; exact at batch size 1).
+    ``target_fed``: set by a target forward (or, without target hooks, by a request / verify-step
+    boundary), consumed by the next draft call.
+    """
+
+    __slots__ = ("sink", "run_id", "rank", "capturing", "value_stats", "calls", "errors", "capture_calls", "request", "step", "target_fed",
+                 "sees_target", "provenance", "installed", "_handles", "_failed_points")
+
+    def __init__(self, sink: object, run_id: str, rank: int, sampling: SamplingConfig,
+                 capturing: Callable[[], bool] | None) -> None:
+        self.sink = sink
+        self.run_id, self.rank = run_id, rank
+        self.capturing = capturing
+        self.value_stats = sampling.value_stats
+        self.calls = self.errors = self.capture_calls = 0
+        self.request: str | None = None
+        self.step: int | None = None
+        # Engines differ in when they report a verify step relative to the draft extend that follows
+        # it, so a hooked target forward is the only reliable mark of a target-fed draft call.
+        self.target_fed = self.sees_target = self.installed = False
+        self.provenance: Provenance | None = None
+        self._handles: list[RemovableHandle] = []
+        self._failed_points: set[str] = set()
+
+    # -- wiring (instrument time / close) -------------------------------------------------------
+
+    def install(self, handles: Sequence[RemovableHandle], provenance: Provenance | None,
+                sees_target: bool) -> None:
+        """Take ownership of the registered hooks' handles (removed by :meth:`remove`)."""
+        self._handles.extend(handles)
+        self.provenance, self.sees_target, self.installed = provenance, sees_target, True
+
+    def remove(self) -> None:
+        """Remove every installed hook (idempotent)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    # -- boundaries reported by the engine (tracer API) ------------------------------------------
+
+    def new_step(self, request: str, step: int) -> None:
+        """The engine reported ``request`` at ``step``; without target hooks the next draft call is
+        target-fed."""
+        self.request, self.step = request, step
+        self.target_fed = self.target_fed or not self.sees_target
+
+    def target_forward(self) -> None:
+        """A target forward began (lowest hooked layer): the next draft call is target-fed."""
+        self.target_fed = True
+        if self.provenance is not None and self.provenance.due:
+            self.provenance.new_target_forward()
+
+    # -- sink -------------------------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        """Send ``event`` to the sink; a failing sink is counted (:meth:`failed`), never raised."""
+        try:
+            self.sink.emit(event)
+        except Exception as exc:  # noqa: BLE001 - a failing sink must not reach the engine
+            self.failed("sink.emit", exc)
+
+    def failed(self, point: str, exc: Exception) -> None:
+        """Count a failure at ``point`` (a hook point or ``sink.*``); log the first one per point."""
+        self.errors += 1
+        if point not in self._failed_points:
+            self._failed_points.add(point)
+            logger.warning("specscope: hook %s failed (%s: %s); later failures there are only counted",
+                           point, type(exc).__name__, exc)
+
+    # -- hot path ---------------------------------------------------------------------------------
+
+    def sample(self, site: CallSite, key: tuple) -> bool:
+        """Count a call at ``site``; True when it is sampled: a first call, every ``sample_every``-th,
+        or a call ``key`` (the signatures of its tensors) not seen there before. Its index is
+        ``site.calls - 1``.
+
+        The common call (not sampled by count, seen key) is one counter bump, one comparison and one
+        set lookup: "not sampled" is decided by count before the key is looked at.
+        """
+        index = site.calls
+        site.calls = index + 1
+        if index != site.due:
+            if key in site.seen:
+                return False
+            site.remember(key)
+        else:
+            site.schedule()
+            if key not in site.seen:
+                site.remember(key)
+        return True
+
+    def record(self, name: str, index: int, tensor: torch.Tensor, expected_width: int | None,
+               capturing: bool) -> None:
+        """Emit the :class:`TensorEvent` of ``tensor`` (any shape) at hook point ``name`` in the
+        sampled call ``index``; ``expected_width``: the last dimension the contract expects (None:
+        no expectation). Reads values only when ``value_stats`` is on (a device sync)."""
+        shape = tuple(tensor.shape)
+        expected = None if expected_width is None else (-1,) * (len(shape) - 1) + (expected_width,)
+        absmax = mean = nonfinite = None
+        if self.value_stats and not capturing:
+            absmax, mean, nonfinite = value_stats(tensor)
+        self.emit(TensorEvent(
+            self.run_id, self.rank, name, index, shape, str(tensor.dtype).removeprefix("torch."),
+            str(tensor.device), expected, absmax, mean, nonfinite, self.request, self.step,
+            "capture" if capturing else "eager"))
+
+    def check_provenance(self, hidden: torch.Tensor, call_index: int) -> None:
+        """Match a target-fed draft input ``(..., W)`` against the last target forward's fingerprints
+        (on sampled calls; synchronises the device then) and emit a :class:`ProvenanceEvent`."""
+        provenance = self.provenance
+        received = provenance.check(hidden)
+        if received is not None:
+            self.emit(ProvenanceEvent(self.run_id, self.rank, call_index, provenance.configured,
+                                      received, int(hidden.shape[-1]), self.request, self.step))

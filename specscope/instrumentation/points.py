@@ -1,0 +1,57 @@
+"""Hook-point names: the one place they are spelled.
+
+A hook point is ``<module>:<key>``: the module the hook sits on (``draft.forward``,
+``target.layers.15``, ``draft.fc``) and what was read there (an argument name, ``input``,
+``output``), with ``.<i>`` / ``.<key>`` for an item inside a tuple, list or dict (``output.0``).
+Events, the store and the doctor carry these strings; build and parse them only with this module.
+"""
+
+from __future__ import annotations
+
+DRAFT_FORWARD = "draft.forward"
+"""The draft model's forward (its hooks record every tensor argument and the output)."""
+
+INPUT = "input"
+OUTPUT = "output"
+
+
+def point(module: str, key: str) -> str:
+    """``<module>:<key>``, e.g. ``point("draft.fc", "input")`` -> ``"draft.fc:input"``."""
+    return f"{module}:{key}"
+
+
+def item(key: str, index: object) -> str:
+    """An item inside a container argument or output: ``item("output", 0)`` -> ``"output.0"``."""
+    return f"{key}.{index}"
+
+
+def draft_input(argument: str) -> str:
+    """The draft forward's argument ``argument``: ``"draft.forward:hidden_states"``."""
+    return point(DRAFT_FORWARD, argument)
+
+
+DRAFT_HIDDEN_STATES = draft_input("hidden_states")
+"""The default draft hidden-state argument (``instrument(draft_hidden_arg=...)`` may name another)."""
+
+DRAFT_OUTPUT = point(DRAFT_FORWARD, OUTPUT)
+
+TARGET_LAYER_PREFIX = "target.layers."
+_TARGET_LAYER_SUFFIX = f":{INPUT}"
+
+
+def target_layer_input(index: int) -> str:
+    """The hidden state entering target decoder layer ``index`` (HF ``hidden_states[index]``):
+    ``"target.layers.15:input"``."""
+    return f"{TARGET_LAYER_PREFIX}{index}{_TARGET_LAYER_SUFFIX}"
+
+
+def capture_layer(name: str) -> int | None:
+    """The layer index of a :func:`target_layer_input` point, None for any other point."""
+    if not (name.startswith(TARGET_LAYER_PREFIX) and name.endswith(_TARGET_LAYER_SUFFIX)):
+        return None
+    index = name[len(TARGET_LAYER_PREFIX):-len(_TARGET_LAYER_SUFFIX)]
+    return int(index) if index.isdigit() else None
+
+
+TARGET_NORM_OUTPUT = point("target.norm", OUTPUT)
+"""The target's final norm output (fingerprinted for provenance; no events)."""
