@@ -95,9 +95,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds for the timings")
     parser.add_argument("--speed-prompts", type=int, default=4, help="prompts per timing round")
     parser.add_argument("--pairs", type=int, default=24, help="bare/instrumented pairs for the overhead")
+    parser.add_argument("--overhead-only", action="store_true", help="skip acceptance and speed (3.)")
     args = parser.parse_args(argv)
     target = load_target()
     prompts = heldout_prompts()[: args.prompts]
+    if args.overhead_only:
+        _print_overhead(Engine(target=target, k=args.k), prompts, args)
+        return
     print(f"held-out prompts: {len(prompts)}, max_new_tokens {args.max_new_tokens}, k={args.k}\n")
     print(f"{'fault':<16} {'AL':>6} {'rate':>6} {'steps':>6}  per-position acceptance")
     for fault in [None, *FAULTS]:
@@ -110,6 +114,10 @@ def main(argv: list[str] | None = None) -> None:
     spec, greedy = speed(engine, few, args.max_new_tokens, args.rounds)
     print(f"\ndecode tokens/s (median of {args.rounds}): speculative {spec:.1f}, target-only greedy "
           f"{greedy:.1f}, speed-up x{spec / greedy:.2f}")
+    _print_overhead(engine, prompts, args)
+
+
+def _print_overhead(engine: Engine, prompts: list[str], args: argparse.Namespace) -> None:
     median, q1, q3 = overhead(engine, prompts, args.max_new_tokens, args.pairs)
     print(f"instrumented decode vs bare ({args.pairs} paired requests): overhead median {median:+.2f}% "
           f"(interquartile {q1:+.2f}% .. {q3:+.2f}%)")
