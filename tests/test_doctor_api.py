@@ -15,12 +15,12 @@ from specscope.errors import ConfigError, ReadOnlyViolation
 from specscope.events import Finding
 from specscope.storage import open_store
 
-RUNTIME_CODES = {  # DESIGN.md section 6, runtime
+RUNTIME_CODES = {  # docs/design.md "Findings", runtime
     "AUX_NOT_FUSED": "error", "AUX_CAPTURE_SILENT": "error", "AUX_CAPTURE_PARTIAL": "error",
     "AUX_LAYER_MISMATCH": "error", "ACCEPT_COLLAPSE": "error", "ACCEPT_SATURATED": "warning",
     "POSITION0_LOW": "warning", "NONFINITE_ACTIVATIONS": "error", "RANK_DIVERGENCE": "warning",
     "WEIGHTS_DROPPED": "error", "EVENTS_DROPPED": "warning", "HOOK_ERRORS": "warning",
-    "GRAPH_MODE_BLIND": "info",
+    "GRAPH_MODE_BLIND": "info", "NOT_OBSERVED": "warning", "CHECKS_SKIPPED": "info",
 }
 
 

@@ -25,6 +25,7 @@ SEVERITY = {
     "NONFINITE_WEIGHTS": "error",
     "FP16_OVERFLOW_RISK": "warning",
     "TIED_EMBEDDINGS_MISMATCH": "warning",
+    "CHECKS_SKIPPED": "info",
 }
 CODES = tuple(SEVERITY)
 

@@ -21,11 +21,15 @@ from specscope.inspector._checks_values import check_fp16_range, check_nonfinite
 from specscope.inspector._checks_vocab import check_vocab_maps
 from specscope.inspector._config import TargetConfig, draft_config, load_target_config
 from specscope.inspector._context import CheckContext
+from specscope.inspector._findings import finding
 from specscope.inspector._format import check_format, detect_format
 from specscope.inspector._reader import CheckpointReader
 from specscope.inspector._report import InspectionReport
 
 SERVE_DTYPES = ("bf16", "fp16", "fp32")
+CONFIG_CODES = ("AUX_LAYER_COUNT_MISMATCH", "AUX_LAYER_IDS_CONVENTION", "LM_HEAD_MISSING",
+                "DRAFT_VOCAB_MISMATCH", "D2T_IDENTITY_WITH_PRUNED_VOCAB", "TIED_EMBEDDINGS_MISMATCH")
+"""Checks that read the draft's ``config.json`` (aux ids, draft vocabulary, tied embeddings)."""
 
 CHECKS: tuple[Callable[[CheckContext], list[Finding]], ...] = (
     check_format, check_keys_dropped, check_params_missing, check_lm_head, check_fc, check_aux_count,
@@ -63,4 +67,9 @@ def inspect_checkpoint(path: str | Path, engine: str = "sglang",
                        format=detect_format(keys, reader.config), target=target_config,
                        serve_dtype=serve_dtype)
     findings = [f for check in CHECKS for f in check(ctx)]
+    if reader.config is None:
+        findings.append(finding(
+            "CHECKS_SKIPPED", f"no config.json beside the weights: {', '.join(CONFIG_CODES)} not checked",
+            {"not_checked": list(CONFIG_CODES), "reason": "no config.json"},
+            "Put the draft's config.json next to the weights (the engine needs it to serve them too)."))
     return InspectionReport(str(path), ctx.format, engine, tuple(by_severity(findings)), ctx.plan)
