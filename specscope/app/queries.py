@@ -60,14 +60,17 @@ _RUNS_SQL = """
            COALESCE(k.events_dropped, 0) AS events_dropped, COALESCE(k.hook_errors, 0) AS hook_errors,
            k.graph_mode,
            (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.run_id) AS requests,
-           (SELECT COUNT(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'error')
-               AS error_findings
+           COALESCE(f.error_findings, 0) AS error_findings,
+           COALESCE(f.warning_findings, 0) AS warning_findings
     FROM runs r
     LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
                       MAX(last_seen_wall) AS last_seen_wall, SUM(events_written) AS events_written,
                       SUM(events_dropped) AS events_dropped, SUM(hook_errors) AS hook_errors,
                       MAX(graph_mode) AS graph_mode
                FROM run_ranks {inner} GROUP BY run_id) k ON k.run_id = r.run_id
+    LEFT JOIN (SELECT run_id, SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) AS error_findings,
+                      SUM(CASE WHEN severity = 'warning' THEN 1 ELSE 0 END) AS warning_findings
+               FROM findings {inner} GROUP BY run_id) f ON f.run_id = r.run_id
     {outer}"""  # the run columns of v_run_summary (views.py), without its whole-table acceptance scan
 
 
@@ -85,7 +88,8 @@ def _run_rows(store: Store, run_id: str | None, now: float | None) -> list[Row]:
 
 def runs(store: Store, now: float | None = None) -> list[Row]:
     """One row per run, newest first: the run columns of ``v_run_summary`` (engine, models, fault,
-    start, counters, graph mode, requests, ``error_findings`` = stored error findings) plus ``state``
+    start, counters, graph mode, requests, ``error_findings`` / ``warning_findings`` = stored error /
+    warning findings of any source) plus ``state``
     (:func:`run_state`) and the parsed ``config`` (the RunConfig contract).
 
     Reads ``runs``, ``run_ranks``, ``requests`` and ``findings`` only (no verify-step scan), so the

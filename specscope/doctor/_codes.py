@@ -24,6 +24,8 @@ SEVERITY = {
     "CHECKS_SKIPPED": "info",
 }
 CODES = tuple(SEVERITY)
+CONTRACT_CODES = ("AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL", "AUX_LAYER_MISMATCH")
+"""The codes of the contract between the target's capture layers and the draft's input."""
 
 # Engine knobs named in fixes (docs/design.md, "Where the real engines let us in").
 CAPTURE_KNOBS = ("SGLang `set_eagle3_layers_to_capture`, vLLM `set_aux_hidden_state_layers`, "

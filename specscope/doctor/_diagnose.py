@@ -60,17 +60,29 @@ def diagnose(store: Store, run_id: str | None = None) -> DoctorReport:
     """
     with store.connect() as conn:
         if run_id is None:
-            rows = list(conn.execute(_RUNS))
+            contexts = [_context(conn, row) for row in conn.execute(_RUNS)]
         else:
-            rows = list(conn.execute(_RUN, {"run_id": _resolve_run_id(conn, run_id, store.url)}))
+            contexts = [run_context(conn, run_id, store.url)]
         runs, findings = [], []
-        for row in rows:
-            ctx = RunContext(conn, row.run_id, row.engine, row.fault,
-                             parse_json(row.config, "runs.config", row.run_id))
+        for ctx in contexts:
             runs.append(_summary(ctx))
             for rule in RULES:
                 findings.extend(rule(ctx))
     return DoctorReport(runs, by_severity(findings))
+
+
+def run_context(conn: sa.Connection, run_id: str, url: str) -> RunContext:
+    """The :class:`RunContext` of ``run_id`` (or of the one run id it is a prefix of) over ``conn``.
+
+    Raises:
+        ConfigError: see :func:`_resolve_run_id`.
+        StoreError: malformed JSON in the run's config.
+    """
+    return _context(conn, conn.execute(_RUN, {"run_id": _resolve_run_id(conn, run_id, url)}).one())
+
+
+def _context(conn: sa.Connection, row: sa.Row) -> RunContext:
+    return RunContext(conn, row.run_id, row.engine, row.fault, parse_json(row.config, "runs.config", row.run_id))
 
 
 def _resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
@@ -105,14 +117,3 @@ def _summary(ctx: RunContext) -> RunSummary:
     acc = ctx.acceptance
     return RunSummary(ctx.run_id, ctx.engine, ctx.fault, acc.requests, acc.verify_steps,
                       acc.mean_acceptance_length, acc.acceptance_rate, ctx.per_position)
-
-
-def save_findings(store: Store, report: DoctorReport) -> None:
-    """Store ``report``'s findings (``source="doctor"``), replacing the doctor findings stored
-    earlier for the runs of ``report`` (one transaction; ``inspect`` findings stay).
-
-    Raises:
-        ReadOnlyViolation: ``store`` was opened read-only.
-        StoreError: the write failed (nothing changed).
-    """
-    store.replace_findings("doctor", [run.run_id for run in report.runs], report.findings)

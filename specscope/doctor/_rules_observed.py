@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specscope.doctor._codes import finding
+from specscope.doctor._codes import CONTRACT_CODES, finding
 from specscope.doctor._context import RunContext
 from specscope.doctor._rules_accept import MIN_VERIFY_STEPS
 from specscope.events import Finding
-
-_CAPTURE_CODES = ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL", "AUX_LAYER_MISMATCH"]
 
 
 def _skipped(check: str, codes: list[str], reason: str) -> dict[str, Any]:
@@ -34,7 +32,7 @@ def check_not_observed(ctx: RunContext) -> list[Finding]:
     if steps == 0:
         return []
     if not ctx.draft_ran:
-        blind = _skipped("draft input width", _CAPTURE_CODES,
+        blind = _skipped("draft input width", list(CONTRACT_CODES),
                          "no tensor event at the draft's forward: instrument() was not called on the "
                          "draft, or its hooks never fired")
         fix = ("Call `instrument(tracer, draft=draft_model, target=target_model)` before serving (or "

@@ -50,7 +50,8 @@ def body() -> None:
             with col:
                 panel(rid, narrow=True)
     st.subheader("Runs")
-    st.dataframe([{"errors": widgets.error_count(r),
+    st.caption("Errors and warnings: the doctor's for the open run, the stored ones for the others.")
+    st.dataframe([{**widgets.counts(r, diagnosed=r["run_id"] == run_id),
                    "state": widgets.STATE_LABEL[r["state"]], "engine": r["engine"], "fault": r["fault"],
                    "target": r["target_model"], "draft": r["draft_model"],
                    "started": widgets.when(r["started_wall"]), "ranks": r["world_size"],
