@@ -113,11 +113,13 @@ def run_summary(store: Store, run_id: str, now: float | None = None) -> Row | No
     return row
 
 
-def acceptance_over_time(store: Store, run_id: str, buckets: int = 120) -> list[Row]:
+def acceptance_over_time(store: Store, run_id: str, buckets: int = 120, window: int = 10) -> list[Row]:
     """Acceptance length over wall time: the run's lifetime (first rank start to last time a rank was
     heard from, ``run_ranks``) cut into ``buckets`` equal slices; per slice with verify steps: ``t_s``
-    (slice start, seconds since the run started), ``verify_steps``, ``accepted`` and
-    ``mean_acceptance_length`` (1 + accepted / steps). Steps outside the window go to the nearest end."""
+    (slice start, seconds since the run started), ``verify_steps``, ``accepted``,
+    ``mean_acceptance_length`` (1 + accepted / steps) and ``rolling_acceptance_length`` (the same over
+    this and the ``window - 1`` previous slices with steps, weighted by steps: the trend). Steps
+    outside the run's lifetime go to the nearest end."""
     return _rows(store, """
         WITH bounds AS (SELECT MIN(started_wall) AS t0,
                                (MAX(last_seen_wall) - MIN(started_wall)) / :buckets AS dt
@@ -126,11 +128,16 @@ def acceptance_over_time(store: Store, run_id: str, buckets: int = 120) -> list[
                                WHEN v.ts_wall - b.t0 >= b.dt * :buckets THEN :buckets - 1
                                ELSE {slice} END AS slice,
                           b.dt, v.accepted
-                   FROM verify_steps v CROSS JOIN bounds b WHERE v.run_id = :run_id)
-        SELECT slice * MAX(COALESCE(dt, 0)) AS t_s, COUNT(*) AS verify_steps, SUM(accepted) AS accepted,
-               1.0 + CAST(SUM(accepted) AS DOUBLE PRECISION) / COUNT(*) AS mean_acceptance_length
-        FROM sliced GROUP BY slice ORDER BY slice""".format(
-            slice=_floor(store, "(v.ts_wall - b.t0) / b.dt")),
+                   FROM verify_steps v CROSS JOIN bounds b WHERE v.run_id = :run_id),
+        per_slice AS (SELECT slice, slice * MAX(COALESCE(dt, 0)) AS t_s, COUNT(*) AS verify_steps,
+                             SUM(accepted) AS accepted FROM sliced GROUP BY slice)
+        SELECT t_s, verify_steps, accepted,
+               1.0 + CAST(accepted AS DOUBLE PRECISION) / verify_steps AS mean_acceptance_length,
+               1.0 + CAST(SUM(accepted) OVER w AS DOUBLE PRECISION) / SUM(verify_steps) OVER w
+                   AS rolling_acceptance_length
+        FROM per_slice WINDOW w AS (ORDER BY slice ROWS BETWEEN {preceding} PRECEDING AND CURRENT ROW)
+        ORDER BY slice""".format(
+            slice=_floor(store, "(v.ts_wall - b.t0) / b.dt"), preceding=max(0, int(window) - 1)),
         run_id=run_id, buckets=buckets)
 
 

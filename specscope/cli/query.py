@@ -36,14 +36,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the statement's rows; 0 on success. Errors (StoreError) are exit 2 via the CLI shell."""
+    more = None if args.limit is None else args.limit + 1  # one row past the limit tells it cut
     with open_store(args.db, create=False, read_only=True) as store:
-        columns, rows = store.query(args.sql, limit=args.limit)
+        columns, rows = store.query(args.sql, limit=more)
+    cut = more is not None and len(rows) == more
+    rows = rows[:args.limit] if cut else rows
     if args.json:
         write_json(columns, rows, sys.stdout)
     elif args.csv:
         write_csv(columns, rows, sys.stdout)
     else:
         write_table(columns, rows, sys.stdout)
+    if cut:  # on stderr: stdout stays the rows alone for --json / --csv readers
+        print(f"specscope query: showing the first {args.limit} row(s); the result has more "
+              "(raise --limit)", file=sys.stderr)
     return 0
 
 

@@ -30,31 +30,38 @@ EXAMPLES = {
 
 run_id = widgets.run_picker()
 st.title("SQL")
-left, right = st.columns([3, 2])
-with left:
-    example = st.selectbox("Example", list(EXAMPLES), key="sql_example")
-    with st.form("sql"):
-        sql = st.text_area("One read-only SQL statement", EXAMPLES[example].format(run_id=run_id), height=160,
-                           key=f"sql_text_{example}")
-        submitted = st.form_submit_button("Run", type="primary")
-    st.caption(f"Writes are refused by the database; at most {ROW_LIMIT:,} rows are fetched.")
-    if submitted or sql:
-        try:
-            columns, rows = widgets.store().query(sql, limit=ROW_LIMIT)
-        except SpecscopeError as exc:
-            st.error(str(exc))
-        else:
-            st.dataframe([dict(zip(columns, row)) for row in rows], hide_index=True)
-            out = io.StringIO()
-            write_csv(columns, rows, out)
-            st.download_button("Download CSV", out.getvalue(), file_name="specscope-query.csv", mime="text/csv")
-            st.caption(f"{len(rows)} row(s)")
-with right:
-    st.subheader("Views")
-    st.markdown(views.__doc__)
+HIDDEN_TABLES = ("positions",)  # a helper of the per-position views (rows 0..N-1), not trace data
+
+
+def reference() -> None:
+    """The views (from :mod:`specscope.storage.views`' own table, as Markdown) and every table."""
+    lines = [line for line in views.__doc__.splitlines() if line.startswith("|")]
+    st.markdown("\n".join(lines).replace("``", "`"))
+    st.caption("Acceptance: AL = 1 + accepted / verify steps, rate = accepted / proposed, "
+               "p_i = steps with position i accepted / verify steps. Filter views by `run_id`.")
     st.subheader("Tables")
-    for table in schema.metadata.sorted_tables:
-        if table.name in ("schema_migrations",):
-            continue
-        with st.expander(table.name):
+    for column, table in zip(st.columns(3) * 4, [t for t in schema.metadata.sorted_tables
+                                                 if t.name not in HIDDEN_TABLES]):
+        with column.expander(table.name):
             st.markdown("\n".join(f"- `{c.name}` {c.type}" for c in table.columns))
+
+
+example = st.selectbox("Example", list(EXAMPLES), key="sql_example")
+with st.form("sql"):
+    sql = st.text_area("One read-only SQL statement", EXAMPLES[example].format(run_id=run_id), height=140,
+                       key=f"sql_text_{example}")
+    submitted = st.form_submit_button("Run", type="primary")
+st.caption(f"Writes are refused by the database; at most {ROW_LIMIT:,} rows are fetched.")
+if submitted or sql:
+    try:
+        columns, rows = widgets.store().query(sql, limit=ROW_LIMIT)
+    except SpecscopeError as exc:
+        st.error(str(exc))
+    else:
+        st.dataframe([dict(zip(columns, row)) for row in rows], hide_index=True)
+        out = io.StringIO()
+        write_csv(columns, rows, out)
+        st.download_button("Download CSV", out.getvalue(), file_name="specscope-query.csv", mime="text/csv")
+        st.caption(f"{len(rows)} row(s)" + (f" (cut at {ROW_LIMIT:,})" if len(rows) == ROW_LIMIT else ""))
+st.subheader("Views")
+reference()
