@@ -98,3 +98,13 @@ def test_cli_demo_and_doctor_exit_codes(tmp_path, demo_store):
     bad = subprocess.run([*cli, "demo", "--no-dashboard", "--db", str(tmp_path / "e.db"), "--ranks", "0"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_rank_fault_shows_as_rank_divergence(tmp_path):
+    """Two ranks, rank 1 without aux capture: one run whose per-GPU split the doctor reports."""
+    path, run_id = _run(tmp_path, None, ranks=2, requests=4, rank_fault=(1, "no-aux-capture"))
+    found = _findings(path, run_id)
+    assert found["AUX_NOT_FUSED"].evidence["ranks"] == [1]
+    assert found["RANK_DIVERGENCE"].evidence["ranks"] == [0, 1]
+    with open_store(path, create=False, read_only=True) as store:
+        assert [r["fault"] for r in store.runs()] == ["rank 1: no-aux-capture"]

@@ -3,9 +3,9 @@
 The store is opened first, so a file or database that is not a specscope store, or a newer schema, is
 one line and exit 2 before any server starts. A store that does not exist yet is created empty (and
 an older one upgraded, as an engine's collector would): the dashboard can be opened before the engine
-writes, shows how to instrument it, and switches to the run as soon as its first event arrives. Then ``streamlit run`` of
-:data:`specscope.app.ENTRY` replaces this process (same interpreter, headless, no usage stats), with
-the store in the :data:`specscope.app.DB_ENV` environment variable.
+writes, shows how to instrument it, and switches to the run as soon as its first event arrives. Then
+``streamlit run`` of :data:`specscope.app.ENTRY` replaces this process (same interpreter, headless, no
+usage stats), with the store in the :data:`specscope.app.DB_ENV` environment variable.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`specscope inspect PATH`: check an EAGLE-3 draft checkpoint before serving it (DESIGN.md section 6).
+"""`specscope inspect PATH`: check an EAGLE-3 draft checkpoint before serving it (docs/design.md, "Findings").
 
 Exit status: 0 no error finding, 1 at least one error finding, 2 unusable input (one line on stderr).
 """
@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=ENGINES, default="sglang", help="loader to check against (default sglang)")
     p.add_argument("--target-config", metavar="PATH", help="the target model's config.json (or its folder)")
     p.add_argument("--serve-dtype", choices=SERVE_DTYPES, help="dtype the draft will be served in")
-    p.add_argument("--json", action="store_true", help="print the machine format of DESIGN.md section 6")
+    p.add_argument("--json", action="store_true", help="print the machine format (README, Commands)")
     p.set_defaults(func=run)
 
 

@@ -18,7 +18,7 @@ from specscope.doctor._rules_accept import COLLAPSE_AL, MIN_VERIFY_STEPS, POSITI
 from specscope.doctor._rules_ranks import RANK_AL_MARGIN
 
 __all__ = [
-    "CODES", "COLLAPSE_AL", "CONTRACT_CODES", "DoctorReport", "MIN_VERIFY_STEPS", "POSITION0_MIN", "RANK_AL_MARGIN",
-    "RULES", "RunContext", "RunSummary", "SETTLED_BY_PROVENANCE", "SEVERITY", "checkpoint_findings",
-    "diagnose", "render_text", "save_findings",
+    "CODES", "COLLAPSE_AL", "CONTRACT_CODES", "DoctorReport", "MIN_VERIFY_STEPS", "POSITION0_MIN",
+    "RANK_AL_MARGIN", "RULES", "RunContext", "RunSummary", "SETTLED_BY_PROVENANCE", "SEVERITY",
+    "checkpoint_findings", "diagnose", "render_text", "save_findings",
 ]

@@ -82,7 +82,8 @@ def run_context(conn: sa.Connection, run_id: str, url: str) -> RunContext:
 
 
 def _context(conn: sa.Connection, row: sa.Row) -> RunContext:
-    return RunContext(conn, row.run_id, row.engine, row.fault, parse_json(row.config, "runs.config", row.run_id))
+    config = parse_json(row.config, "runs.config", row.run_id)
+    return RunContext(conn, row.run_id, row.engine, row.fault, config)
 
 
 def _resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:

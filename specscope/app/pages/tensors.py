@@ -64,8 +64,10 @@ def body() -> None:
                        "matches": "yes" if r["matches"] else "NO", "width": r["width"], "checks": r["checks"]}
                       for r in rows], hide_index=True)
     st.subheader("Every hook point: observed vs expected")
-    frame = pd.DataFrame([{"hook point": r["hook_point"], "rank": r["rank"], "shape": widgets.shape_text(r["shape"]),
-                           "expected": widgets.shape_text(r["expected_shape"]), "dtype": r["dtype"], "phase": r["graph_phase"],
+    frame = pd.DataFrame([{"hook point": r["hook_point"], "rank": r["rank"],
+                           "shape": widgets.shape_text(r["shape"]),
+                           "expected": widgets.shape_text(r["expected_shape"]), "dtype": r["dtype"],
+                           "phase": r["graph_phase"],
                            "events": r["events"],
                            "first seen s": r["first_wall"] - summary["started_wall"],
                            "last seen s": r["last_wall"] - summary["started_wall"],
