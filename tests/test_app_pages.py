@@ -262,3 +262,21 @@ def test_checkpoint_convention_warning_is_settled_by_provenance(doctor_store):
     assert [(f.code, f.severity) for f in healthy] == [("AUX_LAYER_IDS_CONVENTION", "info")]
     assert healthy[0].evidence["verified_by_provenance"] > 0 and "fingerprint" in healthy[0].message
     assert [f.severity for f in shifted] == ["warning"] and [f.severity for f in blind] == ["warning"]
+
+
+def test_sql_reference_is_plain_markdown_with_the_readme_tables(monkeypatch, two_runs):
+    at = visit(app(monkeypatch, two_runs), "sql")
+    text = "\n".join(m.value for m in at.markdown)
+    assert "`v_tensor_contract`" in text and ":mod:" not in text and "``" not in text
+    tables = [e.label for e in at.expander]
+    assert "schema_migrations" in tables and "positions" not in tables and "verify_steps" in tables
+
+
+def test_gpus_cells_show_widths_and_the_doctors_divergence(monkeypatch, doctor_store):
+    at = app(monkeypatch, doctor_store)
+    at.sidebar.selectbox[0].set_value("two-ranks").run()
+    visit(at, "gpus")
+    cells = at.dataframe[-1].value
+    row = cells[cells["hook point"] == "draft.forward:hidden_states"].iloc[0]
+    assert row["ranks differ"] == "DIFFER"
+    assert row["rank 0"].startswith("…×1728 (") and "…×576 ≠ …×1728" in row["rank 1"]

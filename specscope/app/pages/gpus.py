@@ -30,18 +30,26 @@ def _rank_frame(rows: list[dict], flagged: set[int]) -> pd.DataFrame:
 
 
 def _shape_matrix(contract: list[dict], ranks: list[int], differing: set[str]) -> list[dict]:
-    """One row per hook point, one column per rank: the shapes seen (events, graph phase), ``≠`` and
-    the expected shape where the width breaks the contract; ``differing`` hook points (named by the
-    doctor's RANK_DIVERGENCE) marked."""
-    cells: dict[str, dict[int, list[str]]] = {}
+    """One row per hook point, one column per rank: the widths seen (ranks serve different requests,
+    so only the last dimension is comparable), each with its events and graph phase, ``≠`` and the
+    expected width where it breaks the contract; ``differing`` hook points (named by the doctor's
+    RANK_DIVERGENCE) marked."""
+    events: dict[str, dict[int, dict[tuple, int]]] = {}
     for row in contract:
-        text = widgets.shape_text(row["shape"]) + (
-            f" ≠ {widgets.shape_text(row['expected_shape'])}" if row["width_mismatch"] else "")
-        cells.setdefault(row["hook_point"], {}).setdefault(row["rank"], []).append(
-            f"{text} ({row['events']}, {row['graph_phase']})")
+        key = (row["width"], row["expected_width"] if row["width_mismatch"] else None, row["graph_phase"])
+        per_rank = events.setdefault(row["hook_point"], {}).setdefault(row["rank"], {})
+        per_rank[key] = per_rank.get(key, 0) + row["events"]
+
+    def cell(widths: dict[tuple, int] | None) -> str:
+        if not widths:
+            return "not seen"
+        return "; ".join(f"…×{width}" + (f" ≠ …×{expected}" if expected is not None else "")
+                         + f" ({n}{'' if phase == 'eager' else ', ' + phase})"
+                         for (width, expected, phase), n in widths.items())
+
     return [{"hook point": point, "ranks differ": "DIFFER" if point in differing else "",
-             **{f"rank {rank}": "; ".join(by_rank.get(rank, ["not seen"])) for rank in ranks}}
-            for point, by_rank in cells.items()]
+             **{f"rank {rank}": cell(by_rank.get(rank)) for rank in ranks}}
+            for point, by_rank in events.items()]
 
 
 def body() -> None:
@@ -63,12 +71,12 @@ def body() -> None:
     st.subheader("Shapes seen at each hook point, per rank")
     differing = {point["hook_point"] for f in divergence for point in f.evidence.get("hook_points", [])}
     matrix = _shape_matrix(widgets.query("tensor_contract", run_id), [r["rank"] for r in rows], differing)
-    st.caption("Cells: shape (events recorded, graph phase); `≠` marks a width that breaks the contract; "
-               "DIFFER marks a contract point whose widths differ between ranks (RANK_DIVERGENCE).")
-    column_config = {f"rank {r['rank']}": st.column_config.TextColumn(width="large") for r in rows}
+    st.caption("Cells: last dimension (events recorded; graph phase when not eager); `≠` marks a width "
+               "that breaks the contract; DIFFER marks a contract point whose widths differ between ranks "
+               "(RANK_DIVERGENCE). Full shapes per rank: the Tensors page.")
     st.dataframe(pd.DataFrame(matrix).style.apply(
         lambda row: ["background-color: #ffcdd2" if row["ranks differ"] else ""] * len(row), axis=1)
-        if matrix else pd.DataFrame(), hide_index=True, column_config=column_config)
+        if matrix else pd.DataFrame(), hide_index=True)
 
 
 widgets.live(body, summary["state"])
