@@ -104,3 +104,15 @@ def test_render_text(store):
     assert any(line.startswith("ERROR   WEIGHTS_DROPPED [run dropped-keys]") for line in lines)
     assert "rename=['layers.0.', 'midlayer.']" in text and "+7 more]" in text
     assert sum(line.strip().startswith("fix: ") for line in lines) == 2
+
+
+def test_run_id_prefix_on_both_databases(store):
+    T.healthy("c0ffee00aa").write(store)
+    T.no_aux_capture("c0ffee00bb").write(store)
+    T.healthy("c0_fee").write(store)
+    assert diagnose(store, "c0ffee00b").runs[0].run_id == "c0ffee00bb"
+    assert diagnose(store, "c0_").runs[0].run_id == "c0_fee"  # '_' is no wildcard
+    with pytest.raises(ConfigError, match="ambiguous.*c0ffee00aa, c0ffee00bb"):
+        diagnose(store, "c0ffee")
+    with pytest.raises(ConfigError, match="no run 'c1'"):
+        diagnose(store, "c1")
