@@ -87,3 +87,14 @@ def test_ambiguous_run_id_prefix_names_the_candidates(db, capsys):
 def test_prefix_wildcards_are_literal(db, capsys):
     assert main(["doctor", "--db", db, "--run", "%"]) == 2
     assert "no run '%'" in capsys.readouterr().err
+
+
+def test_inspect_into_a_short_pipe_has_no_traceback(ok_eagle3):
+    """`specscope inspect ... | head -3`: whether the reader leaves before or after the last write,
+    no traceback; the status is the inspection's or 141."""
+    command = [sys.executable, "-c", "import sys; from specscope.cli import main; sys.exit(main(sys.argv[1:]))",
+               "inspect", str(ok_eagle3), "--json"]
+    done = subprocess.run(["bash", "-c", f"{shlex.join(command)} | head -3; exit ${{PIPESTATUS[0]}}"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.count("\n") == 3
+    assert done.stderr == "" and done.returncode in (0, BROKEN_PIPE_EXIT)
