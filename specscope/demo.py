@@ -1,8 +1,9 @@
 """The demo job: the reference engine, instrumented, serving built-in prompts into a trace store.
 
 One process per rank; with ``ranks > 1`` the ranks form a torch.distributed (gloo) group and split
-the requests, so per-rank views hold real data. Every rank writes through its own collector into the
-same store; rank 0 also stores the checkpoint inspection of the draft. Provenance sampling is on.
+the requests, so per-rank views hold real data; ``rank_fault`` switches a fault on for one rank only.
+Every rank writes through its own collector into the same store; rank 0 also stores the checkpoint
+inspection of the draft. Provenance sampling is on.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class DemoOptions:
     k: int = 4
     max_new_tokens: int = 48
     provenance_every: int = 4
-    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+    rank_fault: tuple[int, str] | None = None
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)  # as a Tracer's own ids
 
     def check(self) -> None:
         """Raise ConfigError for values the demo cannot run with."""
@@ -39,6 +41,25 @@ class DemoOptions:
             raise ConfigError("--requests, --ranks, --k and --max-new-tokens must be at least 1")
         if self.ranks > self.requests:
             raise ConfigError(f"--ranks {self.ranks} exceeds --requests {self.requests}: a rank would idle")
+        if self.rank_fault is not None:
+            rank, name = self.rank_fault
+            check_fault(name)
+            if not 0 <= rank < self.ranks:
+                raise ConfigError(f"--rank-fault names rank {rank}, but the run has ranks 0..{self.ranks - 1}")
+
+    def fault_for(self, rank: int) -> str | None:
+        """The fault switch of ``rank``: the rank fault on its rank, else the run's fault."""
+        if self.rank_fault is not None and self.rank_fault[0] == rank:
+            return self.rank_fault[1]
+        return self.fault
+
+    @property
+    def label(self) -> str | None:
+        """The run's fault label as stored (display only): ``"rank 1: no-aux-capture"`` for a rank fault."""
+        if self.rank_fault is None:
+            return self.fault
+        rank, name = self.rank_fault
+        return f"{self.fault} + rank {rank}: {name}" if self.fault else f"rank {rank}: {name}"
 
 
 def run_demo(opts: DemoOptions) -> str:
@@ -84,10 +105,10 @@ def _serve(rank: int, opts: DemoOptions, collector) -> None:
     from specscope.inspector import inspect_checkpoint
     from specscope.instrumentation import Tracer, check_load, instrument
 
-    engine = Engine(fault=opts.fault, k=opts.k)
+    engine = Engine(fault=opts.fault_for(rank), k=opts.k)
     target_id, draft_id = engine.model_ids
     with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
-                draft_model=draft_id, config=engine.run_config(), run_id=opts.run_id, fault=opts.fault,
+                draft_model=draft_id, config=engine.run_config(), run_id=opts.run_id, fault=opts.label,
                 provenance_every=opts.provenance_every) as tracer:
         instrument(tracer, draft=engine.draft, target=engine.target, modules=["fc"])
         check_load(tracer, engine.draft, list(engine.loaded.checkpoint_keys), engine="reference",

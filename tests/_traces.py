@@ -56,7 +56,8 @@ class RankTrace:
     on every other target-fed call (None: provenance off); ``capture_layers``: layers whose
     ``target.layers.{i}:input`` events are recorded; ``target_points``: further target hook points;
     ``accepted``: accepted drafts per verify step, cycled; ``nonfinite``: hook point -> inf/nan count
-    on each of its events (value statistics on); ``missing`` / ``unexpected``: the load report.
+    on each of its events (value statistics on); ``missing`` / ``unexpected``: the load report;
+    ``hooks``: False records no tensor event and no provenance (``instrument()`` never called).
     """
 
     rank: int = 0
@@ -73,6 +74,7 @@ class RankTrace:
     events_dropped: int = 0
     hook_errors: int = 0
     graph_mode: str = "eager"
+    hooks: bool = True
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class _RankRecorder:
         return self.ts
 
     def tensor(self, point: str, shape: tuple[int, ...], expected: int | None = None) -> None:
+        if not self.r.hooks:
+            return
         index = self.calls.get(point, 0)
         self.calls[point] = index + 1
         stats = bool(self.r.nonfinite)
@@ -137,7 +141,7 @@ class _RankRecorder:
         self.tensor("draft.forward:output.0", (1, tokens, DRAFT_VOCAB))
         self.tensor("draft.forward:output.1", (1, tokens, DRAFT_HIDDEN))
         if fed:
-            if self.r.received is not None and self.fed_calls % 2 == 0:
+            if self.r.hooks and self.r.received is not None and self.fed_calls % 2 == 0:
                 self.out.append(ProvenanceEvent(
                     self.trace.run_id, self.r.rank, self.calls["draft.forward:hidden_states"] - 1, AUX,
                     self.r.received, width, self.request, self.step, ts_wall=self.tick()))
@@ -257,4 +261,9 @@ def few_steps(run_id: str = "few-steps") -> Trace:
 def draft_only(run_id: str = "draft-only") -> Trace:
     """A healthy run instrumented on the draft only: no target event, no provenance."""
     return Trace(run_id, (RankTrace(capture_layers=(), received=None),))
+
+
+def not_instrumented(run_id: str = "not-instrumented") -> Trace:
+    """Verify steps recorded (the tracer's serving-loop calls) but no hook installed: no tensor event."""
+    return Trace(run_id, (RankTrace(hooks=False),))
 

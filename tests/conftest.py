@@ -105,15 +105,18 @@ def target_pair():
 
 @pytest.fixture(scope="session")
 def demo_store(tmp_path_factory) -> str:
-    """A SQLite store holding two real reference-engine runs, healthy then ``no-aux-capture``, written
-    by ``specscope.demo`` exactly as ``make demo`` does (instrumented, provenance on), with the
-    doctor's findings saved. Returns the store path; the run ids are in ``runs`` (oldest first)."""
+    """A SQLite store holding three real reference-engine runs, healthy, ``no-aux-capture``, then two
+    ranks of which rank 1 runs ``no-aux-capture``, written by ``specscope.demo`` as ``make demo`` does
+    (instrumented, provenance on), with the doctor's findings saved. Returns the store path; the run
+    ids are in ``runs`` (oldest first)."""
     from specscope.demo import DemoOptions, run_demo
     from specscope.doctor import diagnose, save_findings
 
     path = str(tmp_path_factory.mktemp("demo") / "demo.db")
-    for fault in (None, "no-aux-capture"):
-        run_id = run_demo(DemoOptions(db=path, requests=4, fault=fault, max_new_tokens=32))
+    runs = ((None, 1, None), ("no-aux-capture", 1, None), (None, 2, (1, "no-aux-capture")))
+    for fault, ranks, rank_fault in runs:
+        run_id = run_demo(DemoOptions(db=path, requests=4, fault=fault, max_new_tokens=32, ranks=ranks,
+                                      rank_fault=rank_fault))
         with open_store(path) as store:
             save_findings(store, diagnose(store, run_id))
     return path

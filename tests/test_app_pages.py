@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -84,7 +85,8 @@ def test_faulty_run_pages(monkeypatch, two_runs):
     visit(at, "gpus")
     assert at.dataframe
     visit(at, "tensors")
-    assert any("width **576**" in e and "**1728**" in e for e in texts(at, "error"))
+    assert texts(at, "error")[0].startswith("**AUX_NOT_FUSED** — ")  # the doctor's finding, its message
+    assert "576 wide" in texts(at, "error")[0] and "1728" in texts(at, "error")[0]
     assert any("Eager" in i for i in texts(at, "info"))
     visit(at, "findings")
     labels = [e.label for e in at.expander]
@@ -136,19 +138,145 @@ def test_not_a_store_and_newer_schema_are_one_message(monkeypatch, tmp_path):
     assert not at.exception and "newer" in at.error[0].value
 
 
-def test_snippet_runs_against_real_modules(tmp_path, monkeypatch):
+def test_snippet_is_the_readme_one_and_runs_against_real_modules(tmp_path, monkeypatch):
+    """The README / empty-store snippet, executed as written around a real chain-drafting loop on a
+    random HF Llama target and an EAGLE-3-shaped draft: the hooks see the draft input, the doctor
+    has evidence (no NOT_OBSERVED), the serving-loop calls take the values the snippet names."""
     safetensors_torch = pytest.importorskip("safetensors.torch")
-    from _draft_fixture import AUX, K, make_models
+    from _draft_fixture import AUX, K, make_models, run_engine
+    from specscope.doctor import diagnose
 
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"```python\n{SNIPPET}```" in readme
     target_model, draft_model = make_models()
     checkpoint = str(tmp_path / "draft.safetensors")
     safetensors_torch.save_file({k: v.contiguous() for k, v in draft_model.state_dict().items()}, checkpoint)
     monkeypatch.chdir(tmp_path)
-    exec(SNIPPET, {"target_model": target_model, "draft_model": draft_model, "aux_ids": AUX, "k": K,
-                   "checkpoint": checkpoint, "prompt_len": 6, "accepted": 2,
-                   "decoded_tokens": ["a", "b", "c"], "output_len": 3, "text": "abc"})
+    cut = SNIPPET.index("# In the serving loop")
+    names = {"target_model": target_model, "draft_model": draft_model, "aux_ids": AUX, "k": K,
+             "checkpoint": checkpoint, "prompt_len": 6, "accepted": 2, "step_texts": ["a", "b", "c"],
+             "output_len": 3, "text": "abc"}
+    exec(SNIPPET[:cut], names)
+    run_engine(target_model, draft_model, names["tracer"], requests=2, steps=8)  # real forwards
+    exec(SNIPPET[cut:], names)  # one more step on req-0, then close
     with open_store(str(tmp_path / "specscope.db"), create=False, read_only=True) as store:
         runs = store.runs()
-        assert [(r["engine"], r["verify_steps"], r["status"]) for r in runs] == [("my-engine", 1, "finished")]
+        assert [(r["engine"], r["verify_steps"], r["status"]) for r in runs] == [("my-engine", 17, "finished")]
         loads = store.query("SELECT loaded, missing FROM load_reports")[1]
         assert loads and loads[0][0] > 0 and json.loads(loads[0][1]) == []
+        emitted = store.query("SELECT emitted FROM verify_steps WHERE emitted IS NOT NULL")[1]
+        assert [json.loads(row[0]) for row in emitted] == [["a", "b", "c"]]
+        report = diagnose(store)
+    # A random draft accepts little, so acceptance codes may fire; the contract must be observed and kept.
+    assert [c for c in report.codes()
+            if c.startswith("AUX_") or c in ("NOT_OBSERVED", "WEIGHTS_DROPPED", "HOOK_ERRORS")] == []
+
+# -- the dashboard says what the doctor says ---------------------------------------------------------
+
+AGREEMENT_TRACES = ("healthy", "no_aux_capture", "off_by_one", "dropped_keys", "two_ranks_diverging",
+                    "not_instrumented", "draft_only", "partial_capture")
+
+
+def _convention_finding(run_id: str):
+    from specscope.events import Finding
+
+    return Finding("AUX_LAYER_IDS_CONVENTION", "warning", "explicit aux layer ids [2, 15, 27] mean "
+                   "different target layers per engine", {"configured": [2, 15, 27]}, "Confirm the ids.",
+                   run_id=run_id, source="inspect")
+
+
+@pytest.fixture(scope="module")
+def doctor_store(tmp_path_factory) -> str:
+    """One run per doctor scenario of tests/_traces.py, each with the stored checkpoint warning
+    AUX_LAYER_IDS_CONVENTION, and the doctor's findings saved (as `specscope demo` does)."""
+    import _traces as T
+    from specscope.doctor import diagnose, save_findings
+
+    path = str(tmp_path_factory.mktemp("agree") / "store.db")
+    with open_store(path) as store:
+        for name in AGREEMENT_TRACES:
+            trace = getattr(T, name)()
+            trace.write(store)
+            store.write([_convention_finding(trace.run_id)])
+            save_findings(store, diagnose(store, trace.run_id))
+    return path
+
+
+def _codes(messages: list[str]) -> list[str]:
+    return [m.split("**")[1] for m in messages if m.startswith("**")]
+
+
+@pytest.mark.parametrize("name", AGREEMENT_TRACES)
+def test_pages_show_the_doctors_findings(monkeypatch, doctor_store, name):
+    import _traces as T
+    from specscope.doctor import CONTRACT_CODES, checkpoint_findings, diagnose
+
+    run_id = getattr(T, name)().run_id
+    with open_store(doctor_store, create=False, read_only=True) as store:
+        runtime = diagnose(store, run_id).findings
+        checkpoint = checkpoint_findings(store, run_id)
+    loud = [f for f in runtime + checkpoint if f.severity in ("error", "warning")]
+    errors = [f.code for f in loud if f.severity == "error"]
+    warnings = [f.code for f in loud if f.severity == "warning"]
+
+    at = app(monkeypatch, doctor_store)
+    at.sidebar.selectbox[0].set_value(run_id).run()
+    assert _codes(texts(at, "error")) == errors and _codes(texts(at, "warning")) == warnings
+    assert not loud or not texts(at, "success")  # green only when the doctor has nothing to say
+    label = at.sidebar.selectbox[0].format_func(run_id)
+    for severity, codes in (("error", errors), ("warning", warnings)):
+        assert (f"{len(codes)} {severity}" in label) == bool(codes), label
+    with open_store(doctor_store, create=False, read_only=True) as store:  # the other runs: stored counts
+        for other in AGREEMENT_TRACES:
+            other_id = getattr(T, other)().run_id
+            found = diagnose(store, other_id).findings + checkpoint_findings(store, other_id)
+            counted = at.sidebar.selectbox[0].format_func(other_id)
+            for severity in ("error", "warning"):
+                n = sum(f.severity == severity for f in found)
+                assert (f"{n} {severity}" in counted) == bool(n), (other, counted)
+
+    visit(at, "tensors")
+    contract = [f.code for f in runtime if f.code in CONTRACT_CODES + ("NOT_OBSERVED",)]
+    assert _codes(texts(at, "error") + texts(at, "warning")) == contract
+    assert any("contract kept" in s for s in texts(at, "success")) == (
+        not contract and not any(f.code == "CHECKS_SKIPPED" for f in runtime))
+
+    visit(at, "gpus")
+    divergence = [f.code for f in runtime if f.code == "RANK_DIVERGENCE"]
+    assert _codes(texts(at, "warning")) == divergence
+
+    visit(at, "findings")
+    shown = [e.label.split("**")[1] for e in at.expander]
+    assert shown == [f.code for f in runtime] + [f.code for f in checkpoint]
+
+
+def test_checkpoint_convention_warning_is_settled_by_provenance(doctor_store):
+    """The healthy run's received layers were verified by fingerprint: the stored warning reads as
+    info; the off-by-one run received other layers: it stays a warning, beside AUX_LAYER_MISMATCH."""
+    from specscope.doctor import checkpoint_findings
+
+    with open_store(doctor_store, create=False, read_only=True) as store:
+        healthy = checkpoint_findings(store, "healthy")
+        shifted = checkpoint_findings(store, "off-by-one")
+        blind = checkpoint_findings(store, "draft-only")
+    assert [(f.code, f.severity) for f in healthy] == [("AUX_LAYER_IDS_CONVENTION", "info")]
+    assert healthy[0].evidence["verified_by_provenance"] > 0 and "fingerprint" in healthy[0].message
+    assert [f.severity for f in shifted] == ["warning"] and [f.severity for f in blind] == ["warning"]
+
+
+def test_sql_reference_is_plain_markdown_with_the_readme_tables(monkeypatch, two_runs):
+    at = visit(app(monkeypatch, two_runs), "sql")
+    text = "\n".join(m.value for m in at.markdown)
+    assert "`v_tensor_contract`" in text and ":mod:" not in text and "``" not in text
+    tables = [e.label for e in at.expander]
+    assert "schema_migrations" in tables and "positions" not in tables and "verify_steps" in tables
+
+
+def test_gpus_cells_show_widths_and_the_doctors_divergence(monkeypatch, doctor_store):
+    at = app(monkeypatch, doctor_store)
+    at.sidebar.selectbox[0].set_value("two-ranks").run()
+    visit(at, "gpus")
+    cells = at.dataframe[-1].value
+    row = cells[cells["hook point"] == "draft.forward:hidden_states"].iloc[0]
+    assert row["ranks differ"] == "DIFFER"
+    assert row["rank 0"].startswith("…×1728 (") and "…×576 ≠ …×1728" in row["rank 1"]

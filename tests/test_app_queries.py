@@ -58,6 +58,11 @@ def test_acceptance_over_time_covers_every_step(filled):
     assert sum(r["accepted"] for r in rows) == sum(accepted(None))
     assert len(rows) <= 10 and [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
     assert {r["mean_acceptance_length"] for r in queries.acceptance_over_time(filled, "faulty")} == {1.0}
+    rolling = queries.acceptance_over_time(filled, "healthy", buckets=10, window=3)
+    for i, row in enumerate(rolling):  # steps-weighted AL of this and the two slices before it
+        window = rolling[max(0, i - 2):i + 1]
+        expected = 1 + sum(r["accepted"] for r in window) / sum(r["verify_steps"] for r in window)
+        assert row["rolling_acceptance_length"] == pytest.approx(expected)
 
 
 def test_position_acceptance_equals_view_and_metrics(filled):

@@ -2,8 +2,9 @@
 Playwright); every page visited, its key text asserted, and a 1400x900 screenshot saved (into
 ``$SPECSCOPE_SCREENSHOTS`` when set, e.g. docs/, else the test's tmp dir).
 
-The store is the lead's ``demo_store`` fixture when it exists (healthy + no-aux-capture runs of the
-reference engine), else ``dashboard_store``: the synthetic healthy + faulty traces.
+The store is the lead's ``demo_store`` fixture when it exists (healthy, no-aux-capture and a two-rank
+run whose rank 1 has no aux capture, of the reference engine), else ``dashboard_store``: the synthetic
+healthy + faulty traces.
 """
 
 from __future__ import annotations
@@ -128,3 +129,30 @@ def test_every_page_in_chromium(server, tmp_path):
             browser.close()
     assert sorted(f.name for f in shots.glob("dashboard-*.png")) >= sorted(
         f"dashboard-{NAMES.get(p, p)}.png" for p in PAGES)
+
+
+def test_dashboard_opened_before_the_engine_writes(tmp_path):
+    """`specscope dashboard --db new.db` on a path with no store: the store is created empty, the page
+    explains how to instrument an engine, and it switches to the run once one is written; the
+    browser fetches nothing from another host (no favicon or font CDN)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    store = tmp_path / "new.db"
+    proc, url = _start(store)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                remote: list[str] = []  # the page must work offline: nothing fetched from elsewhere
+                page.on("request", lambda r: None if r.url.startswith((url, "data:", "blob:"))
+                        else remote.append(r.url))
+                page.goto(url)
+                page.get_by_text("No run recorded yet").first.wait_for(timeout=60_000)
+                write_store(store, [trace("first-run", fault="no-aux-capture")])
+                page.get_by_text("AUX_NOT_FUSED").first.wait_for(timeout=60_000)  # no reload
+                assert page.get_by_text("Traceback").count() == 0
+                assert remote == []
+            finally:
+                browser.close()
+    finally:
+        _stop(proc)

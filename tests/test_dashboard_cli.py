@@ -1,4 +1,5 @@
-"""`specscope dashboard`: refusals before any server starts, and the streamlit command line."""
+"""`specscope dashboard`: refusals before any server starts, and the streamlit command line. (A store
+that does not exist yet is created and served: tests/test_dashboard_browser.py.)"""
 
 from __future__ import annotations
 
@@ -7,13 +8,6 @@ import sys
 from specscope.app import ENTRY
 from specscope.cli import main
 from specscope.cli.dashboard import streamlit_command
-
-
-def test_missing_store_is_one_line_exit_2(tmp_path, capsys):
-    assert main(["dashboard", "--db", str(tmp_path / "missing.db")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no specscope store" in err
-    assert not (tmp_path / "missing.db").exists()
 
 
 def test_not_a_store_is_one_line_exit_2(tmp_path, capsys):

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from specscope.demo import DemoOptions, run_demo
-from specscope.doctor import diagnose
+from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import ConfigError
 from specscope.storage import open_store
 
@@ -33,18 +33,28 @@ def _run(tmp_path, fault: str | None, **kw) -> tuple[str, str]:
                                       max_new_tokens=kw.pop("max_new_tokens", 32), **kw))
 
 
-def test_healthy_demo_has_no_error_finding(demo_store):
+def _demo_runs(store) -> list[dict]:
+    return sorted(store.runs(), key=lambda r: r["started_wall"])  # healthy, faulty, rank fault
+
+
+def test_healthy_demo_has_no_error_or_warning(demo_store):
+    """Nothing to warn about on the healthy run: its stored checkpoint finding about explicit aux ids
+    is settled by the fingerprints (the draft received the configured layers) and reads as info."""
     with open_store(demo_store, create=False, read_only=True) as store:
-        healthy, faulty = sorted(store.runs(), key=lambda r: r["started_wall"])
+        healthy, faulty, ranked = _demo_runs(store)
         report = diagnose(store, healthy["run_id"])
-    assert healthy["fault"] is None and faulty["fault"] == "no-aux-capture"
-    assert [f.code for f in report.findings if f.severity == "error"] == []
+        checkpoint = {f.code: f for f in checkpoint_findings(store, healthy["run_id"])}
+    assert (healthy["fault"], faulty["fault"], ranked["fault"]) == (None, "no-aux-capture",
+                                                                    "rank 1: no-aux-capture")
+    assert [f.code for f in report.findings if f.severity in ("error", "warning")] == []
     assert report.runs[0].verify_steps > 0 and report.runs[0].mean_acceptance_length > 1.3
+    assert checkpoint["AUX_LAYER_IDS_CONVENTION"].severity == "info"
+    assert {f.severity for f in checkpoint.values()} <= {"info"}
 
 
 def test_no_aux_capture_is_diagnosed_with_widths(demo_store):
     with open_store(demo_store, create=False, read_only=True) as store:
-        faulty = max(store.runs(), key=lambda r: r["started_wall"])
+        faulty = _demo_runs(store)[1]
     found = _findings(demo_store, faulty["run_id"])
     assert found["AUX_NOT_FUSED"].evidence["observed_width"] == 576
     assert found["AUX_NOT_FUSED"].evidence["expected_width"] == 1728
@@ -93,8 +103,20 @@ def test_cli_demo_and_doctor_exit_codes(tmp_path, demo_store):
     doctor = subprocess.run([*cli, "doctor", "--db", demo_store, "--json"], capture_output=True, text=True)
     assert doctor.returncode == 1  # the faulty run has error findings
     report = json.loads(doctor.stdout)
-    assert {r["fault"] for r in report["runs"]} == {None, "no-aux-capture"}
+    assert {r["fault"] for r in report["runs"]} == {None, "no-aux-capture", "rank 1: no-aux-capture"}
     assert any(f["code"] == "AUX_NOT_FUSED" for f in report["findings"])
     bad = subprocess.run([*cli, "demo", "--no-dashboard", "--db", str(tmp_path / "e.db"), "--ranks", "0"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_rank_fault_shows_as_rank_divergence(demo_store):
+    """Two ranks, rank 1 without aux capture: one run whose per-GPU split the doctor reports."""
+    with open_store(demo_store, create=False, read_only=True) as store:
+        ranked = _demo_runs(store)[2]
+        report = diagnose(store, ranked["run_id"])
+    assert ranked["world_size"] == 2
+    fused = [f for f in report.findings if f.code == "AUX_NOT_FUSED"]
+    assert [f.evidence["ranks"] for f in fused] == [[1]]
+    divergence = [f for f in report.findings if f.code == "RANK_DIVERGENCE"]
+    assert divergence and all(f.evidence["ranks"] == [0, 1] for f in divergence)

@@ -15,12 +15,12 @@ from specscope.errors import ConfigError, ReadOnlyViolation
 from specscope.events import Finding
 from specscope.storage import open_store
 
-RUNTIME_CODES = {  # DESIGN.md section 6, runtime
+RUNTIME_CODES = {  # docs/design.md "Findings", runtime
     "AUX_NOT_FUSED": "error", "AUX_CAPTURE_SILENT": "error", "AUX_CAPTURE_PARTIAL": "error",
     "AUX_LAYER_MISMATCH": "error", "ACCEPT_COLLAPSE": "error", "ACCEPT_SATURATED": "warning",
     "POSITION0_LOW": "warning", "NONFINITE_ACTIVATIONS": "error", "RANK_DIVERGENCE": "warning",
     "WEIGHTS_DROPPED": "error", "EVENTS_DROPPED": "warning", "HOOK_ERRORS": "warning",
-    "GRAPH_MODE_BLIND": "info",
+    "GRAPH_MODE_BLIND": "info", "NOT_OBSERVED": "warning", "CHECKS_SKIPPED": "info",
 }
 
 
@@ -104,3 +104,15 @@ def test_render_text(store):
     assert any(line.startswith("ERROR   WEIGHTS_DROPPED [run dropped-keys]") for line in lines)
     assert "rename=['layers.0.', 'midlayer.']" in text and "+7 more]" in text
     assert sum(line.strip().startswith("fix: ") for line in lines) == 2
+
+
+def test_run_id_prefix_on_both_databases(store):
+    T.healthy("c0ffee00aa").write(store)
+    T.no_aux_capture("c0ffee00bb").write(store)
+    T.healthy("c0_fee").write(store)
+    assert diagnose(store, "c0ffee00b").runs[0].run_id == "c0ffee00bb"
+    assert diagnose(store, "c0_").runs[0].run_id == "c0_fee"  # '_' is no wildcard
+    with pytest.raises(ConfigError, match="ambiguous.*c0ffee00aa, c0ffee00bb"):
+        diagnose(store, "c0ffee")
+    with pytest.raises(ConfigError, match="no run 'c1'"):
+        diagnose(store, "c1")

@@ -139,10 +139,28 @@ def test_saturated_acceptance(store):
     assert (evidence["accepted"], evidence["proposed"], evidence["acceptance_rate"]) == (128, 128, 1.0)
 
 
-@pytest.mark.parametrize("trace", [T.few_steps(), T.draft_only()], ids=["few-steps", "draft-only"])
-def test_no_finding_without_enough_evidence(store, trace):
-    """8 collapsed steps are below the 16-step minimum; a draft-only trace proves nothing about capture."""
-    assert run(store, trace).findings == []
+@pytest.mark.parametrize("trace, skipped", [
+    (T.few_steps(), [["ACCEPT_COLLAPSE", "ACCEPT_SATURATED", "POSITION0_LOW"]]),
+    (T.draft_only(), [["AUX_LAYER_MISMATCH"], ["AUX_CAPTURE_PARTIAL"]]),
+], ids=["few-steps", "draft-only"])
+def test_skipped_checks_are_named(store, trace, skipped):
+    """8 collapsed steps are below the 16-step minimum; a draft-only trace proves nothing about the
+    capture layers: no error or warning, and an info finding naming the rules that had no evidence."""
+    report = run(store, trace)
+    assert report.codes() == ["CHECKS_SKIPPED"] and report.exit_code == 0
+    evidence = only(report, "CHECKS_SKIPPED").evidence
+    assert [s["codes"] for s in evidence["not_checked"]] == skipped
+
+
+def test_verify_steps_without_tensor_events_are_not_a_clean_verdict(store):
+    """A run whose engine never called instrument(): acceptance is recorded, the contract is not."""
+    report = run(store, T.not_instrumented())
+    assert report.codes() == ["NOT_OBSERVED"]
+    finding = only(report, "NOT_OBSERVED")
+    assert finding.severity == "warning" and finding.evidence["verify_steps"] == 32
+    assert finding.evidence["not_checked"][0]["codes"] == [
+        "AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL", "AUX_LAYER_MISMATCH"]
+    assert "instrument(" in finding.fix
 
 
 @pytest.mark.parametrize("received, verdict", [

@@ -74,7 +74,7 @@ def test_healthy_case_raises_none(ckpt, target, capsys):
         rc, report = run(path, "--engine", engine, "--target-config", str(target()), "--serve-dtype", "fp16",
                          capsys=capsys)
         assert rc == 0 and codes(report) == {"CKPT_FORMAT"}, report["findings"]
-    assert len(CODES) == 28  # every code has a test: below, and the contract codes in test_inspector_contract.py
+    assert len(CODES) == 29  # every code has a test: below, and the contract codes in test_inspector_contract.py
 
 
 def test_ckpt_format(ckpt, capsys):
@@ -299,3 +299,14 @@ def test_exported_names_are_complete():
 
     assert all(hasattr(inspector, name) for name in inspector.__all__)
     assert {"inspect_checkpoint", "InspectionReport", "render_text"} <= set(inspector.__all__)
+
+
+def test_checks_skipped_without_config_json(ckpt, capsys):
+    """Weights alone: the checks that read config.json are named as not run, not passed silently."""
+    path = ckpt.write()
+    (path / "config.json").unlink()
+    rc, report = run(path, capsys=capsys)
+    skipped = only(report, "CHECKS_SKIPPED")
+    assert rc == 0 and skipped["severity"] == "info"
+    assert "AUX_LAYER_IDS_CONVENTION" in skipped["evidence"]["not_checked"]
+    assert "CHECKS_SKIPPED" not in codes(run(ckpt.write(), capsys=capsys)[1])

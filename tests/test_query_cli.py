@@ -54,8 +54,12 @@ def test_json_output(db: str, capsys: pytest.CaptureFixture) -> None:
 
 def test_csv_output_and_limit(db: str, capsys: pytest.CaptureFixture) -> None:
     assert main(["query", "--db", db, "--csv", "--limit", "1", SQL]) == 0
-    assert list(csv.reader(io.StringIO(capsys.readouterr().out))) == [
+    out, err = capsys.readouterr()
+    assert list(csv.reader(io.StringIO(out))) == [
         ["run_id", "engine", "fault", "world_size"], ["run-a", "reference", "", "1"]]
+    assert "showing the first 1 row(s); the result has more" in err  # said where the rows are not
+    assert main(["query", "--db", db, "--csv", "--limit", "100", SQL]) == 0
+    assert capsys.readouterr().err == ""  # nothing cut, nothing said
 
 
 @pytest.mark.parametrize("sql", ["DELETE FROM runs", "UPDATE runs SET engine = 'x'",

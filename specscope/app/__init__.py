@@ -1,4 +1,5 @@
-"""The live dashboard (DESIGN.md section 2): a Streamlit multipage app over the store's views.
+"""The live dashboard (docs/design.md, "Components and data flow"): a Streamlit multipage app over
+the store's views.
 
 ``specscope dashboard --db URL`` runs :data:`ENTRY` with ``streamlit run``, passing the store through
 the :data:`DB_ENV` environment variable. Every SQL statement the pages run lives in

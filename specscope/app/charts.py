@@ -21,12 +21,16 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 300) -> go
 
 
 def acceptance_over_time(rows: list[Row], k: int | None) -> go.Figure:
-    """Mean acceptance length per time slice (:func:`queries.acceptance_over_time`), with the floor
-    AL = 1 (nothing accepted) and the ceiling k + 1 drawn."""
-    fig = go.Figure(go.Scatter(x=[r["t_s"] for r in rows], y=[r["mean_acceptance_length"] for r in rows],
-                               mode="lines+markers", name="acceptance length", line=dict(color=OK),
+    """Mean acceptance length per time slice (:func:`queries.acceptance_over_time`) as faint markers,
+    its rolling mean as the line, with the floor AL = 1 (nothing accepted) and the ceiling k + 1."""
+    times = [r["t_s"] for r in rows]
+    fig = go.Figure(go.Scatter(x=times, y=[r["mean_acceptance_length"] for r in rows],
+                               mode="markers", name="per time slice", marker=dict(color=MUTED, size=5),
                                customdata=[r["verify_steps"] for r in rows],
                                hovertemplate="t=%{x:.1f}s AL=%{y:.2f} (%{customdata} steps)<extra></extra>"))
+    fig.add_trace(go.Scatter(x=times, y=[r["rolling_acceptance_length"] for r in rows], mode="lines",
+                             name="rolling mean", line=dict(color=OK, width=3),
+                             hovertemplate="t=%{x:.1f}s rolling AL=%{y:.2f}<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color=BAD, dash="dot"), annotation_text="AL 1.0: nothing accepted",
                   annotation_position="bottom right")
     if k:
@@ -47,9 +51,12 @@ def positions(rows: list[Row], title: str = "Per-position acceptance") -> go.Fig
 
 def accepted_per_step(steps: list[Row], k: int | None) -> go.Figure:
     """Accepted draft tokens per verify step of one request (:func:`queries.request_steps` rows)."""
-    accepted = [r["accepted"] for r in steps]
-    fig = go.Figure(go.Bar(x=[r["step"] for r in steps], y=accepted, name="accepted drafts",
-                           marker_color=[BAD if a == 0 else OK for a in accepted]))
+    fig = go.Figure(go.Bar(x=[r["step"] for r in steps], y=[r["accepted"] for r in steps],
+                           name="accepted drafts", marker_color=OK))
+    # Zero-height bars are invisible: a red mark on the axis shows the steps that accepted nothing.
+    nothing = [r["step"] for r in steps if r["accepted"] == 0]
+    fig.add_trace(go.Scatter(x=nothing, y=[0] * len(nothing), mode="markers", name="nothing accepted",
+                             marker=dict(color=BAD, symbol="line-ew-open", size=10, line=dict(width=3))))
     if k:
         fig.update_yaxes(range=[0, k + 0.5])
     return _layout(fig, "Accepted draft tokens per verify step", "verify step", "accepted", height=260)

@@ -9,7 +9,12 @@ import streamlit as st
 
 from specscope.app import widgets
 
-st.set_page_config(page_title="specscope", page_icon=":material/troubleshoot:", layout="wide")
+# The favicon is an image served by this server: a Material or emoji icon makes the browser fetch
+# it from a CDN, which fails offline.
+ICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><rect width="32" height="32" rx="6" '
+        'fill="#2e7d32"/><circle cx="14" cy="14" r="7" fill="none" stroke="#fff" stroke-width="3"/>'
+        '<path d="M19 19l7 7" stroke="#fff" stroke-width="3"/></svg>')  # a magnifier, inline
+st.set_page_config(page_title="specscope", page_icon=ICON, layout="wide")
 widgets.store()
 runs = widgets.query("runs")
 if not runs:

@@ -60,8 +60,8 @@ _RUNS_SQL = """
            COALESCE(k.events_dropped, 0) AS events_dropped, COALESCE(k.hook_errors, 0) AS hook_errors,
            k.graph_mode,
            (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.run_id) AS requests,
-           (SELECT COUNT(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = 'error')
-               AS error_findings
+           COALESCE(f.error_findings, 0) AS error_findings,
+           COALESCE(f.warning_findings, 0) AS warning_findings
     FROM runs r
     LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
                       MAX(last_seen_wall) AS last_seen_wall, SUM(events_written) AS events_written,
@@ -71,6 +71,9 @@ _RUNS_SQL = """
                       CASE WHEN COUNT(DISTINCT graph_mode) > 1 THEN 'mixed' ELSE MAX(graph_mode) END
                           AS graph_mode
                FROM run_ranks {inner} GROUP BY run_id) k ON k.run_id = r.run_id
+    LEFT JOIN (SELECT run_id, SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) AS error_findings,
+                      SUM(CASE WHEN severity = 'warning' THEN 1 ELSE 0 END) AS warning_findings
+               FROM findings {inner} GROUP BY run_id) f ON f.run_id = r.run_id
     {outer}"""  # the run columns of v_run_summary (views.py), without its whole-table acceptance scan
 
 
@@ -88,7 +91,8 @@ def _run_rows(store: Store, run_id: str | None, now: float | None) -> list[Row]:
 
 def runs(store: Store, now: float | None = None) -> list[Row]:
     """One row per run, newest first: the run columns of ``v_run_summary`` (engine, models, fault,
-    start, counters, graph mode, requests, ``error_findings`` = stored error findings) plus ``state``
+    start, counters, graph mode, requests, ``error_findings`` / ``warning_findings`` = stored error /
+    warning findings of any source) plus ``state``
     (:func:`run_state`) and the parsed ``config`` (the RunConfig contract).
 
     Reads ``runs``, ``run_ranks``, ``requests`` and ``findings`` only (no verify-step scan), so the
@@ -112,11 +116,13 @@ def run_summary(store: Store, run_id: str, now: float | None = None) -> Row | No
     return row
 
 
-def acceptance_over_time(store: Store, run_id: str, buckets: int = 120) -> list[Row]:
+def acceptance_over_time(store: Store, run_id: str, buckets: int = 120, window: int = 10) -> list[Row]:
     """Acceptance length over wall time: the run's lifetime (first rank start to last time a rank was
     heard from, ``run_ranks``) cut into ``buckets`` equal slices; per slice with verify steps: ``t_s``
-    (slice start, seconds since the run started), ``verify_steps``, ``accepted`` and
-    ``mean_acceptance_length`` (1 + accepted / steps). Steps outside the window go to the nearest end."""
+    (slice start, seconds since the run started), ``verify_steps``, ``accepted``,
+    ``mean_acceptance_length`` (1 + accepted / steps) and ``rolling_acceptance_length`` (the same over
+    this and the ``window - 1`` previous slices with steps, weighted by steps: the trend). Steps
+    outside the run's lifetime go to the nearest end."""
     return _rows(store, """
         WITH bounds AS (SELECT MIN(started_wall) AS t0,
                                (MAX(last_seen_wall) - MIN(started_wall)) / :buckets AS dt
@@ -125,11 +131,16 @@ def acceptance_over_time(store: Store, run_id: str, buckets: int = 120) -> list[
                                WHEN v.ts_wall - b.t0 >= b.dt * :buckets THEN :buckets - 1
                                ELSE {slice} END AS slice,
                           b.dt, v.accepted, v.steps
-                   FROM verify_steps v CROSS JOIN bounds b WHERE v.run_id = :run_id)
-        SELECT slice * MAX(COALESCE(dt, 0)) AS t_s, SUM(steps) AS verify_steps, SUM(accepted) AS accepted,
-               1.0 + CAST(SUM(accepted) AS DOUBLE PRECISION) / SUM(steps) AS mean_acceptance_length
-        FROM sliced GROUP BY slice ORDER BY slice""".format(
-            slice=_floor(store, "(v.ts_wall - b.t0) / b.dt")),
+                   FROM verify_steps v CROSS JOIN bounds b WHERE v.run_id = :run_id),
+        per_slice AS (SELECT slice, slice * MAX(COALESCE(dt, 0)) AS t_s, SUM(steps) AS verify_steps,
+                             SUM(accepted) AS accepted FROM sliced GROUP BY slice)
+        SELECT t_s, verify_steps, accepted,
+               1.0 + CAST(accepted AS DOUBLE PRECISION) / verify_steps AS mean_acceptance_length,
+               1.0 + CAST(SUM(accepted) OVER w AS DOUBLE PRECISION) / SUM(verify_steps) OVER w
+                   AS rolling_acceptance_length
+        FROM per_slice WINDOW w AS (ORDER BY slice ROWS BETWEEN {preceding} PRECEDING AND CURRENT ROW)
+        ORDER BY slice""".format(
+            slice=_floor(store, "(v.ts_wall - b.t0) / b.dt"), preceding=max(0, int(window) - 1)),
         run_id=run_id, buckets=buckets)
 
 

@@ -15,15 +15,16 @@ from typing import Any
 import streamlit as st
 
 from specscope.app import DB_ENV, queries
-from specscope.doctor import diagnose
+from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import SpecscopeError
-from specscope.events import Finding
+from specscope.events import Finding, by_severity
 from specscope.storage import Store, open_store
 
 REFRESH_S = 2.0  # refresh period of live pages, and the TTL of cached queries (seconds)
 FINISHED_TTL_S = 600.0  # cache lifetime of a finished run's rows (seconds)
 RUN_KEY = "run_id"
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
+UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
 STATE_LABEL = {"running": "live", "finished": "finished", "stale": "stale (no event for > 60 s)"}
 
 
@@ -81,12 +82,7 @@ def query(name: str, *args: Any) -> Any:
 
 def _diagnosed(url: str, run_id: str) -> list[Finding]:
     store = _open(url)
-    live = diagnose(store, run_id).findings
-    inspected = [Finding(row["code"], row["severity"], row["message"], row["evidence"], row["fix"],
-                         run_id=row["run_id"], source="inspect", ts_wall=row["ts_wall"])
-                 for row in queries.stored_findings(store, run_id, source="inspect")]
-    order = {severity: rank for rank, severity in enumerate(("error", "warning", "info"))}
-    return sorted(live + inspected, key=lambda f: order.get(f.severity, 3))
+    return by_severity(diagnose(store, run_id).findings + checkpoint_findings(store, run_id))
 
 
 _findings_live = st.cache_data(ttl=REFRESH_S, show_spinner=False)(_diagnosed)
@@ -95,7 +91,8 @@ _findings_finished = st.cache_data(ttl=FINISHED_TTL_S, show_spinner=False)(_diag
 
 def findings(run_id: str) -> list[Finding]:
     """The doctor's findings for ``run_id`` (computed from the store, cached like :func:`query`)
-    plus the stored checkpoint-inspection findings of that run; errors first."""
+    plus the run's stored checkpoint-inspection findings as the doctor reads them
+    (:func:`specscope.doctor.checkpoint_findings`); errors first."""
     store()
     cached = _findings_finished if _finished(run_id) else _findings_live
     try:
@@ -105,9 +102,15 @@ def findings(run_id: str) -> list[Finding]:
         return []
 
 
-def error_count(run: dict[str, Any]) -> int:
-    """Error findings of a run: the doctor's and the stored ones, whichever names more."""
-    return max(run["error_findings"], sum(f.severity == "error" for f in findings(run["run_id"])))
+def counts(run: dict[str, Any], diagnosed: bool = False) -> dict[str, int]:
+    """Error and warning findings of a run (``{"error": n, "warning": n}``): the doctor's (run now,
+    see :func:`findings`) when ``diagnosed``, else those stored in the ``findings`` table by
+    ``specscope demo`` / :func:`specscope.doctor.save_findings` (:func:`queries.runs` counts them in
+    one query, so listing runs never runs the doctor per run)."""
+    if diagnosed:
+        items = findings(run["run_id"])
+        return {severity: sum(f.severity == severity for f in items) for severity in ("error", "warning")}
+    return {"error": run["error_findings"], "warning": run["warning_findings"]}
 
 
 def when(wall: float | None) -> str:
@@ -117,10 +120,11 @@ def when(wall: float | None) -> str:
     return datetime.fromtimestamp(wall, tz=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def run_label(run: dict[str, Any]) -> str:
-    """One line naming a run in pickers: errors marker, engine, fault, start, state."""
-    errors = error_count(run)
-    marker = f"[{errors} error{'s' if errors > 1 else ''}] " if errors else ""
+def run_label(run: dict[str, Any], diagnosed: bool = False) -> str:
+    """One line naming a run in pickers: error / warning counts (:func:`counts`), engine, fault,
+    start, state and the run id's first 12 characters (``specscope doctor --run`` takes them)."""
+    marks = [f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in counts(run, diagnosed).items() if n]
+    marker = f"[{', '.join(marks)}] " if marks else ""
     fault = f" [{run['fault']}]" if run["fault"] else ""
     return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'])} · "
             f"{STATE_LABEL[run['state']]} · {run['run_id'][:12]}")
@@ -129,30 +133,43 @@ def run_label(run: dict[str, Any]) -> str:
 def run_picker() -> str:
     """Sidebar select box of the store's runs (newest first, so the app opens on the latest run);
     returns the selected run id, kept in ``st.session_state['run_id']`` (a plain key, not the
-    widget's, so the choice survives page switches). Each page calls it first."""
+    widget's, so the choice survives page switches). Each page calls it first. The open run is
+    labelled with the doctor's counts (the page shows its findings anyway), the others with their
+    stored counts."""
     runs = query("runs")
-    labels = {run["run_id"]: run_label(run) for run in runs}
-    ids = list(labels)
+    ids = [run["run_id"] for run in runs]
     current = st.session_state.get(RUN_KEY)
-    index = ids.index(current) if current in labels else 0
+    index = ids.index(current) if current in ids else 0
+    labels = {run["run_id"]: run_label(run, diagnosed=i == index) for i, run in enumerate(runs)}
     chosen = st.sidebar.selectbox("Run", ids, index=index, format_func=labels.__getitem__)
     st.session_state[RUN_KEY] = chosen
     st.sidebar.caption(f"store: `{db_url()}`")
     return chosen
 
 
-def findings_banner(items: list[Finding], *, limit: int | None = None) -> None:
-    """Errors in red and warnings in orange, each ``CODE — message`` on one line; info findings are
-    counted, not shown. A run without errors or warnings gets a green line."""
+def _title(finding: Finding) -> str:
+    origin = " (checkpoint inspection)" if finding.source == "inspect" else ""
+    return f"**{finding.code}**{origin} — {finding.message}"
+
+
+def findings_banner(items: list[Finding], *, limit: int | None = None,
+                    ok: str = "No error or warning findings") -> None:
+    """Errors in red and warnings in orange, each ``CODE — message`` on one line (checkpoint findings
+    labelled as such); what the doctor could not check (CHECKS_SKIPPED) in blue; other info findings
+    are counted, not shown. The green ``ok`` line only when there is no error, no warning and nothing
+    unobserved."""
     shown = [f for f in items if f.severity in ("error", "warning")]
     for finding in shown[:limit]:
         box = st.error if finding.severity == "error" else st.warning
-        box(f"**{finding.code}** — {finding.message}", icon=SEVERITY_ICON[finding.severity])
+        box(_title(finding), icon=SEVERITY_ICON[finding.severity])
     if limit is not None and len(shown) > limit:
         st.caption(f"{len(shown) - limit} more on the Findings page")
-    if not shown:
+    skipped = [f for f in items if f.code in UNOBSERVED_CODES and f.severity == "info"]
+    for finding in skipped:
+        st.info(f"**Not observed** — {finding.message}", icon=":material/visibility_off:")
+    if not shown and not skipped:
         infos = len(items)
-        st.success("No error or warning findings" + (f" ({infos} info)" if infos else ""),
+        st.success(ok + (f" ({infos} info)" if infos else ""),
                    icon=":material/check_circle:")
 
 
@@ -166,6 +183,18 @@ def state_badge(state: str) -> None:
     """A coloured badge for a run's state: live (green), finished (grey), stale (orange)."""
     color = {"running": "green", "finished": "gray", "stale": "orange"}[state]
     st.badge(STATE_LABEL[state], color=color)
+
+
+def shape_text(shape: str | None) -> str:
+    """A stored shape for people: ``"1x5x1728"`` -> ``"1×5×1728"``; an expected shape, whose
+    leading dimensions are free (-1), ``"-1x-1x1728"`` -> ``"…×1728"``; None -> ``""``."""
+    if shape is None:
+        return ""
+    dims = shape.split("x") if shape else []
+    free = 0
+    while free < len(dims) - 1 and dims[free] == "-1":
+        free += 1
+    return "×".join((["…"] if free else []) + dims[free:])
 
 
 def fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:

@@ -1,9 +1,11 @@
 """`specscope dashboard`: serve the Streamlit dashboard on a trace store.
 
-The store is opened read-only first, so a missing store, a file that is not a specscope store or a
-newer schema is one line and exit 2 before any server starts. Then ``streamlit run`` of
-:data:`specscope.app.ENTRY` replaces this process (same interpreter, headless, no usage stats), with
-the store in the :data:`specscope.app.DB_ENV` environment variable.
+The store is opened first, so a file or database that is not a specscope store, or a newer schema, is
+one line and exit 2 before any server starts. A store that does not exist yet is created empty (and
+an older one upgraded, as an engine's collector would): the dashboard can be opened before the engine
+writes, shows how to instrument it, and switches to the run as soon as its first event arrives. Then
+``streamlit run`` of :data:`specscope.app.ENTRY` replaces this process (same interpreter, headless, no
+usage stats), with the store in the :data:`specscope.app.DB_ENV` environment variable.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def streamlit_command(host: str, port: int) -> list[str]:
 def run(args: argparse.Namespace) -> NoReturn:
     """Check the store, then become the Streamlit server (``os.execve``): Ctrl-C, or a signal sent to
     this process id, stops the server itself; a child process would outlive a killed parent."""
-    with open_store(args.db, create=False, read_only=True):
+    with open_store(args.db):
         pass  # raises StoreError / SchemaVersionError: one line, exit 2 (cli/__init__.py)
     print(f"specscope dashboard on http://{args.host}:{args.port} (store {args.db})", flush=True)
     sys.stderr.flush()

@@ -1,16 +1,20 @@
 """``specscope demo``: the reference engine, instrumented, into a store; then the doctor or the dashboard.
 
-Without ``--no-dashboard`` it runs a healthy demo and a faulty one (``--fault``, default
-``no-aux-capture``) into one store, then serves the dashboard on it.
+Without ``--no-dashboard`` it serves three runs into one store: healthy, faulty (``--fault``, default
+``no-aux-capture``) and a two-rank run in which one rank misbehaves (``--rank-fault``, default
+``1:no-aux-capture``, a few requests), saves the doctor's findings, then serves the dashboard on it.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from specscope.engine.faults import FAULTS
+from specscope.engine.faults import FAULTS, parse_rank_fault
+from specscope.errors import ConfigError
 
 DEFAULT_DB = "specscope-demo.db"
+DEFAULT_RANK_FAULT = "1:no-aux-capture"
+RANK_RUN_REQUESTS_PER_RANK = 2  # the per-rank run only has to show the split: keep it short
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fault switch; with the dashboard, the faulty run beside the healthy one "
                         "(default no-aux-capture)")
     p.add_argument("--ranks", type=int, default=1, help="engine processes under torch.distributed (gloo)")
+    p.add_argument("--rank-fault", metavar="RANK:NAME", type=_rank_fault, default=None,
+                   help="switch a fault on for one rank only (e.g. 1:no-aux-capture); with the dashboard, "
+                        f"the per-rank run's fault (default {DEFAULT_RANK_FAULT})")
     p.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--no-dashboard", action="store_true", help="run once and print the doctor summary")
@@ -32,19 +39,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _rank_fault(text: str) -> tuple[int, str]:
+    try:
+        return parse_rank_fault(text)
+    except ConfigError as exc:  # argparse turns this into one line and exit 2
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     from specscope.demo import DemoOptions, run_demo
     from specscope.doctor import diagnose, render_text, save_findings
     from specscope.storage import open_store
 
-    common = dict(db=args.db, requests=args.requests, ranks=args.ranks, k=args.k,
-                  max_new_tokens=args.max_new_tokens)
-    faults = [args.fault] if args.no_dashboard else [None, args.fault or "no-aux-capture"]
+    common = dict(db=args.db, k=args.k, max_new_tokens=args.max_new_tokens)
+    if args.no_dashboard:
+        runs = [DemoOptions(fault=args.fault, requests=args.requests, ranks=args.ranks,
+                            rank_fault=args.rank_fault, **common)]
+    else:
+        ranks = max(2, args.ranks)
+        runs = [DemoOptions(requests=args.requests, ranks=args.ranks, **common),
+                DemoOptions(fault=args.fault or "no-aux-capture", requests=args.requests, ranks=args.ranks,
+                            **common),
+                DemoOptions(requests=RANK_RUN_REQUESTS_PER_RANK * ranks, ranks=ranks,
+                            rank_fault=args.rank_fault or parse_rank_fault(DEFAULT_RANK_FAULT), **common)]
+    for opts in runs:
+        opts.check()  # every run's options before the first one starts
     run_ids = []
-    for fault in faults:
-        print(f"specscope demo: serving {args.requests} requests, fault={fault or 'none'}, "
-              f"ranks={args.ranks} -> {args.db}", flush=True)
-        run_ids.append(run_demo(DemoOptions(fault=fault, **common)))
+    for opts in runs:
+        print(f"specscope demo: serving {opts.requests} requests, fault={opts.label or 'none'}, "
+              f"ranks={opts.ranks} -> {args.db}", flush=True)
+        run_ids.append(run_demo(opts))
     with open_store(args.db) as store:
         reports = [diagnose(store, run_id) for run_id in run_ids]
         for report in reports:

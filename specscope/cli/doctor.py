@@ -1,8 +1,9 @@
-"""`specscope doctor --db URL [--run ID] [--json]`: runtime findings over a trace store (DESIGN.md
-section 6).
+"""`specscope doctor --db URL [--run ID] [--json]`: runtime findings over a trace store
+(docs/design.md, "Findings").
 
 The store is opened read-only (never created nor upgraded). Exit status: 0 no error finding, 1 at
-least one error finding, 2 unusable input (missing store, unknown run: one line on stderr).
+least one error finding, 2 unusable input (missing store, unknown run or ambiguous run id prefix: one
+line on stderr).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "errors first, each with evidence and a fix.")
     parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
                         "(postgresql+psycopg://user@host:5432/db)")
-    parser.add_argument("--run", metavar="ID", help="diagnose this run only (default: every run)")
-    parser.add_argument("--json", action="store_true", help="print the machine format of DESIGN.md "
-                        "section 6")
+    parser.add_argument("--run", metavar="ID", help="diagnose this run only, by its id or a unique "
+                        "prefix of it (default: every run)")
+    parser.add_argument("--json", action="store_true", help="print the machine format (README, Commands)")
     parser.set_defaults(func=run)
 
 

@@ -1,5 +1,5 @@
-"""`specscope inspect PATH`: check an EAGLE-3 draft checkpoint before serving it, alone or against its target
-(``--target``) and an older draft (``--compare``).
+"""`specscope inspect PATH`: check an EAGLE-3 draft checkpoint before serving it (docs/design.md,
+"Finding codes"), alone or against its target (``--target``) and an older draft (``--compare``).
 
 Exit status: 0 no error finding, 1 at least one error finding, 2 unusable input (one line on stderr).
 """

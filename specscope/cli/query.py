@@ -51,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
         write_csv(columns, rows, sys.stdout)
     else:
         write_table(columns, rows, sys.stdout)
-    if result.truncated:
-        print(f"specscope query: result cut at {result.truncated}", file=sys.stderr)
+    if result.truncated:  # on stderr: stdout stays the rows alone for --json / --csv readers
+        print(f"specscope query: showing the first {len(rows)} row(s); the result has more "
+              f"(cut at {result.truncated}: raise --limit or narrow the query)", file=sys.stderr)
     return 0
 
 

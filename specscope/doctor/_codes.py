@@ -1,4 +1,4 @@
-"""Runtime finding codes and their severities (DESIGN.md section 6), and the one way to build one."""
+"""Runtime finding codes and their severities (docs/design.md, "Findings"), and the one way to build one."""
 
 from __future__ import annotations
 
@@ -20,10 +20,14 @@ SEVERITY = {
     "EVENTS_DROPPED": "warning",
     "HOOK_ERRORS": "warning",
     "GRAPH_MODE_BLIND": "info",
+    "NOT_OBSERVED": "warning",
+    "CHECKS_SKIPPED": "info",
 }
 CODES = tuple(SEVERITY)
+CONTRACT_CODES = ("AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL", "AUX_LAYER_MISMATCH")
+"""The codes of the contract between the target's capture layers and the draft's input."""
 
-# Engine knobs named in fixes (DESIGN.md section 7).
+# Engine knobs named in fixes (docs/design.md, "Where the real engines let us in").
 CAPTURE_KNOBS = ("SGLang `set_eagle3_layers_to_capture`, vLLM `set_aux_hidden_state_layers`, "
                  "draft config `eagle_aux_hidden_state_layer_ids`")
 

@@ -92,8 +92,8 @@ class Widths:
 
 @dataclass(frozen=True)
 class Acceptance:
-    """Acceptance figures of a run (DESIGN.md section 4, from ``v_run_acceptance``); AL and rate are
-    None without verify steps / proposals."""
+    """Acceptance figures of a run (docs/design.md, "Acceptance figures"; from ``v_run_acceptance``);
+    AL and rate are None without verify steps / proposals."""
 
     requests: int
     verify_steps: int

@@ -22,6 +22,7 @@ from specscope.doctor._rules_health import (
     check_nonfinite,
     check_weights_dropped,
 )
+from specscope.doctor._rules_observed import check_not_observed, check_skipped
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
 from specscope.errors import ConfigError
 from specscope.events import Finding, by_severity
@@ -33,12 +34,14 @@ RULES: tuple[Rule, ...] = (
     check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
     check_collapse, check_saturated, check_position0, check_nonfinite, check_rank_acceptance,
     check_rank_shapes, check_weights_dropped, check_events_dropped, check_hook_errors,
-    check_graph_mode,
+    check_graph_mode, check_not_observed, check_skipped,
 )
 """Every runtime rule, in report order within a severity. Each reads one :class:`RunContext`."""
 
 _RUNS = sa.text("SELECT run_id, engine, fault, config FROM runs ORDER BY started_wall DESC, run_id")
 _RUN = sa.text("SELECT run_id, engine, fault, config FROM runs WHERE run_id = :run_id")
+_PREFIXED = sa.text("SELECT run_id FROM runs WHERE run_id LIKE :pattern ESCAPE '!' ORDER BY run_id "
+                    "LIMIT :limit")
 _KNOWN_SHOWN = 20
 
 
@@ -48,25 +51,59 @@ def diagnose(store: Store, run_id: str | None = None) -> DoctorReport:
     Read-only (one read-only connection, nothing written); every aggregate is computed in SQL with
     per-run filters, so the cost grows with a run's recorded events, not with the store.
 
+    ``run_id`` may be a unique prefix of a stored run id (as the dashboard shows them, 12 characters).
+
     Raises:
-        ConfigError: ``run_id`` is not in the store (the message names the known run ids).
+        ConfigError: ``run_id`` is not in the store nor a prefix of a run id (the message names the
+            known run ids), or a prefix of several (the message names them).
         StoreError: the store cannot be read, or holds malformed JSON in a run's columns.
     """
     with store.connect() as conn:
         if run_id is None:
-            rows = list(conn.execute(_RUNS))
+            contexts = [_context(conn, row) for row in conn.execute(_RUNS)]
         else:
-            rows = list(conn.execute(_RUN, {"run_id": run_id}))
-            if not rows:
-                raise ConfigError(f"no run {run_id!r} in {store.url}; {_known_runs(conn)}")
+            contexts = [run_context(conn, run_id, store.url)]
         runs, findings = [], []
-        for row in rows:
-            ctx = RunContext(conn, row.run_id, row.engine, row.fault,
-                             parse_json(row.config, "runs.config", row.run_id))
+        for ctx in contexts:
             runs.append(_summary(ctx))
             for rule in RULES:
                 findings.extend(rule(ctx))
     return DoctorReport(runs, by_severity(findings))
+
+
+def run_context(conn: sa.Connection, run_id: str, url: str) -> RunContext:
+    """The :class:`RunContext` of ``run_id`` (or of the one run id it is a prefix of) over ``conn``.
+
+    Raises:
+        ConfigError: see :func:`_resolve_run_id`.
+        StoreError: malformed JSON in the run's config.
+    """
+    return _context(conn, conn.execute(_RUN, {"run_id": _resolve_run_id(conn, run_id, url)}).one())
+
+
+def _context(conn: sa.Connection, row: sa.Row) -> RunContext:
+    config = parse_json(row.config, "runs.config", row.run_id)
+    return RunContext(conn, row.run_id, row.engine, row.fault, config)
+
+
+def _resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
+    """The stored run id equal to ``run_id``, else the one run id starting with it.
+
+    Raises:
+        ConfigError: no run id equals or starts with ``run_id``, or several start with it.
+    """
+    if conn.execute(_RUN, {"run_id": run_id}).first() is not None:
+        return run_id
+    literal = run_id.replace("!", "!!").replace("%", "!%").replace("_", "!_")  # wildcards stay literal
+    matches = [row.run_id for row in conn.execute(
+        _PREFIXED, {"pattern": literal + "%", "limit": _KNOWN_SHOWN + 1})]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ConfigError(f"no run {run_id!r} in {url}; {_known_runs(conn)}")
+    shown = ", ".join(matches[:_KNOWN_SHOWN]) + (" and more" if len(matches) > _KNOWN_SHOWN else "")
+    raise ConfigError(f"run id prefix {run_id!r} is ambiguous in {url}: it starts {shown}; "
+                      "give more characters")
 
 
 def _known_runs(conn: sa.Connection) -> str:
@@ -81,14 +118,3 @@ def _summary(ctx: RunContext) -> RunSummary:
     acc = ctx.acceptance
     return RunSummary(ctx.run_id, ctx.engine, ctx.fault, acc.requests, acc.verify_steps,
                       acc.mean_acceptance_length, acc.acceptance_rate, ctx.per_position)
-
-
-def save_findings(store: Store, report: DoctorReport) -> None:
-    """Store ``report``'s findings (``source="doctor"``), replacing the doctor findings stored
-    earlier for the runs of ``report`` (one transaction; ``inspect`` findings stay).
-
-    Raises:
-        ReadOnlyViolation: ``store`` was opened read-only.
-        StoreError: the write failed (nothing changed).
-    """
-    store.replace_findings("doctor", [run.run_id for run in report.runs], report.findings)

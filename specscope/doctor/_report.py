@@ -1,4 +1,4 @@
-"""The doctor's report: the data, its JSON form (DESIGN.md section 6) and the human rendering."""
+"""The doctor's report: the data, its JSON form (docs/design.md, "Findings") and the human rendering."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from specscope.events import Finding
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One run's acceptance (DESIGN.md section 4, from the store's views). ``fault`` is the reference
-    engine's fault switch, shown only; AL (tokens per verify step) and rate are None without verify
-    steps; ``per_position_acceptance`` holds p_0, p_1, ..."""
+    """One run's acceptance (docs/design.md, "Acceptance figures"; from the store's views). ``fault``
+    is the reference engine's fault switch, shown only; AL (tokens per verify step) and rate are None
+    without verify steps; ``per_position_acceptance`` holds p_0, p_1, ..."""
 
     run_id: str
     engine: str
@@ -40,7 +40,7 @@ class DoctorReport:
 
     @property
     def exit_code(self) -> int:
-        """1 when any finding is an error, else 0 (DESIGN.md section 6)."""
+        """1 when any finding is an error, else 0 (docs/design.md, "Findings")."""
         return 1 if any(f.severity == "error" for f in self.findings) else 0
 
     def codes(self, run_id: str | None = None) -> list[str]:
@@ -48,7 +48,7 @@ class DoctorReport:
         return [f.code for f in self.findings if run_id is None or f.run_id == run_id]
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"runs": [...], "findings": [FINDING + "run_id", ...]}`` (DESIGN.md section 6)."""
+        """``{"runs": [...], "findings": [FINDING + "run_id", ...]}`` (docs/design.md, "Findings")."""
         return {"runs": [r.to_dict() for r in self.runs],
                 "findings": [f.to_dict() for f in self.findings]}
 

@@ -1,5 +1,5 @@
 """Rules on acceptance: AL, rate and p_i as defined once in ``specscope/storage/views.py``
-(DESIGN.md section 4). Thresholds are module constants, each with its reason."""
+(docs/design.md, "Acceptance figures"). Thresholds are module constants, each with its reason."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from specscope.doctor._context import RunContext
 from specscope.events import Finding
 
 MIN_VERIFY_STEPS = 16
-"""Verify steps a run (or rank) needs before its acceptance is judged (DESIGN.md section 6): fewer
+"""Verify steps a run (or rank) needs before its acceptance is judged (docs/design.md, "Findings"): fewer
 steps are one or two requests, where a single hard prompt can pull AL to 1 by itself."""
 
 COLLAPSE_AL = 1.05
-"""ACCEPT_COLLAPSE at AL <= 1.05 (DESIGN.md section 6): under one accepted draft per twenty verify
-steps. A working EAGLE-3 head reaches AL 2-4; the failure of DESIGN.md section 1 read exactly 1.0."""
+"""ACCEPT_COLLAPSE at AL <= 1.05 (docs/design.md, "Findings"): under one accepted draft per twenty verify
+steps. A working EAGLE-3 head reaches AL 2-4; the failure of docs/design.md, "The failure this exists
+for", read exactly 1.0."""
 
 POSITION0_MIN = 0.3
 """POSITION0_LOW below p_0 = 0.3: a trained EAGLE-3 head gets its first draft accepted in roughly 60-80%

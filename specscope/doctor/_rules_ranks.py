@@ -38,7 +38,7 @@ def check_rank_acceptance(ctx: RunContext) -> list[Finding]:
         {"ranks": [r.rank for r in ranks],
          "mean_acceptance_length": [float(r.mean_acceptance_length) for r in ranks],
          "verify_steps": [int(r.verify_steps) for r in ranks],
-         "spread": spread, "margin": RANK_AL_MARGIN},
+         "spread": spread, "margin": RANK_AL_MARGIN, "low_rank": low.rank, "high_rank": high.rank},
         _FIX)]
 
 

@@ -164,7 +164,7 @@ class Engine:
         cache = DynamicCache(config=self.target.config)
         out: list[int] = []
         while len(out) < max_new_tokens and (not out or out[-1] != self.eos_id):
-            logits = self.target(ids, cache=cache, use_cache=True).logits
+            logits = self.target(ids, past_key_values=cache, use_cache=True).logits
             out.append(int(logits[0, -1].argmax()))
             ids = torch.tensor([[out[-1]]])
         return out
@@ -183,7 +183,7 @@ class _State:
         self.engine, self.target, self.draft = engine, engine.target, engine.draft
         self.cache = DynamicCache(config=self.target.config)
         self.dcache = DraftCache()
-        out = self.target(prompt_ids, cache=self.cache, use_cache=True, output_hidden_states=True)
+        out = self.target(prompt_ids, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
         self.tokens = prompt_ids[0].tolist() + [int(out.logits[0, -1].argmax())]
         self._extend(self.tokens[1:], start=1, aux=engine._aux(out.hidden_states))
 
@@ -210,7 +210,7 @@ class _State:
         """Target forward on ``[x_n, d_1..d_k]``; returns (accepted drafts, emitted tokens)."""
         n, k = len(self.tokens) - 1, len(drafts)
         ids = torch.tensor([[self.tokens[-1], *drafts]])  # (1, k+1)
-        out = self.target(ids, cache=self.cache, use_cache=True, output_hidden_states=True)
+        out = self.target(ids, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
         greedy = out.logits[0].argmax(-1).tolist()  # (k+1,) the target's choice after each prefix
         m = 0
         while m < k and drafts[m] == greedy[m]:

@@ -23,3 +23,17 @@ def check_fault(name: str | None) -> str | None:
     if name is not None and name not in FAULTS:
         raise ConfigError(f"unknown fault {name!r}; choose one of: {', '.join(FAULTS)}")
     return name
+
+
+def parse_rank_fault(text: str) -> tuple[int, str]:
+    """``"RANK:NAME"`` (e.g. ``"1:no-aux-capture"``) -> ``(1, "no-aux-capture")``: a fault switched on
+    for one rank of a multi-rank run, as when one worker of a tensor- or data-parallel group captures
+    differently from the others (sglang issue 16274: AL 2.35 on TP4 vs 1.48 with DP attention).
+
+    Raises:
+        ConfigError: not ``RANK:NAME``, a negative rank, or an unknown fault (the valid names listed).
+    """
+    rank, sep, name = text.partition(":")
+    if not sep or not rank.strip().isdigit():
+        raise ConfigError(f"rank fault {text!r} is not RANK:NAME (e.g. 1:no-aux-capture)")
+    return int(rank), check_fault(name.strip())

@@ -35,6 +35,7 @@ SEVERITY = {
     "DRAFT_HEAD_IS_TARGET_HEAD": "warning",
     "CONTRACT_CHANGED": "warning",
     "HEAD_ROWS_STALE": "error",
+    "CHECKS_SKIPPED": "info",
 }
 CODES = tuple(SEVERITY)
 

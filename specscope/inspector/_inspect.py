@@ -25,11 +25,15 @@ from specscope.inspector._compare import compare as compare_drafts
 from specscope.inspector._config import TargetConfig, draft_config
 from specscope.inspector._target import load_target_config, open_target_weights
 from specscope.inspector._context import CheckContext
+from specscope.inspector._findings import finding
 from specscope.inspector._format import check_format, detect_format
 from specscope.checkpoint_reader import CheckpointReader
 from specscope.inspector._report import InspectionReport, draft_key_rows
 
 SERVE_DTYPES = ("bf16", "fp16", "fp32")
+CONFIG_CODES = ("AUX_LAYER_COUNT_MISMATCH", "AUX_LAYER_IDS_CONVENTION", "LM_HEAD_MISSING",
+                "DRAFT_VOCAB_MISMATCH", "D2T_IDENTITY_WITH_PRUNED_VOCAB", "TIED_EMBEDDINGS_MISMATCH")
+"""Checks that read the draft's ``config.json`` (aux ids, draft vocabulary, tied embeddings)."""
 
 CHECKS: tuple[Callable[[CheckContext], list[Finding]], ...] = (
     check_format, check_keys_dropped, check_params_missing, check_lm_head, check_fc, check_aux_count,
@@ -80,6 +84,11 @@ def inspect_checkpoint(path: str | Path, engine: str = "sglang",
                        serve_dtype=serve_dtype, target_weights=weights)
     ctx.shared = shared_rows(ctx)
     findings = [f for check in CHECKS for f in check(ctx)]
+    if reader.config is None:
+        findings.append(finding(
+            "CHECKS_SKIPPED", f"no config.json beside the weights: {', '.join(CONFIG_CODES)} not checked",
+            {"not_checked": list(CONFIG_CODES), "reason": "no config.json"},
+            "Put the draft's config.json next to the weights (the engine needs it to serve them too)."))
     diff = None
     if compare is not None:
         diff, compare_findings = compare_drafts(ctx, str(compare))

@@ -53,7 +53,7 @@ def parse_target(url_or_path: str) -> Target:
         url = sa.make_url(url_or_path)
     except sa.exc.ArgumentError as exc:
         raise StoreError(f"not a database URL: {url_or_path!r}") from exc
-    backend, driver = url.get_backend_name(), url.get_driver_name()
+    backend = url.get_backend_name()  # the driver name loads the dialect: unknown schemes raise there
     if backend == "sqlite":
         if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
             raise StoreError("in-memory SQLite cannot hold a store (the collector writes from its own "
@@ -62,7 +62,7 @@ def parse_target(url_or_path: str) -> Target:
     if backend == "postgresql":
         if "+" not in url.drivername:  # no driver named: psycopg 3, not SQLAlchemy's default psycopg2
             url = url.set(drivername="postgresql+psycopg")
-        elif driver != "psycopg":
+        elif (driver := url.get_driver_name()) != "psycopg":
             raise StoreError(f"PostgreSQL stores need the psycopg (3) driver, not {driver}: "
                              "use postgresql+psycopg://...")
         return Target(display=url.render_as_string(hide_password=True), url=url)

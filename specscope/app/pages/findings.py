@@ -17,8 +17,9 @@ def body() -> None:
     runtime = [f for f in items if f.source != "inspect"]
     inspected = [f for f in items if f.source == "inspect"]
     st.subheader(f"Runtime (doctor): {len(runtime)} finding(s)")
-    if not runtime:
-        st.success("The doctor found nothing in this run.", icon=":material/check_circle:")
+    if not runtime:  # CHECKS_SKIPPED / NOT_OBSERVED are findings: nothing here means all was checked
+        st.success("The doctor checked everything and found nothing in this run.",
+                   icon=":material/check_circle:")
     for finding in runtime:
         show(finding)
     st.subheader(f"Checkpoint inspection: {len(inspected)} finding(s)")
@@ -28,12 +29,10 @@ def body() -> None:
     reports = widgets.query("load_reports", run_id)
     if not reports:
         st.caption("No load report recorded (check_load was not called).")
+    else:
+        st.caption("What each load did with the checkpoint's keys; the doctor's WEIGHTS_DROPPED above "
+                   "judges them (for strict and non-strict loads alike).")
     for report in reports:
-        lost = len(report["missing"]) + len(report["unexpected"])
-        if lost and not report["strict"]:
-            st.error(f"Rank {report['rank']} `{report['module']}`: {len(report['unexpected'])} key(s) dropped "
-                     f"and {len(report['missing'])} parameter(s) left at their init by a non-strict loader.",
-                     icon=":material/error:")
         st.markdown(f"Rank {report['rank']} · `{report['module']}` ← `{report['source']}` · "
                     f"{'strict' if report['strict'] else 'non-strict'} · {report['loaded']} keys loaded")
         for col, key, label in zip(st.columns(3), ("unexpected", "missing", "renamed"),

@@ -22,3 +22,14 @@ st.markdown("""
 - `check_load` records what the loader does with the checkpoint's keys (dropped, missing, renamed).
 - `record_verify` takes CPU-side values only: the accepted count the engine already holds.
 """)
+
+
+@st.fragment(run_every=widgets.REFRESH_S)
+def _wait_for_a_run() -> None:
+    """Poll the store; the first run written switches the app to its pages."""
+    if widgets.query("runs"):
+        st.rerun(scope="app")
+    st.caption(f"Waiting for a run: this page checks the store every {widgets.REFRESH_S:g} s.")
+
+
+_wait_for_a_run()

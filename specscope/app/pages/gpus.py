@@ -4,51 +4,52 @@ point; ranks that differ from the others are highlighted."""
 import pandas as pd
 import streamlit as st
 
-from specscope.app import charts, queries, widgets
+from specscope.app import charts, widgets
 
 run_id = widgets.run_picker()
 summary = widgets.query("run_summary", run_id)
 st.title("GPUs")
-AL_MARGIN = 0.25  # tokens/step: a rank further than this from the median rank is highlighted
 
 
-def _rank_frame(rows: list[dict]) -> pd.DataFrame:
+def _rank_frame(rows: list[dict], flagged: set[int]) -> pd.DataFrame:
+    """Ranks as a table; ``flagged`` ranks (named by the doctor's RANK_DIVERGENCE) and ranks with
+    hook errors or dropped events highlighted."""
     frame = pd.DataFrame([{"rank": r["rank"], "device": r["device"], "host": r["host"],
                            "mode": r["graph_mode"], "verify steps": r["verify_steps"],
                            "acceptance length": r["mean_acceptance_length"],
                            "acceptance rate": r["acceptance_rate"], "tokens/s": r["tokens_per_s"],
                            "hook errors": r["hook_errors"], "dropped events": r["events_dropped"]}
                           for r in rows])
-    median = frame["acceptance length"].median()
 
     def highlight(row: pd.Series) -> list[str]:
-        off = (row["acceptance length"] is not None and pd.notna(row["acceptance length"])
-               and abs(row["acceptance length"] - median) > AL_MARGIN)
-        bad = off or row["hook errors"] > 0 or row["dropped events"] > 0
+        bad = row["rank"] in flagged or row["hook errors"] > 0 or row["dropped events"] > 0
         return ["background-color: #ffcdd2" if bad else ""] * len(row)
 
     return frame.style.apply(highlight, axis=1).format(
         {"acceptance length": "{:.2f}", "acceptance rate": "{:.1%}", "tokens/s": "{:.1f}"}, na_rep="—")
 
 
-def _shape_matrix(contract: list[dict], ranks: list[int]) -> tuple[list[dict], int]:
-    # Ranks serve different requests, so sequence dimensions differ; the contract is the width,
-    # its expectation and the dtype.
-    cells: dict[str, dict[int, list[str]]] = {}
-    signatures: dict[str, dict[int, set]] = {}
+def _shape_matrix(contract: list[dict], ranks: list[int], differing: set[str]) -> list[dict]:
+    """One row per hook point, one column per rank: the widths seen (ranks serve different requests,
+    so only the last dimension is comparable), each with its events and graph phase, ``≠`` and the
+    expected width where it breaks the contract; ``differing`` hook points (named by the doctor's
+    RANK_DIVERGENCE) marked."""
+    events: dict[str, dict[int, dict[tuple, int]]] = {}
     for row in contract:
-        text = row["shape"] + (f" ≠ {row['expected_shape']}" if row["width_mismatch"] else "")
-        cells.setdefault(row["hook_point"], {}).setdefault(row["rank"], []).append(
-            f"{text} ({row['events']}, {row['graph_phase']})")
-        signatures.setdefault(row["hook_point"], {}).setdefault(row["rank"], set()).add(
-            (row["width"], row["expected_width"], row["dtype"]))
-    table, differing = [], 0
-    for point, by_rank in cells.items():
-        differs = len({frozenset(signatures[point].get(rank, ())) for rank in ranks}) > 1
-        differing += differs
-        table.append({"hook point": point, "ranks differ": "DIFFER" if differs else "",
-                      **{f"rank {rank}": "; ".join(by_rank.get(rank, ["not seen"])) for rank in ranks}})
-    return table, differing
+        key = (row["width"], row["expected_width"] if row["width_mismatch"] else None, row["graph_phase"])
+        per_rank = events.setdefault(row["hook_point"], {}).setdefault(row["rank"], {})
+        per_rank[key] = per_rank.get(key, 0) + row["events"]
+
+    def cell(widths: dict[tuple, int] | None) -> str:
+        if not widths:
+            return "not seen"
+        return "; ".join(f"…×{width}" + (f" ≠ …×{expected}" if expected is not None else "")
+                         + f" ({n}{'' if phase == 'eager' else ', ' + phase})"
+                         for (width, expected, phase), n in widths.items())
+
+    return [{"hook point": point, "ranks differ": "DIFFER" if point in differing else "",
+             **{f"rank {rank}": cell(by_rank.get(rank)) for rank in ranks}}
+            for point, by_rank in events.items()]
 
 
 def body() -> None:
@@ -56,21 +57,23 @@ def body() -> None:
     if not rows:
         st.info("No rank has reported for this run yet.")
         return
-    spread = queries.rank_spread(rows)
-    if spread and spread["spread"] > AL_MARGIN:
-        st.warning(f"Acceptance length differs between ranks: {spread['min']:.2f} to {spread['max']:.2f} "
-                   "tokens/step (highlighted below).", icon=":material/warning:")
-    elif len(rows) == 1:
+    # The doctor's RANK_DIVERGENCE (its margin and minimum steps), not a threshold of this page.
+    divergence = [f for f in widgets.findings(run_id) if f.code == "RANK_DIVERGENCE"]
+    if len(rows) == 1:
         st.caption("This run has a single rank.")
-    st.dataframe(_rank_frame(rows), hide_index=True)
+    else:
+        widgets.findings_banner(divergence, ok=f"The doctor finds the {len(rows)} ranks in agreement "
+                                               "(acceptance length and contract widths)")
+    flagged = {f.evidence["low_rank"] for f in divergence if "low_rank" in f.evidence}
+    st.dataframe(_rank_frame(rows, flagged), hide_index=True)
     if len(rows) > 1:
         st.plotly_chart(charts.rank_acceptance(rows), key="rank-al")
     st.subheader("Shapes seen at each hook point, per rank")
-    matrix, differing = _shape_matrix(widgets.query("tensor_contract", run_id), [r["rank"] for r in rows])
-    if differing:
-        st.warning(f"{differing} hook point(s) see different widths or dtypes on different ranks.",
-                   icon=":material/warning:")
-    st.caption("Cells: shape (events recorded, graph phase); `≠` marks a width that breaks the contract.")
+    differing = {point["hook_point"] for f in divergence for point in f.evidence.get("hook_points", [])}
+    matrix = _shape_matrix(widgets.query("tensor_contract", run_id), [r["rank"] for r in rows], differing)
+    st.caption("Cells: last dimension (events recorded; graph phase when not eager); `≠` marks a width "
+               "that breaks the contract; DIFFER marks a contract point whose widths differ between ranks "
+               "(RANK_DIVERGENCE). Full shapes per rank: the Tensors page.")
     st.dataframe(pd.DataFrame(matrix).style.apply(
         lambda row: ["background-color: #ffcdd2" if row["ranks differ"] else ""] * len(row), axis=1)
         if matrix else pd.DataFrame(), hide_index=True)

@@ -50,11 +50,16 @@ def body() -> None:
             with col:
                 panel(rid, narrow=True)
     st.subheader("Runs")
-    st.dataframe([{"errors": widgets.error_count(r),
-                   "state": widgets.STATE_LABEL[r["state"]], "engine": r["engine"], "fault": r["fault"],
-                   "target": r["target_model"], "draft": r["draft_model"],
-                   "started": widgets.when(r["started_wall"]), "ranks": r["world_size"],
-                   "requests": r["requests"], "run_id": r["run_id"]} for r in runs], hide_index=True)
+    st.caption("Errors and warnings: the doctor's for the open run, the stored ones for the others.")
+    rows = []
+    for r in runs:
+        found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
+        rows.append({"errors": found["error"], "warnings": found["warning"],
+                     "state": widgets.STATE_LABEL[r["state"]], "engine": r["engine"], "fault": r["fault"],
+                     "target": r["target_model"], "draft": r["draft_model"],
+                     "started": widgets.when(r["started_wall"]), "ranks": r["world_size"],
+                     "requests": r["requests"], "run_id": r["run_id"]})
+    st.dataframe(rows, hide_index=True)
 
 
 states = {by_id[rid]["state"] for rid in (run_id, compare) if rid is not None}

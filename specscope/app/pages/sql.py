@@ -32,37 +32,44 @@ EXAMPLES = {
 
 run_id = widgets.run_picker()
 st.title("SQL")
-left, right = st.columns([3, 2])
-with left:
-    example = st.selectbox("Example", list(EXAMPLES), key="sql_example")
-    with st.form("sql"):
-        sql = st.text_area("One read-only SQL statement", EXAMPLES[example].format(run_id=run_id), height=160,
-                           key=f"sql_text_{example}")
-        submitted = st.form_submit_button("Run", type="primary")
-    timeout_s = st.number_input("Time limit (s)", min_value=0.1, max_value=MAX_TIMEOUT_S,
-                                value=DEFAULT_QUERY_TIMEOUT_S, step=0.5, key="sql_timeout_s")
-    st.caption(f"Writes, ATTACH, temp tables and extensions are refused by the database; at most "
-               f"{ROW_LIMIT:,} rows and {BYTE_LIMIT // 2**20} MiB are fetched.")
-    if submitted or sql:
-        try:
-            result = widgets.store().query(sql, limit=ROW_LIMIT, timeout_s=timeout_s, max_bytes=BYTE_LIMIT)
-        except SpecscopeError as exc:
-            st.error(str(exc))
-        else:
-            columns, rows = result
-            if result.truncated:
-                st.warning(f"Result cut at {result.truncated}: add a LIMIT or narrow the query.")
-            st.dataframe([dict(zip(columns, row)) for row in rows], hide_index=True)
-            out = io.StringIO()
-            write_csv(columns, rows, out)
-            st.download_button("Download CSV", out.getvalue(), file_name="specscope-query.csv", mime="text/csv")
-            st.caption(f"{len(rows)} row(s)")
-with right:
-    st.subheader("Views")
-    st.markdown(views.__doc__)
+HIDDEN_TABLES = ("positions",)  # a helper of the per-position views (rows 0..N-1), not trace data
+
+
+def reference() -> None:
+    """The views (from :mod:`specscope.storage.views`' own table, as Markdown) and every table."""
+    lines = [line for line in views.__doc__.splitlines() if line.startswith("|")]
+    st.markdown("\n".join(lines).replace("``", "`"))
+    st.caption("Acceptance: AL = 1 + accepted / verify steps, rate = accepted / proposed, "
+               "p_i = steps with position i accepted / verify steps. Filter views by `run_id`.")
     st.subheader("Tables")
-    for table in schema.metadata.sorted_tables:
-        if table.name in ("schema_migrations",):
-            continue
-        with st.expander(table.name):
+    for column, table in zip(st.columns(3) * 4, [t for t in schema.metadata.sorted_tables
+                                                 if t.name not in HIDDEN_TABLES]):
+        with column.expander(table.name):
             st.markdown("\n".join(f"- `{c.name}` {c.type}" for c in table.columns))
+
+
+example = st.selectbox("Example", list(EXAMPLES), key="sql_example")
+with st.form("sql"):
+    sql = st.text_area("One read-only SQL statement", EXAMPLES[example].format(run_id=run_id), height=140,
+                       key=f"sql_text_{example}")
+    submitted = st.form_submit_button("Run", type="primary")
+timeout_s = st.number_input("Time limit (s)", min_value=0.1, max_value=MAX_TIMEOUT_S,
+                            value=DEFAULT_QUERY_TIMEOUT_S, step=0.5, key="sql_timeout_s")
+st.caption(f"Writes, ATTACH, temp tables and extensions are refused by the database; at most "
+           f"{ROW_LIMIT:,} rows and {BYTE_LIMIT // 2**20} MiB are fetched.")
+if submitted or sql:
+    try:
+        result = widgets.store().query(sql, limit=ROW_LIMIT, timeout_s=timeout_s, max_bytes=BYTE_LIMIT)
+    except SpecscopeError as exc:
+        st.error(str(exc))
+    else:
+        columns, rows = result
+        if result.truncated:
+            st.warning(f"Result cut at {result.truncated}: add a LIMIT or narrow the query.")
+        st.dataframe([dict(zip(columns, row)) for row in rows], hide_index=True)
+        out = io.StringIO()
+        write_csv(columns, rows, out)
+        st.download_button("Download CSV", out.getvalue(), file_name="specscope-query.csv", mime="text/csv")
+        st.caption(f"{len(rows)} row(s)")
+st.subheader("Views")
+reference()

@@ -5,6 +5,9 @@ import pandas as pd
 import streamlit as st
 
 from specscope.app import charts, queries, widgets
+from specscope.doctor import CONTRACT_CODES
+
+UNOBSERVED = widgets.UNOBSERVED_CODES
 
 run_id = widgets.run_picker()
 summary = widgets.query("run_summary", run_id)
@@ -25,16 +28,14 @@ MODES = {
 def body() -> None:
     contract = widgets.query("tensor_contract", run_id)
     widths = queries.draft_input_widths(contract, fused)
-    fed_bad = [r for r in widths if r["call"] == "target-fed" and r["width_mismatch"]]
     st.markdown(f"Contract: {len(aux)} capture layers {aux} × target hidden "
                 f"{config.get('target_hidden_size')} = **expected fused width {fused}**; k = {config.get('k')}.")
-    if fed_bad:
-        seen = ", ".join(sorted({str(r["width"]) for r in fed_bad}))
-        st.error(f"The draft received hidden states of width **{seen}** on target-fed calls where "
-                 f"**{fused}** is expected: the aux hidden states were not fused (AUX_NOT_FUSED).",
-                 icon=":material/error:")
-    elif widths:
-        st.success(f"Target-fed draft calls carry the expected fused width {fused}.", icon=":material/check_circle:")
+    # The doctor's verdict on the contract (its rules and thresholds, not the page's own).
+    verdict = [f for f in widgets.findings(run_id) if f.code in CONTRACT_CODES + UNOBSERVED]
+    if widths or verdict:
+        widgets.findings_banner(verdict, ok=f"The doctor finds the contract kept: target-fed draft calls "
+                                            f"carry the expected fused width {fused} from the configured "
+                                            "capture layers")
     if widths:
         st.plotly_chart(charts.draft_widths(widths, fused, summary["started_wall"]), key="widths")
     else:
@@ -51,9 +52,6 @@ def body() -> None:
     with left:
         st.subheader("Capture layers")
         layers = queries.capture_layers(config, contract)
-        silent = [r["layer"] for r in layers if r["configured"] and not r["fired"]]
-        if silent:
-            st.error(f"Configured capture layers that never fired: {silent}", icon=":material/error:")
         st.dataframe([{"layer": r["layer"], "configured": r["configured"],
                        "fired": "yes" if r["fired"] else "NEVER", "events": r["events"]} for r in layers],
                      hide_index=True)
@@ -69,8 +67,10 @@ def body() -> None:
                        "matches": "yes" if r["matches"] else "NO", "width": r["width"], "checks": r["checks"]}
                       for r in rows], hide_index=True)
     st.subheader("Every hook point: observed vs expected")
-    frame = pd.DataFrame([{"hook point": r["hook_point"], "rank": r["rank"], "shape": r["shape"],
-                           "expected": r["expected_shape"], "dtype": r["dtype"], "phase": r["graph_phase"],
+    frame = pd.DataFrame([{"hook point": r["hook_point"], "rank": r["rank"],
+                           "shape": widgets.shape_text(r["shape"]),
+                           "expected": widgets.shape_text(r["expected_shape"]), "dtype": r["dtype"],
+                           "phase": r["graph_phase"],
                            "events": r["events"],
                            "first seen s": r["first_wall"] - summary["started_wall"],
                            "last seen s": r["last_wall"] - summary["started_wall"],

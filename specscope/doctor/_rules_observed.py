@@ -1,0 +1,79 @@
+"""What the doctor could not check: a verdict without findings means something only when the rules had
+evidence to read, so a serving run whose recordings leave a rule blind says so.
+
+- NOT_OBSERVED [warning]: the draft-input contract, the failure specscope exists for, was not observed
+  (no ``draft.forward:*`` event, or no expected fused width configured), so AUX_NOT_FUSED and the
+  capture rules could not fire. A warning, not info: "0 errors" would otherwise read as "aux capture
+  works" on a run where nothing was looked at.
+- CHECKS_SKIPPED [info]: the contract was observed but a refinement had no evidence: no provenance
+  sample (which layers the draft received is unverified, AUX_LAYER_MISMATCH cannot fire), no capture
+  layer hooked, or too few verify steps to judge acceptance. The main failure modes stay covered.
+
+Both fire only once the run has verify steps (an engine that has served nothing yet is not blind).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specscope.doctor._codes import CONTRACT_CODES, finding
+from specscope.doctor._context import RunContext
+from specscope.doctor._rules_accept import MIN_VERIFY_STEPS
+from specscope.events import Finding
+
+
+def _skipped(check: str, codes: list[str], reason: str) -> dict[str, Any]:
+    return {"check": check, "codes": codes, "reason": reason}
+
+
+def check_not_observed(ctx: RunContext) -> list[Finding]:
+    """NOT_OBSERVED [warning]: verify steps recorded but the draft's input contract was not observed."""
+    steps = ctx.acceptance.verify_steps
+    if steps == 0:
+        return []
+    if not ctx.draft_ran:
+        blind = _skipped("draft input width", list(CONTRACT_CODES),
+                         "no tensor event at the draft's forward: instrument() was not called on the "
+                         "draft, or its hooks never fired")
+        fix = ("Call `instrument(tracer, draft=draft_model, target=target_model)` before serving (or "
+               "check that the hooked module is the one the engine runs).")
+    elif ctx.fused_width is None:
+        blind = _skipped("draft input width", ["AUX_NOT_FUSED", "AUX_CAPTURE_PARTIAL"],
+                         "no expected fused width in the run's config")
+        fix = "Give the tracer `RunConfig(expected_fused_width=n_aux * target_hidden_size, ...)`."
+    else:
+        return []
+    return [finding(
+        "NOT_OBSERVED", ctx.run_id,
+        f"not observed: {blind['check']} ({blind['reason']}) over {steps} verify steps; "
+        f"{', '.join(blind['codes'])} could not be checked, so no finding there proves nothing",
+        {"verify_steps": steps, "not_checked": [blind]}, fix)]
+
+
+def check_skipped(ctx: RunContext) -> list[Finding]:
+    """CHECKS_SKIPPED [info]: the contract was observed, some refinements had no evidence."""
+    steps = ctx.acceptance.verify_steps
+    if steps == 0 or not ctx.draft_ran or ctx.fused_width is None:
+        return []  # nothing served yet, or NOT_OBSERVED names the larger gap
+    skipped = []
+    if not ctx.provenance:
+        skipped.append(_skipped("layers received by the draft (fingerprints)", ["AUX_LAYER_MISMATCH"],
+                                "no provenance sample (Tracer provenance_every=0)"))
+    if not ctx.capture_layers:
+        skipped.append(_skipped("capture layers firing", ["AUX_CAPTURE_PARTIAL"],
+                                "no capture layer configured (RunConfig.aux_layer_ids_resolved)"))
+    elif not ctx.target_observed:
+        skipped.append(_skipped("capture layers firing", ["AUX_CAPTURE_PARTIAL"],
+                                "no target capture layer hooked (instrument() without target=)"))
+    if steps < MIN_VERIFY_STEPS:
+        skipped.append(_skipped("acceptance", ["ACCEPT_COLLAPSE", "ACCEPT_SATURATED", "POSITION0_LOW"],
+                                f"{steps} verify steps, fewer than the {MIN_VERIFY_STEPS} judged"))
+    if not skipped:
+        return []
+    return [finding(
+        "CHECKS_SKIPPED", ctx.run_id,
+        "not checked: " + "; ".join(f"{s['check']} ({s['reason']})" for s in skipped),
+        {"verify_steps": steps, "not_checked": skipped},
+        "Record the missing evidence: `Tracer(provenance_every=16)` verifies the received layers by "
+        "fingerprint, `instrument(..., target=target_model)` hooks the capture layers, and acceptance "
+        f"is judged from {MIN_VERIFY_STEPS} verify steps on.")]

@@ -1,0 +1,72 @@
+"""Findings stored with a run: the doctor's (saved), and the checkpoint's (``specscope demo`` stores
+the inspection of the draft it serves) read in the light of what the run observed.
+
+AUX_LAYER_IDS_CONVENTION warns that explicit aux ids name different target layers per engine: a
+question about the serving engine that a run answers. When every rank's provenance samples show the
+draft received exactly the configured capture layers, the ids were read in the convention the draft
+needs, so the finding drops to info and says why; any other observation leaves it a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sqlalchemy as sa
+
+from specscope.doctor._context import parse_json
+from specscope.doctor._diagnose import run_context
+from specscope.doctor._report import DoctorReport
+from specscope.doctor._rules_capture import provenance_verdicts
+from specscope.events import Finding, by_severity
+from specscope.storage import Store
+
+_STORED = sa.text("SELECT code, severity, message, evidence, fix, ts_wall FROM findings "
+                  "WHERE run_id = :run_id AND source = 'inspect' ORDER BY ts_wall, code")
+
+SETTLED_BY_PROVENANCE = ("AUX_LAYER_IDS_CONVENTION",)
+"""Checkpoint codes that a run's fingerprint evidence settles."""
+
+
+def checkpoint_findings(store: Store, run_id: str) -> list[Finding]:
+    """The checkpoint findings stored with ``run_id`` (``source="inspect"``), errors first, each code
+    of :data:`SETTLED_BY_PROVENANCE` downgraded to info (its message saying so, its evidence holding
+    ``verified_by_provenance``: samples) when the run's provenance verified the received layers on
+    every rank. Read-only.
+
+    Raises:
+        ConfigError: ``run_id`` is not in the store.
+        StoreError: the store cannot be read, or holds malformed evidence JSON.
+    """
+    with store.connect() as conn:
+        ctx = run_context(conn, run_id, store.url)
+        stored = [Finding(row.code, row.severity, row.message,
+                          parse_json(row.evidence, "findings.evidence", ctx.run_id), row.fix,
+                          run_id=ctx.run_id, source="inspect", ts_wall=row.ts_wall)
+                  for row in conn.execute(_STORED, {"run_id": ctx.run_id})]
+        settled = any(f.code in SETTLED_BY_PROVENANCE for f in stored)
+        verdicts = provenance_verdicts(ctx) if settled else {}
+    if set(verdicts) != {"match"}:
+        return by_severity(stored)
+    samples = verdicts["match"]["samples"]
+    return by_severity([dataclasses.replace(
+        f, severity="info",
+        message=f"{f.message}; this run's draft received the configured layers (verified by fingerprint "
+                f"in {samples} samples)",
+        evidence={**f.evidence, "verified_by_provenance": samples})
+        if f.code in SETTLED_BY_PROVENANCE else f for f in stored])
+
+
+def save_findings(store: Store, report: DoctorReport) -> None:
+    """Store ``report``'s findings (``source="doctor"``), replacing the doctor findings stored
+    earlier for the runs of ``report``, then store those runs' checkpoint findings as
+    :func:`checkpoint_findings` reads them, so counts read from the ``findings`` table (the
+    dashboard's run picker) agree with what the doctor reports. One transaction per source.
+
+    Raises:
+        ReadOnlyViolation: ``store`` was opened read-only.
+        StoreError: the write failed (nothing of that source changed).
+    """
+    run_ids = [run.run_id for run in report.runs]
+    store.replace_findings("doctor", run_ids, report.findings)
+    store.replace_findings("inspect", run_ids,
+                           [f for run_id in run_ids for f in checkpoint_findings(store, run_id)])
