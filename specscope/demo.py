@@ -101,7 +101,14 @@ def _serve_rank(rank: int, opts: DemoOptions, port: int | None) -> None:
 
 
 def _serve(rank: int, opts: DemoOptions, collector) -> None:
-    from specscope.engine import DEFAULT_DRAFT_DIR, ENGINE_NAME, ENGINE_VERSION, Engine, demo_prompts
+    from specscope.engine import (
+        DEFAULT_DRAFT_DIR,
+        ENGINE_NAME,
+        ENGINE_VERSION,
+        Engine,
+        demo_prompts,
+        target_folder,
+    )
     from specscope.inspector import inspect_checkpoint
     from specscope.instrumentation import Tracer, check_load, instrument
 
@@ -114,7 +121,10 @@ def _serve(rank: int, opts: DemoOptions, collector) -> None:
         check_load(tracer, engine.draft, list(engine.loaded.checkpoint_keys), engine="reference",
                    strict=engine.loaded.strict)
         if rank == 0:
-            for finding in inspect_checkpoint(DEFAULT_DRAFT_DIR, engine="reference").findings:
+            # against the target it serves: the contract checks run too, and the capture-id
+            # convention is judged for this engine and target, not in the abstract
+            report = inspect_checkpoint(DEFAULT_DRAFT_DIR, engine="reference", target=target_folder())
+            for finding in report.findings:
                 collector.emit(dataclasses.replace(finding, run_id=opts.run_id))
         engine.tracer = tracer
         mine = list(range(opts.requests))[rank::opts.ranks]

@@ -1,5 +1,5 @@
-"""`specscope doctor --db URL [--run ID] [--json]`: runtime findings over a trace store
-(docs/design.md, "Findings").
+"""`specscope doctor --db URL [--run ID] [--json]`: runtime findings over a trace store, with the
+checkpoint findings stored with each run (labelled so; docs/design.md, "Finding codes").
 
 The store is opened read-only (never created nor upgraded). Exit status: 0 no error finding, 1 at
 least one error finding, 2 unusable input (missing store, unknown run or ambiguous run id prefix: one
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from specscope.doctor import diagnose, render_text
+from specscope.doctor import checkpoint_findings, diagnose, render_text
 from specscope.storage import open_store
 
 
@@ -33,5 +33,9 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; returns 0 / 1 (StoreError, ConfigError: exit 2 via the CLI shell)."""
     with open_store(args.db, create=False, read_only=True) as store:
         report = diagnose(store, args.run)
+        # The dashboard shows the checkpoint inspection stored with a run beside the runtime rules;
+        # the verdict here must be the same one (and a stored checkpoint error fails the run).
+        report = report.with_checkpoint([f for run in report.runs
+                                         for f in checkpoint_findings(store, run.run_id)])
     print(json.dumps(report.to_dict(), indent=2) if args.json else render_text(report))
     return report.exit_code

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specscope.events import Finding
+from specscope.events import Finding, by_severity
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,14 @@ class DoctorReport:
         return [f.code for f in self.findings if run_id is None or f.run_id == run_id]
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"runs": [...], "findings": [FINDING + "run_id", ...]}`` (docs/design.md, "Findings")."""
+        """``{"runs": [...], "findings": [FINDING + "run_id" + "source", ...]}`` (docs/design.md,
+        "Finding codes"); ``source`` is ``"doctor"`` or ``"inspect"`` (stored with the run)."""
         return {"runs": [r.to_dict() for r in self.runs],
-                "findings": [f.to_dict() for f in self.findings]}
+                "findings": [{**f.to_dict(), "source": f.source} for f in self.findings]}
+
+    def with_checkpoint(self, stored: list[Finding]) -> DoctorReport:
+        """This report plus the checkpoint findings stored with its runs (errors first)."""
+        return DoctorReport(self.runs, by_severity([*self.findings, *stored]))
 
 
 _LISTED = 3  # list items shown per evidence value in text; --json has them all
@@ -89,7 +94,8 @@ def render_text(report: DoctorReport) -> str:
     lines.append(f"{errors} error(s), {warnings} warning(s), "
                  f"{len(report.findings) - errors - warnings} info")
     for f in report.findings:
-        lines.append(f"{f.severity.upper():7} {f.code} [run {f.run_id}]: {f.message}")
+        origin = " (checkpoint inspection)" if f.source == "inspect" else ""
+        lines.append(f"{f.severity.upper():7} {f.code} [run {f.run_id}]{origin}: {f.message}")
         if ev := _evidence_line(f.evidence):
             lines.append(f"        evidence: {ev}")
         lines.append(f"        fix: {f.fix}")
