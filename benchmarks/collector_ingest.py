@@ -1,4 +1,4 @@
-"""Sustained ingest of the collector into SQLite, against raw ``sqlite3`` on the same rows (DESIGN.md §9).
+"""Sustained ingest of the collector into SQLite, against raw ``sqlite3`` on the same rows (docs/design.md, "Budgets").
 
 Run: ``python -m benchmarks.collector_ingest [--events N] [--batch-size B] [--repeat R]``.
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, seconds in (("raw sqlite3", raw), ("Store.write", store), ("Collector", collector)):
         print(f"{name:<16}{seconds:>10.3f}{n / seconds:>12,.0f}{raw / seconds:>9.0%}")
     print(f"emit() on the engine thread: {statistics.median(emits) / n * 1e6:.2f} µs/event; "
-          f"dropped: {max(drops)}; target (DESIGN.md §9): 200,000 events/s")
+          f"dropped: {max(drops)}; target (docs/design.md, 'Budgets'): 200,000 events/s")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Every dashboard page query on a large store: DESIGN.md section 9 asks < 1 s per page on 1M verify
+"""Every dashboard page query on a large store: docs/design.md, "Budgets" asks < 1 s per page on 1M verify
 steps and 5M tensor events.
 
 Run: ``python -m benchmarks.dashboard_queries [--db PATH_OR_URL] [--steps N] [--repeat R]``.

@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--k K] [--rounds R]
 [--pairs P]``.
 
-1. Acceptance at k (DESIGN.md section 4): mean acceptance length, acceptance rate, per-position
+1. Acceptance at k (docs/design.md, "Acceptance figures"): mean acceptance length, acceptance rate, per-position
    acceptance, over every held-out prompt (healthy) and the first ``fault_prompts`` under each fault.
 2. Decode speed: speculative decoding vs the target's own greedy decoding (tokens/s), the same
    prompts and token counts, alternating so machine load hits both alike.

@@ -3,7 +3,7 @@
 Every error specscope raises on purpose derives from :class:`SpecscopeError`; errors from the libraries
 underneath (SQLAlchemy, safetensors, json, transformers) are converted where they enter
 (``raise ... from exc``) so callers catch one family. The CLI maps every ``SpecscopeError`` to one clear
-line on stderr and exit status 2 (DESIGN.md section 6).
+line on stderr and exit status 2 (docs/design.md, "Finding codes").
 """
 
 from __future__ import annotations

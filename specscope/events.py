@@ -1,4 +1,4 @@
-"""Event dataclasses: what the instrumentation records and the collector writes (DESIGN.md section 3).
+"""Event dataclasses: what the instrumentation records and the collector writes (docs/design.md, "Event model").
 
 Every event names its ``run_id`` and the torch.distributed ``rank`` that produced it, and carries
 ``ts_wall`` (wall clock, seconds since the Unix epoch, ``time.time()``) so events from several
@@ -184,7 +184,7 @@ class RequestEnd:
 
 @dataclass(frozen=True, slots=True)
 class VerifyStep:
-    """One verify step of one request (DESIGN.md section 4).
+    """One verify step of one request (docs/design.md, "Acceptance figures").
 
     - ``proposed``: draft tokens the target verified in this step (tokens).
     - ``accepted``: draft tokens accepted (tokens); the step emits ``accepted + 1`` tokens (bonus).
@@ -337,7 +337,7 @@ class LoadReport:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """A diagnosis (DESIGN.md section 6): stable ``code``, ``severity`` in error / warning / info,
+    """A diagnosis (docs/design.md, "Finding codes"): stable ``code``, ``severity`` in error / warning / info,
     one-line ``message``, ``evidence`` (observed vs expected values, numbers where possible) and ``fix``.
     ``source`` is ``"doctor"`` or ``"inspect"``; ``run_id`` is ``None`` for a standalone inspection.
     """
@@ -354,7 +354,7 @@ class Finding:
     ts_wall: float = field(default_factory=now)
 
     def to_dict(self) -> dict[str, Any]:
-        """The machine format of DESIGN.md section 6 (``run_id`` added for runtime findings)."""
+        """The machine format of docs/design.md, "Finding codes" (``run_id`` added for runtime findings)."""
         out = {"code": self.code, "severity": self.severity, "message": self.message,
                "evidence": self.evidence, "fix": self.fix}
         if self.run_id is not None:

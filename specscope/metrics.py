@@ -1,4 +1,4 @@
-"""Acceptance figures, defined once (DESIGN.md section 4); the SQL views in
+"""Acceptance figures, defined once (docs/design.md, "Acceptance figures"); the SQL views in
 :mod:`specscope.storage.views` compute the same formulas over stored verify steps.
 
 - mean acceptance length (AL) = 1 + accepted / verify_steps: tokens emitted per verify step, bonus

@@ -63,7 +63,7 @@ def healthy_al(healthy):
 
 
 def test_healthy_draft_accepts(healthy_al):
-    # DESIGN.md section 4 bounds. The shipped head gives 1.66 on these 8 prompts x 40 tokens (1.65 on
+    # docs/design.md, "Acceptance figures" bounds. The shipped head gives 1.66 on these 8 prompts x 40 tokens (1.65 on
     # all 46 held-out prompts x 64, README); an untrained head ~1.0-1.05, the old head 1.48 (greedy
     # on CPU is deterministic: the margin only absorbs numerics across machines).
     assert 1.5 <= healthy_al <= 5.0

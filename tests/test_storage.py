@@ -105,7 +105,7 @@ def test_round_trip_of_every_event_kind(store: Store) -> None:
 
 
 def test_views_give_the_design_figures(store: Store) -> None:
-    """DESIGN.md section 4 by hand: k=4, accepted 0,1,4,2 -> AL = 1 + 7/4, rate 7/16,
+    """docs/design.md, "Acceptance figures" by hand: k=4, accepted 0,1,4,2 -> AL = 1 + 7/4, rate 7/16,
     p = [3/4, 2/4, 1/4, 1/4]."""
     store.write([_run_start(), _run_start("run-empty", ts=50.0),
                  ev.RequestStart(run_id=RUN, request_id="q1", rank=0, prompt_tokens=3, ts_wall=100.0),

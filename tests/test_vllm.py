@@ -165,3 +165,14 @@ def test_plugin_without_specscope_db_leaves_vllm_untouched():
     env = {k: v for k, v in os.environ.items() if k != "SPECSCOPE_DB"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0 and "untouched" in out.stdout, out.stderr[-2000:]
+
+
+def test_demo_engine_vllm_names_the_fault(tmp_path):
+    db = tmp_path / "demo.db"
+    cli = [sys.executable, "-m", "specscope", "demo", "--engine", "vllm", "--no-dashboard", "--db", str(db)]
+    out = subprocess.run([*cli, "--requests", "1", "--max-new-tokens", "16", "--fault", "aux-off-by-one"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "AUX_LAYER_MISMATCH" in out.stdout
+    bad = subprocess.run([*cli, "--ranks", "2"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "one rank" in bad.stderr and "Traceback" not in bad.stderr

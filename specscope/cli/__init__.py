@@ -4,7 +4,7 @@ Each subcommand lives in its own module of this package and exposes ``register(s
 parser and sets ``func``) plus the function it points ``func`` at, ``(args) -> int`` exit status.
 Only the module of the subcommand being run is imported, so ``query``, ``doctor`` and ``--version``
 start without torch or transformers (the reference engine's ``demo`` and ``generate`` need them).
-Exit status (docs/design.md, "Findings"): 0 no error finding, 1 at least one error finding, 2 unusable
+Exit status (docs/design.md, "Finding codes"): 0 no error finding, 1 at least one error finding, 2 unusable
 input or arguments. Every :class:`~specscope.errors.SpecscopeError` becomes one line on stderr and
 exit 2; a reader that closes the pipe early (``| head``) ends the command quietly with status 141.
 """

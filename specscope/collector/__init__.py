@@ -1,4 +1,4 @@
-"""The in-process collector (DESIGN.md section 2): the sink instrumentation emits events into.
+"""The in-process collector (docs/design.md, "Components and data flow"): the sink instrumentation emits events into.
 
 :class:`Collector` queues events without blocking the engine thread and writes them to a
 :class:`~specscope.storage.Store` in batches from a background thread.

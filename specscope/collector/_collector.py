@@ -1,6 +1,6 @@
 """The in-process sink: the engine thread appends events, a background thread writes them in batches.
 
-Design (DESIGN.md sections 2 and 9): ``emit`` is a bounds check and a ``deque.append`` (atomic in
+Design (docs/design.md, "Components and data flow", "Budgets"): ``emit`` is a bounds check and a ``deque.append`` (atomic in
 CPython, no lock, never waits on the database); the writer thread takes up to ``batch_size`` events
 off the deque and writes them in ONE store transaction together with the per-(run, rank) written /
 dropped counters. ``flush`` enqueues a marker and waits for the writer to reach it, so FIFO order is

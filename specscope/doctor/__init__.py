@@ -1,4 +1,4 @@
-"""The doctor: rules over stored traces that name the runtime failures (docs/design.md, "Findings").
+"""The doctor: rules over stored traces that name the runtime failures (docs/design.md, "Finding codes").
 
 ``diagnose(store, run_id=None)`` reads a store (read-only, aggregates in SQL) and returns a
 :class:`DoctorReport`: a :class:`RunSummary` per run and the findings (errors first), each with

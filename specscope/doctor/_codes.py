@@ -1,4 +1,4 @@
-"""Runtime finding codes and their severities (docs/design.md, "Findings"), and the one way to build one."""
+"""Runtime finding codes and their severities (docs/design.md, "Finding codes"), and the one way to build one."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ CODES = tuple(SEVERITY)
 CONTRACT_CODES = ("AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL", "AUX_LAYER_MISMATCH")
 """The codes of the contract between the target's capture layers and the draft's input."""
 
-# Engine knobs named in fixes (docs/design.md, "Where the real engines let us in").
+# Engine knobs named in fixes (docs/design.md, "Where the engines let us in").
 CAPTURE_KNOBS = ("SGLang `set_eagle3_layers_to_capture`, vLLM `set_aux_hidden_state_layers`, "
                  "draft config `eagle_aux_hidden_state_layer_ids`")
 

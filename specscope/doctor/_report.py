@@ -1,4 +1,4 @@
-"""The doctor's report: the data, its JSON form (docs/design.md, "Findings") and the human rendering."""
+"""The doctor's report: the data, its JSON form (docs/design.md, "Finding codes") and the human rendering."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class DoctorReport:
 
     @property
     def exit_code(self) -> int:
-        """1 when any finding is an error, else 0 (docs/design.md, "Findings")."""
+        """1 when any finding is an error, else 0 (docs/design.md, "Finding codes")."""
         return 1 if any(f.severity == "error" for f in self.findings) else 0
 
     def codes(self, run_id: str | None = None) -> list[str]:

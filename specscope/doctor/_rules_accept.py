@@ -8,13 +8,12 @@ from specscope.doctor._context import RunContext
 from specscope.events import Finding
 
 MIN_VERIFY_STEPS = 16
-"""Verify steps a run (or rank) needs before its acceptance is judged (docs/design.md, "Findings"): fewer
+"""Verify steps a run (or rank) needs before its acceptance is judged (docs/design.md, "Finding codes"): fewer
 steps are one or two requests, where a single hard prompt can pull AL to 1 by itself."""
 
 COLLAPSE_AL = 1.05
-"""ACCEPT_COLLAPSE at AL <= 1.05 (docs/design.md, "Findings"): under one accepted draft per twenty verify
-steps. A working EAGLE-3 head reaches AL 2-4; the failure of docs/design.md, "The failure this exists
-for", read exactly 1.0."""
+"""ACCEPT_COLLAPSE at AL <= 1.05 (docs/design.md, "Finding codes"): under one accepted draft per twenty verify
+steps. A working EAGLE-3 head reaches AL 2-4; the failure of docs/design.md, "The failure", read exactly 1.0."""
 
 POSITION0_MIN = 0.3
 """POSITION0_LOW below p_0 = 0.3: a trained EAGLE-3 head gets its first draft accepted in roughly 60-80%

@@ -1,5 +1,4 @@
-"""Rules on what flows from the target's capture layers into the draft (docs/design.md, "The failure
-this exists for" and "EAGLE-3 conventions").
+"""Rules on what flows from the target's capture layers into the draft (docs/design.md, "The failure" and "EAGLE-3 conventions").
 
 Evidence comes from three recordings of the instrumentation: the draft's target-fed input width
 (``expected_width`` = the run's ``expected_fused_width`` marks the first draft call after the target

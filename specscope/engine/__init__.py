@@ -1,5 +1,5 @@
 """The reference engine: SmolLM2-135M-Instruct target + an EAGLE-3 draft, chain speculative decoding
-on a CPU, with fault switches reproducing the silent failures of DESIGN.md section 1."""
+on a CPU, with fault switches reproducing the silent failures of docs/design.md, "The failure"."""
 
 from specscope.engine.checkpoint import DEFAULT_DRAFT_DIR, load_draft, save_draft
 from specscope.engine.core import ENGINE_NAME, ENGINE_VERSION, Engine, RequestResult

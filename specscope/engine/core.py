@@ -51,7 +51,7 @@ class RequestResult:
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """Tokens per verify step, bonus included (DESIGN.md section 4)."""
+        """Tokens per verify step, bonus included (docs/design.md, "Acceptance figures")."""
         return metrics.mean_acceptance_length(self.accepted)
 
     @property

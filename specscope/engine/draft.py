@@ -6,7 +6,7 @@ Module names equal checkpoint keys (``midlayer.*``, ``fc``, ``norm``, ``lm_head`
 
 - ``fc`` (``Linear(n_aux * target_hidden -> hidden, bias=False)``) is applied only when the incoming
   hidden state is not already ``hidden`` wide, exactly the engine condition that hides a missing aux
-  capture (DESIGN.md section 1);
+  capture (docs/design.md, "The failure");
 - the single decoder layer attends over ``cat(input_layernorm(embeds), hidden_norm(hidden))``
   (``2 * hidden`` wide), with the un-normed hidden state as the residual;
 - the output hidden state (before the final ``norm``) is what the next chained draft step receives.

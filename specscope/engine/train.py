@@ -6,7 +6,7 @@
    target's greedy token at every generated position (labels are always the target's own argmax, so
    sampled text is labelled exactly as the target would continue it) and its top-32 logits there.
 3. The draft vocabulary is the most frequent label tokens; ``d2t`` offsets and ``t2d`` follow
-   (DESIGN.md section 5).
+   (docs/design.md, "EAGLE-3 conventions").
 4. The head starts from the target's own (tied) output-embedding rows of the draft vocabulary and its
    final norm, then trains with training-time test (EAGLE-3): step 0 reads the fused target features, steps
    1.. read the draft's own output hidden state; step j's queries attend causally to step-0 keys and to

@@ -8,13 +8,11 @@ nest the layer config under ``transformer_layer_config`` and carry ``speculators
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from specscope.conventions import DRAFT_BEHAVIOUR_KEYS
-from specscope.errors import CheckpointError, ConfigError
+from specscope.errors import CheckpointError
 
 DEFAULT_INITIALIZER_RANGE = 0.02
 """HF ``PretrainedConfig.initializer_range`` default: std of the normal init of Llama projections."""

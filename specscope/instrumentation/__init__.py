@@ -1,5 +1,5 @@
 """Attach to a running engine without editing its source and record what flows between target and
-draft and what gets accepted (DESIGN.md sections 1, 3, 7).
+draft and what gets accepted (docs/design.md, "The failure", "Event model", "Where the engines let us in").
 
 - :class:`Tracer`: one per engine process (rank); request / verify statistics from CPU-side values;
   ``close()`` removes every hook.

@@ -55,7 +55,7 @@ def capture_probe() -> Callable[[], bool] | None:
     CUDA is unavailable (nothing can be captured; hooks then skip the call).
 
     Chosen once (at tracer construction). Module hooks run while a CUDA graph is captured, never
-    when it is replayed (docs/design.md, "Where the real engines let us in"), so events seen under
+    when it is replayed (docs/design.md, "Where the engines let us in"), so events seen under
     capture are tagged ``graph_phase="capture"``.
     """
     return _cuda_capturing if torch.cuda.is_available() else None

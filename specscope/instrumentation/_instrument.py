@@ -32,7 +32,7 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
                fused_input: nn.Module | str | None = None) -> Tracer:
     """Hook the draft's forward, the target's capture layers and any further ``modules``.
 
-    Hook points (DESIGN.md section 3):
+    Hook points (docs/design.md, "Event model"):
 
     - ``draft.forward:<argname>`` for every tensor argument, positional ones bound to their names
       with ``inspect.signature`` (e.g. ``input_ids`` (B, T), ``positions`` (B, T),

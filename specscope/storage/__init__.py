@@ -1,4 +1,4 @@
-"""The trace store (DESIGN.md section 2): SQLite by default, PostgreSQL through a SQLAlchemy URL.
+"""The trace store (docs/design.md, "Components and data flow"): SQLite by default, PostgreSQL through a SQLAlchemy URL.
 
 ``open_store(path_or_url)`` returns a :class:`Store`: ``write(events, counters=...)`` (one transaction
 per call), read-only ``connect()`` / ``query(sql)`` / ``runs()``. Tables: :mod:`.schema`; views and the

@@ -1,5 +1,5 @@
-"""The trace store's schema: SQLAlchemy Core tables (DESIGN.md section 3) and the SQL views every
-reader uses (dashboard, doctor, ``specscope query``). Acceptance formulas (DESIGN.md section 4) are
+"""The trace store's schema: SQLAlchemy Core tables (docs/design.md, "Event model") and the SQL views every
+reader uses (dashboard, doctor, ``specscope query``). Acceptance formulas (docs/design.md, "Acceptance figures") are
 defined here once, in SQL:
 
 - mean acceptance length (AL) = 1 + accepted / verify_steps (tokens per verify step, bonus included;

@@ -1,6 +1,6 @@
 """SQL views over the trace store: the one place the dashboard, the doctor and users get aggregates.
 
-Formulas (DESIGN.md section 4, also in :mod:`specscope.storage.schema`'s docstring):
+Formulas (docs/design.md, "Acceptance figures", also in :mod:`specscope.storage.schema`'s docstring):
 ``mean_acceptance_length = 1 + accepted / verify_steps``, ``acceptance_rate = accepted / proposed``,
 ``p_i = steps with position i accepted / verify_steps``. Every division is guarded: a run or request
 with no verify step, or nothing proposed, gets NULL, never a division error. The SQL is portable
@@ -23,7 +23,7 @@ join with a grouped subquery): filtering a view costs that run's rows, not the w
 from __future__ import annotations
 
 def _acceptance_columns(alias: str = "") -> str:
-    """The DESIGN.md section 4 acceptance columns over grouped verify steps (``alias``: the
+    """The docs/design.md, "Acceptance figures" acceptance columns over grouped verify steps (``alias``: the
     verify_steps table's alias with its dot, or ""). Verify steps are the SUM of ``steps`` (a row
     stands for one step, or for n steps of an aggregate row); COALESCE makes a LEFT JOIN with no row
     give 0 steps and NULL ratios. ``step_detail`` is 1 when some row is a per-step row (``step`` >= 0):

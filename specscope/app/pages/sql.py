@@ -7,7 +7,7 @@ import io
 import streamlit as st
 
 from specscope.app import widgets
-from specscope.cli.query import write_csv
+from specscope.results import write_csv
 from specscope.errors import SpecscopeError
 from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, schema, views
 
