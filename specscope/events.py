@@ -53,7 +53,8 @@ class RunConfig:
     - ``aux_layer_ids_resolved``: physical capture points, "hidden state entering layer i"
       (HF ``hidden_states[i]``; SGLang ``llama.py`` captures before layer i, vLLM the same).
     - ``target_hidden_size``: width of one target hidden state (elements).
-    - ``expected_fused_width``: ``len(aux ids) * target_hidden_size`` = ``fc.in_features``.
+    - ``expected_fused_width``: ``len(aux ids) * target_hidden_size`` = ``fc.in_features``; a method
+      without aux capture (prompt lookup, n-gram, MTP, a draft model) has no aux ids and width 0.
     - ``k``: draft tokens proposed per verify step (vLLM ``num_speculative_tokens``);
       ``num_draft_tokens`` follows SGLang and counts the root token too (``k + 1`` for a chain).
     - ``aux_layer_ids_active``: the capture layers the engine reports active once the target is loaded
@@ -82,8 +83,10 @@ class RunConfig:
         """
         for name in ("target_hidden_size", "expected_fused_width", "k", "num_target_layers", "topk"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ConfigError(f"RunConfig.{name} must be an int >= 1, got {value!r}")
+            # no aux capture (prompt lookup, n-gram, MTP, draft models): no capture layers, width 0
+            least = 0 if name == "expected_fused_width" and not self.aux_layer_ids_resolved else 1
+            if not _is_int(value) or value < least:
+                raise ConfigError(f"RunConfig.{name} must be an int >= {least}, got {value!r}")
         if self.num_draft_tokens is not None and (not _is_int(self.num_draft_tokens) or self.num_draft_tokens < 1):
             raise ConfigError(f"RunConfig.num_draft_tokens must be an int >= 1 or None, got {self.num_draft_tokens!r}")
         if not isinstance(self.dtype, str):

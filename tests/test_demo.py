@@ -38,8 +38,9 @@ def _demo_runs(store) -> list[dict]:
 
 
 def test_healthy_demo_has_no_error_or_warning(demo_store):
-    """Nothing to warn about on the healthy run: its stored checkpoint finding about explicit aux ids
-    is settled by the fingerprints (the draft received the configured layers) and reads as info."""
+    """Nothing to warn about on the healthy run: the draft is inspected against the target it serves
+    (its explicit aux ids are the defaults this engine captures, so no convention warning arises) and
+    the runtime rules find nothing."""
     with open_store(demo_store, create=False, read_only=True) as store:
         healthy, faulty, ranked = _demo_runs(store)
         report = diagnose(store, healthy["run_id"])
@@ -48,8 +49,7 @@ def test_healthy_demo_has_no_error_or_warning(demo_store):
                                                                     "rank 1: no-aux-capture")
     assert [f.code for f in report.findings if f.severity in ("error", "warning")] == []
     assert report.runs[0].verify_steps > 0 and report.runs[0].mean_acceptance_length > 1.3
-    assert checkpoint["AUX_LAYER_IDS_CONVENTION"].severity == "info"
-    assert {f.severity for f in checkpoint.values()} <= {"info"}
+    assert "CKPT_FORMAT" in checkpoint and {f.severity for f in checkpoint.values()} <= {"info"}
 
 
 def test_no_aux_capture_is_diagnosed_with_widths(demo_store):

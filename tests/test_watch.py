@@ -120,8 +120,8 @@ def test_vllm_rank_divergence_and_collapse_reach_the_doctor(server, tmp_path) ->
         start = vllm_exposition("m", collapsed)
         collapsed["0"].add([0] * 59 + [1])
         collapse_run = _watch_two_scrapes(store, server, start, vllm_exposition("m", collapsed))
-        assert diagnose(store, collapse_run).codes() == ["ACCEPT_COLLAPSE"]
-    assert codes == ["RANK_DIVERGENCE"]
+        assert diagnose(store, collapse_run).codes() == ["ACCEPT_COLLAPSE", "CHECKS_SKIPPED"]  # no hooks
+    assert codes == ["RANK_DIVERGENCE", "CHECKS_SKIPPED"]
 
 
 def test_llamacpp_position0_low(server, tmp_path) -> None:
@@ -132,7 +132,7 @@ def test_llamacpp_position0_low(server, tmp_path) -> None:
         run_id = _watch_two_scrapes(store, server, before, llamacpp_exposition(c))
         assert _positions(store, run_id) == pytest.approx([0.25, 0.25, 0.25])
         assert store.query(f"SELECT engine FROM runs WHERE run_id = '{run_id}'")[1] == [("llama.cpp",)]
-        assert diagnose(store, run_id).codes() == ["POSITION0_LOW"]
+        assert diagnose(store, run_id).codes() == ["POSITION0_LOW", "CHECKS_SKIPPED"]
 
 
 def test_trtllm_positions_from_one_and_saturation(server, tmp_path) -> None:
@@ -144,7 +144,7 @@ def test_trtllm_positions_from_one_and_saturation(server, tmp_path) -> None:
         run_id = _watch_two_scrapes(store, server, before, trtllm_exposition("m", c))
         assert _acceptance(store, run_id) == pytest.approx((20, 20 * K, 20 * K, 1.0 + K, 1.0))
         assert _positions(store, run_id) == pytest.approx([1.0, 1.0, 1.0])
-        assert diagnose(store, run_id).codes() == ["ACCEPT_SATURATED"]
+        assert diagnose(store, run_id).codes() == ["ACCEPT_SATURATED", "CHECKS_SKIPPED"]
 
 
 def test_sglang_gauges_are_converted_to_one_definition(server, tmp_path) -> None:

@@ -48,10 +48,9 @@ class DoctorReport:
         return [f.code for f in self.findings if run_id is None or f.run_id == run_id]
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"runs": [...], "findings": [FINDING + "run_id" + "source", ...]}`` (docs/design.md,
-        "Finding codes"); ``source`` is ``"doctor"`` or ``"inspect"`` (stored with the run)."""
+        """``{"runs": [...], "findings": [FINDING + "run_id", ...]}`` (docs/design.md, "Finding codes")."""
         return {"runs": [r.to_dict() for r in self.runs],
-                "findings": [{**f.to_dict(), "source": f.source} for f in self.findings]}
+                "findings": [f.to_dict() for f in self.findings]}
 
     def with_checkpoint(self, stored: list[Finding]) -> DoctorReport:
         """This report plus the checkpoint findings stored with its runs (errors first)."""

@@ -10,6 +10,9 @@ evidence to read, so a serving run whose recordings leave a rule blind says so.
   layer hooked, or too few verify steps to judge acceptance. The main failure modes stay covered.
 
 Both fire only once the run has verify steps (an engine that has served nothing yet is not blind).
+A run with no aux-capture contract to observe — watched through Prometheus (no hooks by design), or a
+method without capture layers (prompt lookup, n-gram, MTP) — gets CHECKS_SKIPPED for the contract, not
+NOT_OBSERVED: nothing was forgotten there.
 """
 
 from __future__ import annotations
@@ -26,10 +29,19 @@ def _skipped(check: str, codes: list[str], reason: str) -> dict[str, Any]:
     return {"check": check, "codes": codes, "reason": reason}
 
 
+def _no_contract(ctx: RunContext) -> str | None:
+    """Why the run has no aux-capture contract to observe, or None when it has one."""
+    if ctx.config.get("source") == "prometheus":
+        return "watched through its Prometheus endpoint: no hooks, acceptance only"
+    if not ctx.capture_layers:
+        return "no capture layers configured: not an EAGLE-3 run (aux capture does not apply)"
+    return None
+
+
 def check_not_observed(ctx: RunContext) -> list[Finding]:
     """NOT_OBSERVED [warning]: verify steps recorded but the draft's input contract was not observed."""
     steps = ctx.acceptance.verify_steps
-    if steps == 0:
+    if steps == 0 or _no_contract(ctx) is not None:
         return []
     if not ctx.draft_ran:
         blind = _skipped("draft input width", list(CONTRACT_CODES),
@@ -53,16 +65,16 @@ def check_not_observed(ctx: RunContext) -> list[Finding]:
 def check_skipped(ctx: RunContext) -> list[Finding]:
     """CHECKS_SKIPPED [info]: the contract was observed, some refinements had no evidence."""
     steps = ctx.acceptance.verify_steps
-    if steps == 0 or not ctx.draft_ran or ctx.fused_width is None:
+    reason = _no_contract(ctx)
+    if steps == 0 or (reason is None and (not ctx.draft_ran or ctx.fused_width is None)):
         return []  # nothing served yet, or NOT_OBSERVED names the larger gap
     skipped = []
-    if not ctx.provenance:
+    if reason is not None:
+        skipped.append(_skipped("draft input contract", list(CONTRACT_CODES), reason))
+    elif not ctx.provenance:
         skipped.append(_skipped("layers received by the draft (fingerprints)", ["AUX_LAYER_MISMATCH"],
                                 "no provenance sample (Tracer provenance_every=0)"))
-    if not ctx.capture_layers:
-        skipped.append(_skipped("capture layers firing", ["AUX_CAPTURE_PARTIAL"],
-                                "no capture layer configured (RunConfig.aux_layer_ids_resolved)"))
-    elif not ctx.target_observed:
+    if reason is None and not ctx.target_observed:
         skipped.append(_skipped("capture layers firing", ["AUX_CAPTURE_PARTIAL"],
                                 "no target capture layer hooked (instrument() without target=)"))
     if steps < MIN_VERIFY_STEPS:
