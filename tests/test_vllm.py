@@ -176,3 +176,46 @@ def test_demo_engine_vllm_names_the_fault(tmp_path):
     assert "AUX_LAYER_MISMATCH" in out.stdout
     bad = subprocess.run([*cli, "--ranks", "2"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "one rank" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_openai_server_plugin_and_watch_equal_vllms_counters(tmp_path):
+    """A real vLLM OpenAI-compatible server (multiprocess: API server, EngineCore, worker) with the
+    plugin on, scraped by ``specscope watch`` while requests run: the plugin's run and the watched
+    run both equal the increase of vLLM's own ``vllm:spec_decode_*`` counters over the window."""
+    import httpx
+
+    from benchmarks.vllm_decode import complete, start_server
+    from specscope.engine import DEFAULT_DRAFT_DIR, target_folder
+    from specscope.fleet import Watcher, parse_exposition, window
+
+    plugin_db, watch_db = str(tmp_path / "plugin.db"), str(tmp_path / "watch.db")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECSCOPE_")},
+           "SPECSCOPE_DB": plugin_db, "SPECSCOPE_RUN_ID": "served-run", "OMP_NUM_THREADS": "1"}
+    process, url = start_server(target_folder(), DEFAULT_DRAFT_DIR, env, tmp_path / "server.log")
+    try:
+        with open_store(watch_db) as store:
+            watcher = Watcher(store, [f"{url}/metrics"])
+            before_text = httpx.get(f"{url}/metrics").text
+            watcher.scrape()
+            for prompt in PROMPTS:
+                complete(url, str(target_folder()), prompt, 24)
+            watcher.scrape()
+            after_text = httpx.get(f"{url}/metrics").text
+            watcher.close()
+            (watched,) = watcher.run_ids
+            _, rows = store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance "
+                                  "WHERE run_id = :r", {"r": watched})
+    finally:
+        process.terminate()
+        process.wait(timeout=120)
+    (before,), (after,) = parse_exposition(before_text), parse_exposition(after_text)
+    truth = window(before, after)
+    assert truth.steps > 0 and tuple(rows[0]) == (truth.steps, truth.proposed, truth.accepted)
+    with open_store(plugin_db, read_only=True) as store:
+        _, plugin = store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance "
+                                "WHERE run_id = 'served-run'")
+        _, widths = store.query("SELECT DISTINCT width FROM v_tensor_contract WHERE run_id = 'served-run' "
+                                "AND hook_point = 'draft.model.fc:input'")
+    # the server served only these requests: vLLM's totals are the window's increase
+    assert tuple(plugin[0]) == (truth.steps, truth.proposed, truth.accepted)
+    assert [w[0] for w in widths] == [1728]
