@@ -34,6 +34,7 @@ logged once and counted, never raised.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import logging
 import threading
@@ -54,29 +55,27 @@ _failed: set[str] = set()
 
 
 def install() -> None:
-    """Patch vLLM's scheduler and model runners (once per process)."""
+    """Patch vLLM's scheduler and model runners (once per process). An attach point whose module,
+    class or method moved in this vLLM version is skipped with one logged line naming it; the others
+    still attach (acceptance without tensors, or the reverse, beats nothing)."""
     global _installed
     if _installed:
         return
     _installed = True
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    _wrap(Scheduler, "__init__", _after_scheduler_init)
-    _wrap(Scheduler, "add_request", _after_add_request)
-    _wrap(Scheduler, "make_spec_decoding_stats", _after_spec_stats)
-    _wrap(Scheduler, "_free_request", _after_free_request)
-    _wrap(Scheduler, "shutdown", _end_run)
-    from vllm.v1.worker.worker_base import WorkerWrapperBase
-
-    _wrap(WorkerWrapperBase, "shutdown", _end_run)
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    _wrap(GPUModelRunner, "load_model", _after_load_model)
-    try:
-        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-    except ImportError:  # a GPU-only build
-        return
-    _wrap(CPUModelRunner, "load_model", _after_load_model)
+    for module, cls, name, after in (
+            ("vllm.v1.core.sched.scheduler", "Scheduler", "__init__", _after_scheduler_init),
+            ("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", _after_add_request),
+            ("vllm.v1.core.sched.scheduler", "Scheduler", "make_spec_decoding_stats", _after_spec_stats),
+            ("vllm.v1.core.sched.scheduler", "Scheduler", "_free_request", _after_free_request),
+            ("vllm.v1.core.sched.scheduler", "Scheduler", "shutdown", _end_run),
+            ("vllm.v1.worker.worker_base", "WorkerWrapperBase", "shutdown", _end_run),
+            ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "load_model", _after_load_model),
+            ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "load_model", _after_load_model)):
+        try:
+            _wrap(getattr(importlib.import_module(module), cls), name, after)
+        except Exception as exc:  # noqa: BLE001 - an attach point vLLM moved: say which, go on
+            logger.warning("specscope: cannot attach to vLLM %s.%s.%s (%s: %s); what it records is "
+                           "missing from the run", module, cls, name, type(exc).__name__, exc)
 
 
 def _once(what: str, exc: BaseException) -> None:
