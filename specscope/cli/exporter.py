@@ -9,21 +9,12 @@ from __future__ import annotations
 import argparse
 import threading
 
+from specscope.cli._types import port, positive_int
 from specscope.errors import ConfigError
 from specscope.fleet import serve_exporter
 from specscope.storage import open_store
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
-    return int(text)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,9 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "run / rank / position, dropped events and hook errors for Prometheus to scrape.")
     parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
                         "(postgresql+psycopg://user@host:5432/db)")
-    parser.add_argument("--port", type=_port, default=9464, help="TCP port (default 9464)")
+    parser.add_argument("--port", type=port, default=9464, help="TCP port (default 9464)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--max-runs", type=_positive, default=50, help="newest runs exported (default 50)")
+    parser.add_argument("--max-runs", type=positive_int, default=50, help="newest runs exported (default 50)")
     parser.set_defaults(func=run)
 
 

@@ -13,6 +13,7 @@ import argparse
 import logging
 import re
 
+from specscope.cli._types import positive_int
 from specscope.errors import ConfigError
 from specscope.fleet import watch
 from specscope.storage import open_store
@@ -32,11 +33,6 @@ def seconds(text: str) -> float:
     return float(match[1]) * _UNITS[match[2] or "s"]
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``watch`` subcommand."""
@@ -51,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="a metrics URL, or host:port (then /metrics)")
     parser.add_argument("--interval", type=seconds, default=5.0, help="time between scrapes (default 5s)")
     until = parser.add_mutually_exclusive_group()
-    until.add_argument("--count", type=_positive, help="stop after N scrapes (the first is the baseline)")
+    until.add_argument("--count", type=positive_int, help="stop after N scrapes (the first is the baseline)")
     until.add_argument("--duration", type=seconds, help="stop after this long (e.g. 10m)")
     parser.add_argument("--timeout", type=seconds, default=5.0, help="HTTP timeout per scrape (default 5s)")
     parser.set_defaults(func=run)
