@@ -27,6 +27,8 @@ def split_modes(tmp_path) -> str:
 def test_run_is_mixed_and_ranks_keep_their_mode(split_modes: str) -> None:
     with open_store(split_modes, read_only=True) as store:
         assert queries.run_summary(store, "split-run")["graph_mode"] == "mixed"
+        # the SQL view says the same (v7; a lexical MAX before it read 'eager')
+        assert store.query("SELECT graph_mode FROM v_run_summary WHERE run_id = 'split-run'")[1] == [("mixed",)]
         assert [(r["rank"], r["graph_mode"]) for r in queries.ranks(store, "split-run")] == [
             (0, "eager"), (1, "capture_only")]
         (blind,) = [f for f in diagnose(store, "split-run").findings if f.code == "GRAPH_MODE_BLIND"]

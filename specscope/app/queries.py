@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from specscope.storage import Store
+from specscope.storage.views import RUN_GRAPH_MODE
 
 STALE_AFTER_S = 60.0  # a running run silent for longer than this is shown as 'stale'
 DRAFT_HIDDEN_POINT = "draft.forward:hidden_states"
@@ -66,10 +67,7 @@ _RUNS_SQL = """
     LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
                       MAX(last_seen_wall) AS last_seen_wall, SUM(events_written) AS events_written,
                       SUM(events_dropped) AS events_dropped, SUM(hook_errors) AS hook_errors,
-                      -- ranks that saw different modes make the run 'mixed' (a lexical MAX would
-                      -- call an eager + capture_only run 'eager'); per rank: ranks()
-                      CASE WHEN COUNT(DISTINCT graph_mode) > 1 THEN 'mixed' ELSE MAX(graph_mode) END
-                          AS graph_mode
+                      {graph_mode} AS graph_mode
                FROM run_ranks {inner} GROUP BY run_id) k ON k.run_id = r.run_id
     LEFT JOIN (SELECT run_id, SUM(CASE WHEN severity = 'error' THEN 1 ELSE 0 END) AS error_findings,
                       SUM(CASE WHEN severity = 'warning' THEN 1 ELSE 0 END) AS warning_findings
@@ -79,9 +77,10 @@ _RUNS_SQL = """
 
 def _run_rows(store: Store, run_id: str | None, now: float | None) -> list[Row]:
     if run_id is None:
-        rows = _rows(store, _RUNS_SQL.format(inner="", outer="ORDER BY r.started_wall DESC"))
+        rows = _rows(store, _RUNS_SQL.format(inner="", outer="ORDER BY r.started_wall DESC", graph_mode=RUN_GRAPH_MODE))
     else:
-        rows = _rows(store, _RUNS_SQL.format(inner="WHERE run_id = :run_id", outer="WHERE r.run_id = :run_id"),
+        rows = _rows(store, _RUNS_SQL.format(inner="WHERE run_id = :run_id", outer="WHERE r.run_id = :run_id",
+                                         graph_mode=RUN_GRAPH_MODE),
                      run_id=run_id)
     for row in rows:
         row["state"] = run_state(row.pop("status"), row["last_seen_wall"], now)

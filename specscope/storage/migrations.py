@@ -78,6 +78,11 @@ def weighted_verify_steps(conn: Connection) -> None:
     next(ix for ix in schema.verify_steps.indexes if ix.name == "ix_verify_steps_masks").create(conn)
 
 
+def mixed_graph_mode_view(conn: Connection) -> None:
+    """Version 7: no table changes; ``v_run_summary.graph_mode`` is recreated after the step as
+    ``'mixed'`` when the run's ranks saw different graph modes (:data:`views.RUN_GRAPH_MODE`)."""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
@@ -85,6 +90,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "filterable_views", filterable_views),
     Migration(5, "drop_redundant_tensor_index", drop_redundant_tensor_index),
     Migration(6, "weighted_verify_steps", weighted_verify_steps),
+    Migration(7, "mixed_graph_mode_view", mixed_graph_mode_view),
 )
 
 

@@ -81,6 +81,11 @@ FROM (SELECT DISTINCT {", ".join(f"t.{k}" for k in columns)}, p.pos AS position,
 """
 
 
+RUN_GRAPH_MODE = "CASE WHEN COUNT(DISTINCT graph_mode) > 1 THEN 'mixed' ELSE MAX(graph_mode) END"
+"""A run's graph mode over its ``run_ranks`` rows: ranks that saw different modes make it ``'mixed'``
+(a lexical MAX would call an eager + capture_only run ``'eager'``, telling the user hooks saw every
+call)."""
+
 VIEWS: dict[str, str] = {
     "v_run_acceptance": f"""
 SELECT run_id, {_acceptance_columns()}
@@ -132,7 +137,7 @@ LEFT JOIN verify_steps v ON v.run_id = r.run_id
 LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
                   MAX(last_seen_wall) AS last_seen_wall, SUM(events_written) AS events_written,
                   SUM(events_dropped) AS events_dropped, SUM(hook_errors) AS hook_errors,
-                  MAX(graph_mode) AS graph_mode
+                  {RUN_GRAPH_MODE} AS graph_mode
            FROM run_ranks GROUP BY run_id) k ON k.run_id = r.run_id
 GROUP BY r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.world_size,
          r.host, r.started_wall, k.ended_wall, k.ranks_ended, k.last_seen_wall, k.events_written,
