@@ -7,7 +7,8 @@ from torch import nn
 
 from _draft_fixture import HIDDEN, ListSink, TinyEagle3Draft, run_config
 from specscope.events import TensorEvent
-from specscope.instrumentation import SamplingConfig, Tracer, instrument, points
+from specscope import points
+from specscope.instrumentation import SamplingConfig, Tracer, instrument
 
 
 def traced(draft: nn.Module, sampling: SamplingConfig, **kwargs) -> tuple[Tracer, ListSink]:

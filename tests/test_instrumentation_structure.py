@@ -12,7 +12,8 @@ import specscope.instrumentation as instrumentation
 from _draft_fixture import AUX, HIDDEN, ListSink, make_models, run_config, run_engine
 from specscope.errors import ConfigError
 from specscope.events import TensorEvent
-from specscope.instrumentation import SamplingConfig, Tracer, instrument, points
+from specscope import points
+from specscope.instrumentation import SamplingConfig, Tracer, instrument
 
 PACKAGE = "specscope.instrumentation"
 

@@ -76,8 +76,9 @@ def draft_widths(rows: list[Row], fused_width: int | None, t0: float) -> go.Figu
                       width=10 if row["call"] == "target-fed" else 4),
             name=f"{row['call']} rank {row['rank']}: {row['width']}"
                  + (f" (expected {row['expected_width']})" if bad else ""),
-            hovertemplate=(f"{row['call']} calls, rank {row['rank']}: width {row['width']}, expected "
-                           f"{row['expected_width']}, {row['events']} events<extra></extra>")))
+            hovertemplate=(f"{row['hook_point']}, {row['call']} calls, rank {row['rank']}: width "
+                           f"{row['width']}, expected {row['expected_width']}, {row['events']} events"
+                           "<extra></extra>")))
     if fused_width:
         fig.add_hline(y=fused_width, line=dict(color=OK, dash="dash"),
                       annotation_text=f"expected fused width {fused_width}", annotation_position="top left")

@@ -19,12 +19,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from specscope import points
 from specscope.storage import Store
 from specscope.storage.views import RUN_GRAPH_MODE
 
 STALE_AFTER_S = 60.0  # a running run silent for longer than this is shown as 'stale'
-DRAFT_HIDDEN_POINT = "draft.forward:hidden_states"
-CAPTURE_POINT_PREFIX = "target.layers."
 
 Row = dict[str, Any]
 
@@ -267,19 +266,21 @@ def _last_dim(shape: str | None) -> int | None:
 
 
 def draft_input_widths(contract: list[Row], fused_width: int | None) -> list[Row]:
-    """The draft's hidden-state input (``draft.forward:hidden_states``) from :func:`tensor_contract`
-    rows, merged over sequence lengths: one row per rank, ``call`` (``'target-fed'``: expected the
-    fused width; ``'chained'``: expected the draft hidden size), ``width``, ``expected_width`` and
-    dtype, with ``events``, ``first_wall`` / ``last_wall``, ``width_mismatch`` and ``shapes`` (the
-    distinct shapes merged)."""
+    """The draft's hidden-state inputs from :func:`tensor_contract` rows: every draft hook point that
+    carries a width expectation (``draft.forward:hidden_states``, whatever the argument is called, and
+    ``draft.model.fc:input`` where the engine fuses before the draft forward, as vLLM does), merged
+    over sequence lengths: one row per rank and point, ``call`` (``'target-fed'``: expected the fused
+    width; ``'chained'``: expected the draft hidden size), ``hook_point``, ``width``,
+    ``expected_width`` and dtype, with ``events``, ``first_wall`` / ``last_wall``,
+    ``width_mismatch`` and ``shapes`` (the distinct shapes merged)."""
     merged: dict[tuple, Row] = {}
     for row in contract:
-        if row["hook_point"] != DRAFT_HIDDEN_POINT:
+        if not row["hook_point"].startswith(points.DRAFT_PREFIX) or row["expected_width"] is None:
             continue
         call = "target-fed" if fused_width is not None and row["expected_width"] == fused_width else "chained"
-        key = (row["rank"], call, row["width"], row["expected_width"], row["dtype"])
+        key = (row["rank"], row["hook_point"], call, row["width"], row["expected_width"], row["dtype"])
         if key not in merged:
-            merged[key] = {"rank": row["rank"], "call": call, "width": row["width"],
+            merged[key] = {"rank": row["rank"], "hook_point": row["hook_point"], "call": call, "width": row["width"],
                            "expected_width": row["expected_width"], "dtype": row["dtype"],
                            "width_mismatch": row["width_mismatch"], "events": 0, "shapes": 0,
                            "first_wall": row["first_wall"], "last_wall": row["last_wall"]}
@@ -297,11 +298,9 @@ def capture_layers(config: dict[str, Any], contract: list[Row]) -> list[Row]:
     ``layer``, ``configured``, ``events`` (summed over ranks and shapes), ``fired``."""
     events: dict[int, int] = {}
     for row in contract:
-        point = row["hook_point"]
-        if point.startswith(CAPTURE_POINT_PREFIX) and point.endswith(":input"):
-            index = point[len(CAPTURE_POINT_PREFIX):-len(":input")]
-            if index.isdigit():
-                events[int(index)] = events.get(int(index), 0) + row["events"]
+        index = points.capture_layer(row["hook_point"])
+        if index is not None:
+            events[index] = events.get(index, 0) + row["events"]
     configured = set(config.get("aux_layer_ids_resolved") or ())
     return [{"layer": layer, "configured": layer in configured, "events": events.get(layer, 0),
              "fired": events.get(layer, 0) > 0}

@@ -19,10 +19,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from specscope import points
 from specscope.errors import StoreError
 
-DRAFT_FORWARD = ("draft.forward:", "draft.forward;")
-DRAFT = ("draft.", "draft/")  # any draft hook point: the fused input may sit at draft.forward or draft.<fc>
+# Hook-point prefixes as ranges: ';' and '/' are the characters after ':' and '.'.
+DRAFT_FORWARD = (points.point(points.DRAFT_FORWARD, ""), points.DRAFT_FORWARD + ";")
+DRAFT = (points.DRAFT_PREFIX, points.DRAFT_PREFIX[:-1] + "/")  # the fused input: draft.forward or draft.<fc>
 TARGET = ("target.", "target/")
 
 _SQL = {
@@ -219,9 +221,9 @@ class RunContext:
         layers = self.capture_layers
         if not layers:
             return {}
-        points = {f"target.layers.{i}:input": i for i in layers}
-        counts = {points[row.hook_point]: int(row.events)
-                  for row in self.rows("point_events", points=list(points))}
+        names = {points.target_layer_input(i): i for i in layers}
+        counts = {names[row.hook_point]: int(row.events)
+                  for row in self.rows("point_events", points=list(names))}
         return {i: counts.get(i, 0) for i in layers}
 
     @cached_property

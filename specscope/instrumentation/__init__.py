@@ -6,7 +6,7 @@ draft and what gets accepted (docs/design.md, "The failure", "Event model", "Whe
 - :func:`instrument`: hook the draft forward, the target's capture layers and named modules.
 - :func:`check_load`: what a loader does with a checkpoint's keys (missing / dropped / renamed).
 - :class:`SamplingConfig`: which hook calls become events (``Tracer(sampling=...)``).
-- :mod:`specscope.instrumentation.points`: hook-point names (``draft.forward:hidden_states``,
+- :mod:`specscope.points`: hook-point names (``draft.forward:hidden_states``,
   ``target.layers.{i}:input``, ...), built and parsed in one place.
 
 Events go to a sink: any object with ``emit(event)`` (never blocking), ``flush()`` and ``close()``,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
-from specscope.instrumentation import points
+from specscope import points
 from specscope.instrumentation._sampling import CallSite, SamplingConfig
 from specscope.instrumentation._state import HookState
 

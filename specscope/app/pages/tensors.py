@@ -39,7 +39,8 @@ def body() -> None:
     if widths:
         st.plotly_chart(charts.draft_widths(widths, fused, summary["started_wall"]), key="widths")
     else:
-        st.info("No event at `draft.forward:hidden_states` yet: is the draft instrumented?")
+        st.info("No draft input with a width contract recorded yet (`draft.forward:hidden_states`, or "
+                "the engine's fused input such as vLLM's `draft.model.fc:input`): is the draft instrumented?")
     phases = queries.graph_phases(contract)
     mode = summary["graph_mode"] or "eager"
     counts = ", ".join(f"{phase}: {events:,}" for phase, events in phases.items()) or "none"

@@ -3,10 +3,14 @@
 A hook point is ``<module>:<key>``: the module the hook sits on (``draft.forward``,
 ``target.layers.15``, ``draft.fc``) and what was read there (an argument name, ``input``,
 ``output``), with ``.<i>`` / ``.<key>`` for an item inside a tuple, list or dict (``output.0``).
-Events, the store and the doctor carry these strings; build and parse them only with this module.
+Events, the store, the doctor and the dashboard carry these strings; build and parse them only with
+this module (plain strings, no torch: the doctor and the dashboard import it too).
 """
 
 from __future__ import annotations
+
+DRAFT_PREFIX = "draft."
+"""Every draft hook point starts with it (``draft.forward:...``, ``draft.model.fc:input``)."""
 
 DRAFT_FORWARD = "draft.forward"
 """The draft model's forward (its hooks record every tensor argument and the output)."""
