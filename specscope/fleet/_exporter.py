@@ -54,8 +54,8 @@ _SQL = {
     "ranks": "SELECT run_id, rank, events_dropped, hook_errors FROM run_ranks WHERE run_id IN :runs",
     # draft-input contract: per expectation, the width seen in most calls, and calls off the contract
     "contract": "SELECT run_id, rank, hook_point, expected_width, width, calls FROM v_tensor_contract "
-                "WHERE run_id IN :runs AND hook_point >= 'draft.forward:' AND hook_point < 'draft.forward;' "
-                "AND expected_width IS NOT NULL",
+                "WHERE run_id IN :runs AND hook_point >= 'draft.' AND hook_point < 'draft/' "
+                "AND expected_width IS NOT NULL",  # every draft input with a width contract (vLLM: fc)
     "inspect_findings": "SELECT run_id, code, severity, evidence FROM findings "
                         "WHERE source = 'inspect' AND run_id IN :runs",
 }
