@@ -255,3 +255,18 @@ def test_a_run_filter_reaches_the_verify_step_index(tmp_path, view: str, where: 
     on_steps = [step for step in plan if " verify_steps" in step or step.startswith(("SCAN v ", "SEARCH v ",
                                                                                        "SCAN g", "SEARCH g"))]
     assert on_steps and all(step.startswith("SEARCH") for step in on_steps), plan
+
+
+def test_statement_tracer_sees_every_statement_with_its_time(store_url, tmp_path):
+    """``open_store(tracer=)``: reads and writes are reported with their SQL and seconds."""
+    from specscope.events import RunStart
+
+    seen = []
+    with open_store(store_url, tracer=lambda sql, params, seconds: seen.append((sql, seconds))) as store:
+        store.write([RunStart(run_id="traced", engine="e", engine_version="0", target_model="t",
+                              draft_model="d", config={})])
+        store.query("SELECT run_id FROM runs")
+    if not store_url.startswith("postgresql"):  # PostgreSQL writes go through COPY, not statements
+        assert any("INSERT" in sql.upper() and "runs" in sql for sql, _ in seen)
+    assert any(sql.startswith("SELECT run_id FROM runs") for sql, _ in seen)
+    assert all(seconds >= 0 for _, seconds in seen)

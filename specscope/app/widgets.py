@@ -7,6 +7,7 @@ so a page that refreshes itself while a run is written reads at most once per in
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -19,6 +20,8 @@ from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import SpecscopeError
 from specscope.events import Finding, by_severity
 from specscope.storage import Store, open_store
+
+logger = logging.getLogger("specscope")
 
 REFRESH_S = 2.0  # refresh period of live pages, and the TTL of cached queries (seconds)
 FINISHED_TTL_S = 600.0  # cache lifetime of a finished run's rows (seconds)
@@ -33,9 +36,24 @@ def db_url() -> str:
     return os.environ.get(DB_ENV, "")
 
 
+TRACE_ENV = "SPECSCOPE_TRACE_SQL"
+"""Set to a number of seconds: every statement the pages run that takes longer is logged (logger
+``specscope``) with its time, to explain a slow page."""
+
+
+def _slow_statements(threshold_s: float):
+    def trace(sql: str, parameters: Any, seconds: float) -> None:
+        if seconds >= threshold_s:
+            logger.warning("specscope dashboard: %.1f ms %s %s", seconds * 1000, " ".join(sql.split()),
+                           parameters)
+    return trace
+
+
 @st.cache_resource(show_spinner=False)
 def _open(url: str) -> Store:
-    return open_store(url, create=False, read_only=True)
+    threshold = os.environ.get(TRACE_ENV)
+    return open_store(url, create=False, read_only=True,
+                      tracer=None if threshold is None else _slow_statements(float(threshold)))
 
 
 def store() -> Store:

@@ -15,8 +15,11 @@ TRANSACTION READ ONLY`` when they connect and begin every transaction ``READ ONL
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -118,3 +121,16 @@ def _postgres_engine(url: sa.URL, *, read_only: bool) -> Engine:
         dbapi_connection.commit()
 
     return engine
+
+
+def trace_statements(engine: Engine, tracer: Callable[[str, Any, float], None]) -> None:
+    """Call ``tracer(sql, parameters, seconds)`` after each statement ``engine`` executes (timed with
+    ``time.perf_counter`` around the DBAPI cursor call, SQLAlchemy's cursor-execute events)."""
+    @event.listens_for(engine, "before_cursor_execute")
+    def _start(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001 - SQLAlchemy's
+        conn.info.setdefault("specscope_started", []).append(time.perf_counter())
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _end(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001
+        started = conn.info["specscope_started"].pop()
+        tracer(statement, parameters, time.perf_counter() - started)

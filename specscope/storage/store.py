@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from decimal import Decimal
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,7 +21,13 @@ from sqlalchemy.engine import Connection, Engine
 from specscope.errors import EventRejected, ReadOnlyViolation, SchemaVersionError, StoreError
 from specscope.events import Event, Finding
 from specscope.storage import _bulk, migrations, schema
-from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S, Target, create_engine, parse_target
+from specscope.storage._engine import (
+    DEFAULT_BUSY_TIMEOUT_S,
+    Target,
+    create_engine,
+    parse_target,
+    trace_statements,
+)
 from specscope.storage._errors import translate
 from specscope.storage._guard import (
     DEFAULT_MAX_RESULT_BYTES,
@@ -342,7 +348,8 @@ def _write_statements(dialect: str) -> dict[str, sa.Executable]:
 
 
 def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False,
-               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, bulk: str | None = None) -> Store:
+               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, bulk: str | None = None,
+               tracer: Callable[[str, Any, float], None] | None = None) -> Store:
     """Open (and by default create) a trace store, applying pending schema migrations.
 
     Args:
@@ -353,6 +360,10 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
         busy_timeout_s: how long a SQLite writer waits for another writer's lock (seconds).
         bulk: how plain inserts reach the database (``storage/_bulk.py``): ``"copy"`` (PostgreSQL
             COPY, the default there) or ``"executemany"`` (the default on SQLite).
+        tracer: called as ``tracer(sql, parameters, seconds)`` after every statement the store runs
+            (reads and writes, not PostgreSQL COPY loads; the sqlite-utils ``tracer=`` idea), to
+            explain a slow page: e.g.
+            ``open_store(url, tracer=lambda sql, params, s: print(f"{s * 1000:.1f} ms  {sql}"))``.
 
     Raises:
         ConfigError: an unknown ``bulk`` strategy, or ``"copy"`` on SQLite.
@@ -369,6 +380,10 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
     read_engine = create_engine(target, read_only=True, busy_timeout_s=busy_timeout_s)
     write_engine = None if read_only else create_engine(target, read_only=False,
                                                         busy_timeout_s=busy_timeout_s)
+    if tracer is not None:
+        for engine in (read_engine, write_engine):
+            if engine is not None:
+                trace_statements(engine, tracer)
     try:
         with translate("opening", target.display):
             version = (_check_read_only(target, read_engine) if write_engine is None
