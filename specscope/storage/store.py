@@ -55,7 +55,8 @@ class Store:
     """
 
     def __init__(self, target: Target, write_engine: Engine | None, read_engine: Engine,
-                 schema_version: int, bulk: str | None = None) -> None:
+                 schema_version: int, bulk: str | None = None,
+                 tracer: Callable[[str, Any, float], None] | None = None) -> None:
         self.url = target.display
         self.dialect = target.dialect
         self.read_only = write_engine is None
@@ -65,6 +66,8 @@ class Store:
         self._statements = _write_statements(self.dialect)
         self._inserts = _insert_sql(self.dialect)
         self._bulk_insert = _bulk.choose(self.dialect, bulk)
+        # PostgreSQL user queries stream through a raw psycopg cursor the engine events do not see
+        self._trace_query = tracer if self.dialect == "postgresql" else None
 
     def __repr__(self) -> str:
         mode = "read-only" if self.read_only else "read-write"
@@ -209,7 +212,10 @@ class Store:
             conn.begin()  # the BEGIN of the read engine runs before the guard denies transactions
             try:
                 if self.dialect == "postgresql":
+                    started = time.perf_counter()
                     columns, rows = _query_postgres(conn, sql, params, cap, timeout_s, self.url)
+                    if self._trace_query is not None:
+                        self._trace_query(sql, params, time.perf_counter() - started)
                 else:
                     columns, rows = _query_sqlite(conn, sql, params, cap, timeout_s, self.url)
             finally:
@@ -393,7 +399,7 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
             if engine is not None:
                 engine.dispose()
         raise
-    return Store(target, write_engine, read_engine, version, bulk)
+    return Store(target, write_engine, read_engine, version, bulk, tracer)
 
 
 def _check_sqlite_path(target: Target, create: bool) -> None:
