@@ -19,6 +19,7 @@ from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
 
 from specscope import points
@@ -64,10 +65,18 @@ class PointTable:
 
 def guarded(state: HookState, name: str, body: Callable[[bool, nn.Module, Any, Any], None]) -> Callable:
     """Wrap ``body(capturing, module, args, kwargs_or_output)``: count the call, tag CUDA-graph
-    capture, swallow and count any exception. The counters are bumped inline (hot path)."""
+    capture, swallow and count any exception. The counters are bumped inline (hot path).
+
+    Under ``torch.compile`` tracing (vLLM compiles its models unless ``enforce_eager``) the hook is a
+    no-op: TorchDynamo inlines module hooks into the graph it builds, and a hook's Python side
+    effects (counters, the sink, ``attrgetter``) would break a ``fullgraph`` compile. Compiled code
+    therefore runs without specscope's hooks, as CUDA-graph replay does (``GRAPH_MODE_BLIND``)."""
     probe, failed = state.capturing, state.failed
+    compiling = torch.compiler.is_compiling
 
     def hook(module: nn.Module, args: tuple, extra: Any = None) -> None:
+        if compiling():  # constant True while Dynamo traces: the traced graph holds no hook
+            return
         state.calls += 1
         try:
             if probe is not None and probe():

@@ -1,0 +1,60 @@
+"""Hooks under torch.compile: vLLM compiles its models (unless ``enforce_eager``), and TorchDynamo
+inlines module hooks into the graph it traces. A hook with Python side effects broke a ``fullgraph``
+compile of the whole engine (seen in a real vLLM server); compiled code must run without them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from _list_sink import ListSink
+from specscope import RunConfig, Tracer, instrument
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden_states)
+
+
+class Target(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Layer() for _ in range(4))
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return self.norm(hidden_states)
+
+
+class Draft(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(24, 8)
+
+    def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc(hidden_states)
+
+
+def test_fullgraph_compile_of_a_hooked_model_runs_without_the_hooks():
+    config = RunConfig(aux_layer_ids_resolved=(0, 1, 2), target_hidden_size=8, expected_fused_width=24,
+                       k=2, num_target_layers=4)
+    sink = ListSink()
+    tracer = Tracer(sink, engine="compiled", engine_version="0", target_model="t", draft_model="d",
+                    config=config, provenance_every=1)
+    target = Target()
+    instrument(tracer, draft=Draft(), target=target, draft_hidden_size=8)
+    compiled = torch.compile(target, fullgraph=True, backend="eager")  # Dynamo's tracing, no codegen
+    x = torch.randn(2, 8)
+    assert torch.allclose(compiled(x), target.norm(target.layers[3](target.layers[2](
+        target.layers[1](target.layers[0](x))))))
+    assert tracer.hook_errors == 0
+    before = tracer.hook_calls
+    target(x)  # eager calls are still observed
+    assert tracer.hook_calls > before
+    tracer.close()
