@@ -107,6 +107,8 @@ def test_what_vllm_does_next_is_recorded(runs):
     assert "too many values to unpack" in done["no-aux-capture"].error
     # ... and maps absolute d2t ids past the target vocabulary on the first draft.
     assert "out of bounds" in done["d2t-absolute"].error
+    for crashed in ("no-aux-capture", "d2t-absolute"):  # no verify step: said, never a clean verdict
+        assert _findings(runs[0], done[crashed].run_id)["CHECKS_SKIPPED"].evidence["verify_steps"] == 0
     off_by_one = _findings(runs[0], done["aux-off-by-one"].run_id)["AUX_LAYER_MISMATCH"].evidence
     assert off_by_one["configured"] == [2, 15, 27] and off_by_one["active"] == [3, 16, 28]
     assert off_by_one["shift"] == 1

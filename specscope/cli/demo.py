@@ -52,7 +52,7 @@ def _rank_fault(text: str) -> tuple[int, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specscope.doctor import diagnose, render_text, save_findings
+    from specscope.doctor import checkpoint_findings, diagnose, render_text, save_findings
     from specscope.storage import open_store
 
     run_ids = _run_vllm(args) if args.engine == "vllm" else _run_reference(args)
@@ -60,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
         reports = [diagnose(store, run_id) for run_id in run_ids]
         for report in reports:
             save_findings(store, report)
-            print(render_text(report))
+        # what `specscope doctor` and the dashboard say: the stored checkpoint findings included
+        reports = [report.with_checkpoint(checkpoint_findings(store, run_id))
+                   for report, run_id in zip(reports, run_ids)]
+    for report in reports:
+        print(render_text(report))
     if args.no_dashboard:
         return max(r.exit_code for r in reports)
     from specscope.cli import dashboard

@@ -53,8 +53,9 @@ class DoctorReport:
                 "findings": [f.to_dict() for f in self.findings]}
 
     def with_checkpoint(self, stored: list[Finding]) -> DoctorReport:
-        """This report plus the checkpoint findings stored with its runs (errors first)."""
-        return DoctorReport(self.runs, by_severity([*self.findings, *stored]))
+        """This report plus the checkpoint findings stored with its runs, errors first; within a
+        severity the checkpoint's come first (a broken checkpoint is the cause of what runs show)."""
+        return DoctorReport(self.runs, by_severity([*stored, *self.findings]))
 
 
 _LISTED = 3  # list items shown per evidence value in text; --json has them all

@@ -9,7 +9,8 @@ evidence to read, so a serving run whose recordings leave a rule blind says so.
   sample (which layers the draft received is unverified, AUX_LAYER_MISMATCH cannot fire), no capture
   layer hooked, or too few verify steps to judge acceptance. The main failure modes stay covered.
 
-Both fire only once the run has verify steps (an engine that has served nothing yet is not blind).
+NOT_OBSERVED fires only once the run has verify steps; a run without any gets CHECKS_SKIPPED (nothing
+was judged: still starting, or the engine stopped before its first verify step).
 A run with no aux-capture contract to observe — watched through Prometheus (no hooks by design), or a
 method without capture layers (prompt lookup, n-gram, MTP) — gets CHECKS_SKIPPED for the contract, not
 NOT_OBSERVED: nothing was forgotten there.
@@ -63,11 +64,23 @@ def check_not_observed(ctx: RunContext) -> list[Finding]:
 
 
 def check_skipped(ctx: RunContext) -> list[Finding]:
-    """CHECKS_SKIPPED [info]: the contract was observed, some refinements had no evidence."""
+    """CHECKS_SKIPPED [info]: the contract was observed, some refinements had no evidence; or the run
+    recorded no verify step at all (still starting, or the engine stopped before its first one)."""
     steps = ctx.acceptance.verify_steps
+    if steps == 0:
+        requests = ctx.acceptance.requests
+        return [finding(
+            "CHECKS_SKIPPED", ctx.run_id,
+            f"not checked: acceptance and the draft's input ({requests} request(s) started, no verify "
+            "step recorded: the engine has not drafted yet, or stopped before its first verify step)",
+            {"verify_steps": 0, "requests": requests,
+             "not_checked": [_skipped("acceptance and draft input", ["ACCEPT_COLLAPSE", "AUX_NOT_FUSED"],
+                                      "no verify step recorded")]},
+            "If the engine stopped, its log names why (the other findings of this run may say what it "
+            "tripped on); if it is still starting, look again once it serves.")]
     reason = _no_contract(ctx)
-    if steps == 0 or (reason is None and (not ctx.draft_ran or ctx.fused_width is None)):
-        return []  # nothing served yet, or NOT_OBSERVED names the larger gap
+    if reason is None and (not ctx.draft_ran or ctx.fused_width is None):
+        return []  # NOT_OBSERVED names the larger gap
     skipped = []
     if reason is not None:
         skipped.append(_skipped("draft input contract", list(CONTRACT_CODES), reason))

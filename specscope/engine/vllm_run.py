@@ -119,7 +119,7 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
     run = VllmRun(run_id or uuid.uuid4().hex)
     scratch = Path(workdir or tempfile.mkdtemp(prefix="specscope-vllm-"))
     target, draft = prepare(fault, scratch)
-    os.environ.update({plugin.ENV_DB: db, plugin.ENV_RUN_ID: run.run_id,
+    os.environ.update({plugin.ENV_DB: db, plugin.ENV_RUN_ID: run.run_id, plugin.ENV_LABEL: fault or "",
                        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     plugin.register()  # vLLM loads plugins once per process: a second run in it needs this again
     register_fault_models()

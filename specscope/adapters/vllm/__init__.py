@@ -16,7 +16,8 @@ without specscope. With it (a SQLite path or any SQLAlchemy URL), every process 
 
 Environment: ``SPECSCOPE_DB`` (required to activate), ``SPECSCOPE_RUN_ID`` (default: a new id, shared
 with the processes vLLM starts), ``SPECSCOPE_PROVENANCE_EVERY`` (default 16: fingerprint every 16th
-fused draft input, one device sync each time; 0 turns it off). Supported: vLLM 0.32 (the attach points
+fused draft input, one device sync each time; 0 turns it off), ``SPECSCOPE_LABEL`` (a label shown
+with the run, stored in its ``fault`` column). Supported: vLLM 0.32 (the attach points
 are listed in :mod:`specscope.adapters.vllm._patches`); on another version whatever cannot attach is
 logged once and counted in the run, and vLLM serves as usual.
 """
@@ -29,6 +30,7 @@ import os
 ENV_DB = "SPECSCOPE_DB"
 ENV_RUN_ID = "SPECSCOPE_RUN_ID"
 ENV_PROVENANCE_EVERY = "SPECSCOPE_PROVENANCE_EVERY"
+ENV_LABEL = "SPECSCOPE_LABEL"
 
 logger = logging.getLogger("specscope")
 

@@ -17,7 +17,7 @@ import threading
 import uuid
 from typing import Any
 
-from specscope.adapters.vllm import ENV_DB, ENV_PROVENANCE_EVERY, ENV_RUN_ID
+from specscope.adapters.vllm import ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
 from specscope.events import Event, RankStart, RankStatus, RunConfig, RunStart
 
 logger = logging.getLogger("specscope")
@@ -120,7 +120,8 @@ class Session:
 
         self.run_id = run_id()
         self.has_model = has_model
-        self.collector = Collector(os.environ[ENV_DB])
+        self.collector_target = os.environ[ENV_DB]
+        self.collector = Collector(self.collector_target)
         sink = self.collector if has_model else _SchedulerOnlySink(self.collector)
         spec = vllm_config.speculative_config
         every = int(os.environ.get(ENV_PROVENANCE_EVERY, DEFAULT_PROVENANCE_EVERY))
@@ -129,7 +130,11 @@ class Session:
                              world_size=world_size,
                              target_model=str(vllm_config.model_config.model),
                              draft_model=str(spec.model), config=run_config(vllm_config, active),
-                             run_id=self.run_id, provenance_every=every)
+                             run_id=self.run_id, provenance_every=every,
+                             fault=os.environ.get(ENV_LABEL) or None)
+        # under vLLM's own logger tree, so the line appears in the server log at INFO like vLLM's
+        logging.getLogger("vllm.specscope").info("specscope: recording this vLLM %s into %s as run %s",
+                       "worker" if has_model else "scheduler", self.collector_target, self.run_id)
 
         self._stop = threading.Event()
         if has_model:
