@@ -59,14 +59,17 @@ class Provenance:
         """Count one target-fed draft call; on sampled calls match its ``(..., W)`` input.
 
         Returns, per target-width chunk of ``hidden`` (``W // H`` of them), the candidate layer whose
-        rows it matches, or None; returns None on unsampled calls. Synchronises the device.
+        rows it matches, or None; returns None on unsampled calls, and when no target layer was
+        fingerprinted since the last target forward (nothing to compare against: e.g. the target runs
+        compiled and its layer hooks are no-ops — no evidence is not "no match"). Synchronises the
+        device.
         """
         sampled = self.due
         self.fed_calls += 1
-        if not sampled:
+        if not sampled or not self._prints:
             return None
         width = hidden.shape[-1]
-        if width % self.hidden_size or not self._prints:
+        if width % self.hidden_size:
             return (None,) * max(1, width // self.hidden_size)
         chunks = hidden.detach().split(self.hidden_size, dim=-1)
         return tuple(self._match(self._fingerprint(chunk)) for chunk in chunks)
