@@ -184,6 +184,8 @@ def test_openai_server_plugin_and_watch_equal_vllms_counters(tmp_path):
     """A real vLLM OpenAI-compatible server (multiprocess: API server, EngineCore, worker) with the
     plugin on, scraped by ``specscope watch`` while requests run: the plugin's run and the watched
     run both equal the increase of vLLM's own ``vllm:spec_decode_*`` counters over the window."""
+    import time
+
     import httpx
 
     from benchmarks.vllm_decode import complete, start_server
@@ -207,17 +209,25 @@ def test_openai_server_plugin_and_watch_equal_vllms_counters(tmp_path):
             (watched,) = watcher.run_ids
             _, rows = store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance "
                                   "WHERE run_id = :r", {"r": watched})
+        (before,), (after,) = parse_exposition(before_text), parse_exposition(after_text)
+        truth = window(before, after)
+        expected = (truth.steps, truth.proposed, truth.accepted)
+        # the plugin's collector commits at most once a second: wait (bounded) for it to catch up
+        # while the server still runs; the figure must then be exact
+        deadline, plugin = time.monotonic() + 20, None
+        while time.monotonic() < deadline:
+            with open_store(plugin_db, read_only=True) as plugin_store:
+                _, plugin = plugin_store.query("SELECT verify_steps, proposed, accepted FROM "
+                                               "v_run_acceptance WHERE run_id = 'served-run'")
+                _, widths = plugin_store.query("SELECT DISTINCT width FROM v_tensor_contract WHERE "
+                                               "run_id = 'served-run' AND hook_point = 'draft.model.fc:input'")
+            if plugin and tuple(plugin[0]) == expected:
+                break
+            time.sleep(0.5)
     finally:
         process.terminate()
         process.wait(timeout=120)
-    (before,), (after,) = parse_exposition(before_text), parse_exposition(after_text)
-    truth = window(before, after)
-    assert truth.steps > 0 and tuple(rows[0]) == (truth.steps, truth.proposed, truth.accepted)
-    with open_store(plugin_db, read_only=True) as store:
-        _, plugin = store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance "
-                                "WHERE run_id = 'served-run'")
-        _, widths = store.query("SELECT DISTINCT width FROM v_tensor_contract WHERE run_id = 'served-run' "
-                                "AND hook_point = 'draft.model.fc:input'")
+    assert truth.steps > 0 and tuple(rows[0]) == expected
     # the server served only these requests: vLLM's totals are the window's increase
-    assert tuple(plugin[0]) == (truth.steps, truth.proposed, truth.accepted)
+    assert tuple(plugin[0]) == expected
     assert [w[0] for w in widths] == [1728]
