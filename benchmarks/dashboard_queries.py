@@ -31,8 +31,9 @@ from specscope.app import queries
 from specscope.doctor import diagnose
 from specscope.storage import Store, open_store, schema
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 WORLD_SIZES = (1, 2, 4, 8)
+RUNS = 500  # the 4 large runs of WORLD_SIZES and RUNS - 4 small ones (one 1-rank request each)
 STEPS_PER_REQUEST = 100
 K = 4
 HIDDEN, FUSED = 576, 1728
@@ -103,30 +104,47 @@ def _bulk(engine: sa.Engine, table: sa.Table, columns: tuple[str, ...], rows: It
             conn.exec_driver_sql(sql, chunk)
 
 
+def _layout(steps: int) -> list[tuple[int, int]]:
+    """``(world_size, verify steps)`` of every run: :data:`RUNS` - 4 small runs of one request, the
+    rest of ``steps`` split evenly over the 4 large runs of :data:`WORLD_SIZES`."""
+    small = RUNS - len(WORLD_SIZES)
+    large = (steps - small * STEPS_PER_REQUEST) // len(WORLD_SIZES)
+    return [(world_size, large) for world_size in WORLD_SIZES] + [(1, STEPS_PER_REQUEST)] * small
+
+
+def _stored_finding(run_id: str, index: int) -> ev.Finding:
+    """A doctor finding for the run picker's labels: every 5th small run collapsed, the others healthy."""
+    return ev.Finding("ACCEPT_COLLAPSE", "error", "acceptance collapsed", {"mean_acceptance_length": 1.02},
+                      "see docs", run_id=run_id, ts_wall=1_700_000_000.0 + index)
+
+
 def build(path: Path, steps: int) -> None:
-    """Write the benchmark store at ``path`` (a SQLite file): ``steps`` verify steps and 5x as many
-    tensor events in total, split evenly over the runs."""
+    """Write the benchmark store at ``path`` (a SQLite file): :data:`RUNS` runs (:func:`_layout`),
+    ``steps`` verify steps and 5x as many tensor events in total."""
     rng = random.Random(0)
-    per_run = steps // len(WORLD_SIZES)
+    layout = _layout(steps)
     with open_store(str(path)) as store:
-        for index, world_size in enumerate(WORLD_SIZES):
-            t0 = 1_700_000_000.0 + index * 7200
+        for index, (world_size, run_steps) in enumerate(layout):
+            run_id, t0 = f"bench-{index}", 1_700_000_000.0 + index * 7200
             store.write(_run_events(index, world_size, t0))
-            requests = [ev.RequestStart(f"bench-{index}", f"req-{r}", r % world_size, 200, ts_wall=t0 + r)
-                        for r in range(per_run // STEPS_PER_REQUEST)]
-            ends = [ev.RequestEnd(f"bench-{index}", e.request_id, e.rank, STEPS_PER_REQUEST * 2,
+            requests = [ev.RequestStart(run_id, f"req-{r}", r % world_size, 200, ts_wall=t0 + r)
+                        for r in range(run_steps // STEPS_PER_REQUEST)]
+            ends = [ev.RequestEnd(run_id, e.request_id, e.rank, STEPS_PER_REQUEST * 2,
                                   STEPS_PER_REQUEST, ts_wall=e.ts_wall + 30) for e in requests]
             store.write(requests + ends)
+        collapsed = [f"bench-{i}" for i in range(len(WORLD_SIZES), len(layout), 5)]
+        store.replace_findings("doctor", collapsed,
+                               [_stored_finding(run_id, i) for i, run_id in enumerate(collapsed)])
     engine = sa.create_engine(f"sqlite:///{path}")
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql("PRAGMA journal_mode = WAL")
-        for index, world_size in enumerate(WORLD_SIZES):
+        for index, (world_size, run_steps) in enumerate(layout):
             run_id, t0 = f"bench-{index}", 1_700_000_000.0 + index * 7200
-            _bulk(engine, schema.verify_steps, _STEP_COLUMNS, _steps(run_id, world_size, per_run, t0, rng))
-            _bulk(engine, schema.tensor_events, _TENSOR_COLUMNS, _tensors(run_id, world_size, per_run, t0))
+            _bulk(engine, schema.verify_steps, _STEP_COLUMNS, _steps(run_id, world_size, run_steps, t0, rng))
+            _bulk(engine, schema.tensor_events, _TENSOR_COLUMNS, _tensors(run_id, world_size, run_steps, t0))
             _bulk(engine, schema.provenance, _PROVENANCE_COLUMNS,
-                  _provenance(run_id, world_size, per_run, t0))
+                  _provenance(run_id, world_size, run_steps, t0))
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")
     finally:

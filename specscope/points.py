@@ -39,7 +39,10 @@ DRAFT_HIDDEN_STATES = draft_input("hidden_states")
 
 DRAFT_OUTPUT = point(DRAFT_FORWARD, OUTPUT)
 
-TARGET_LAYER_PREFIX = "target.layers."
+TARGET_PREFIX = "target."
+"""Every target hook point starts with it (``target.layers.15:input``, ``target.norm:output``)."""
+
+TARGET_LAYER_PREFIX = TARGET_PREFIX + "layers."
 _TARGET_LAYER_SUFFIX = f":{INPUT}"
 
 

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from streamlit.testing.v1 import AppTest
 
 from _dashboard_traces import trace, write_store
+from specscope.storage.queries import RUNS
 from specscope.app import DB_ENV, ENTRY
 from specscope.app.snippet import SNIPPET
 from specscope.storage import open_store
@@ -101,7 +102,7 @@ def test_sql_page_refuses_writes(monkeypatch, two_runs):
     at.button[0].click().run()
     assert any("read-only" in e or "readonly" in e.lower() for e in texts(at, "error"))
     with open_store(two_runs, create=False, read_only=True) as store:
-        assert len(store.runs()) == 2
+        assert len(store.fetch(RUNS)) == 2
 
 
 def test_empty_store_explains_instrumentation(monkeypatch, tmp_path):
@@ -160,7 +161,7 @@ def test_snippet_is_the_readme_one_and_runs_against_real_modules(tmp_path, monke
     run_engine(target_model, draft_model, names["tracer"], requests=2, steps=8)  # real forwards
     exec(SNIPPET[cut:], names)  # one more step on req-0, then close
     with open_store(str(tmp_path / "specscope.db"), create=False, read_only=True) as store:
-        runs = store.runs()
+        runs = store.fetch(RUNS)
         assert [(r["engine"], r["verify_steps"], r["status"]) for r in runs] == [("my-engine", 17, "finished")]
         loads = store.query("SELECT loaded, missing FROM load_reports")[1]
         assert loads and loads[0][0] > 0 and json.loads(loads[0][1]) == []

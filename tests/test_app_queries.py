@@ -7,6 +7,7 @@ import pytest
 from _dashboard_traces import AUX, FUSED, HIDDEN, K, LAYERS, accepted_pattern, trace
 from specscope import metrics
 from specscope.app import queries
+from specscope.storage.queries import ROLLING_STEPS
 
 REQUESTS, STEPS = 6, 12
 
@@ -58,9 +59,10 @@ def test_acceptance_over_time_covers_every_step(filled):
     assert sum(r["accepted"] for r in rows) == sum(accepted(None))
     assert len(rows) <= 10 and [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
     assert {r["mean_acceptance_length"] for r in queries.acceptance_over_time(filled, "faulty")} == {1.0}
-    rolling = queries.acceptance_over_time(filled, "healthy", buckets=10, window=3)
-    for i, row in enumerate(rolling):  # steps-weighted AL of this and the two slices before it
-        window = rolling[max(0, i - 2):i + 1]
+    rolling = queries.acceptance_over_time(filled, "healthy", buckets=3 * ROLLING_STEPS)
+    assert len(rolling) > ROLLING_STEPS
+    for i, row in enumerate(rolling):  # steps-weighted AL of this and the ROLLING_STEPS - 1 slices before it
+        window = rolling[max(0, i - ROLLING_STEPS + 1):i + 1]
         expected = 1 + sum(r["accepted"] for r in window) / sum(r["verify_steps"] for r in window)
         assert row["rolling_acceptance_length"] == pytest.approx(expected)
 

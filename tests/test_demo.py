@@ -13,6 +13,7 @@ import sys
 import pytest
 import sqlalchemy as sa
 
+from specscope.storage.queries import RUNS
 from specscope.demo import DemoOptions, run_demo
 from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import ConfigError
@@ -34,7 +35,7 @@ def _run(tmp_path, fault: str | None, **kw) -> tuple[str, str]:
 
 
 def _demo_runs(store) -> list[dict]:
-    return sorted(store.runs(), key=lambda r: r["started_wall"])  # healthy, faulty, rank fault
+    return sorted(store.fetch(RUNS), key=lambda r: r["started_wall"])  # healthy, faulty, rank fault
 
 
 def test_healthy_demo_has_no_error_or_warning(demo_store):

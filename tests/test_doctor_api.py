@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 import _traces as T
 import specscope.doctor as doctor
+from specscope.storage.queries import RUNS
 from specscope.doctor import CODES, SEVERITY, diagnose, render_text, save_findings
 from specscope.errors import ConfigError, ReadOnlyViolation
 from specscope.events import Finding
@@ -75,7 +76,7 @@ def test_diagnose_is_read_only_and_save_replaces(store_url):
         rows = doctor_findings(store)
         assert rows == sorted([("no-aux", code, "doctor") for code in report.codes()]
                               + [("no-aux", "KEYS_DROPPED", "inspect")])
-        assert store.runs()[0]["error_findings"] + store.runs()[1]["error_findings"] == 4
+        assert store.fetch(RUNS)[0]["error_findings"] + store.fetch(RUNS)[1]["error_findings"] == 4
         save_findings(store, diagnose(store, "healthy"))  # other runs' findings stay
         assert len(doctor_findings(store)) == len(rows)
 

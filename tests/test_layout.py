@@ -52,3 +52,36 @@ def test_dependencies_point_one_way(package):
 
 def test_the_check_sees_imports():
     assert "storage" in imported_packages("collector")  # the real edge it must find
+
+
+def _sql_outside_storage() -> list[str]:
+    """``file:line`` of every string literal outside ``storage/`` that reads like SQL (``SELECT ...
+    FROM``), and of every ``text(...)`` call (SQLAlchemy's raw-SQL constructor)."""
+    import re
+
+    statement = re.compile(r"\bSELECT\b.+\bFROM\b", re.DOTALL)
+    found = []
+    for path in ROOT.rglob("*.py"):
+        if path.relative_to(ROOT).parts[0] == "storage":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            sql = isinstance(node, ast.Constant) and isinstance(node.value, str) and statement.search(node.value)
+            call = (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+                    and getattr(node.func, "attr", getattr(node.func, "id", None)) == "text")
+            if sql or call:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_every_statement_lives_in_storage():
+    """The app, the doctor, the exporter and the CLI run named queries of ``storage/queries.py``."""
+    assert _sql_outside_storage() == []
+
+
+def test_the_sql_check_sees_statements(tmp_path, monkeypatch):
+    (tmp_path / "storage").mkdir()
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "page.py").write_text('import sqlalchemy as sa\nQ = sa.text("SELECT 1")\n'
+                                              'R = """SELECT run_id\n  FROM runs"""\n')
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert _sql_outside_storage() == ["app/page.py:2", "app/page.py:3"]

@@ -7,6 +7,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
+from specscope.storage.queries import RUNS
 from specscope import events as ev
 from specscope.errors import ReadOnlyViolation, StoreError
 from specscope.storage import Store, open_store
@@ -125,14 +126,14 @@ def test_views_give_the_design_figures(store: Store) -> None:
     assert _floats(_rows(store, "SELECT request_id, position, accepted_steps, acceptance "
                                 "FROM v_request_position_acceptance ORDER BY position")) == [
         ("q1", 0, 3, 0.75), ("q1", 1, 2, 0.5), ("q1", 2, 1, 0.25), ("q1", 3, 1, 0.25)]
-    summaries = {row["run_id"]: row for row in store.runs()}
+    summaries = {row["run_id"]: row for row in store.fetch(RUNS)}
     assert summaries[RUN]["mean_acceptance_length"] == 2.75
     assert summaries[RUN]["acceptance_rate"] == 7 / 16
     # a run with no verify step: NULL figures, not an error
     empty = summaries["run-empty"]
     assert (empty["verify_steps"], empty["mean_acceptance_length"], empty["acceptance_rate"]) == (
         0, None, None)
-    assert [row["run_id"] for row in store.runs()] == [RUN, "run-empty"]  # newest first
+    assert [row["run_id"] for row in store.fetch(RUNS)] == [RUN, "run-empty"]  # newest first
 
 
 def test_first_run_start_wins_and_rank_rows_merge(store: Store) -> None:
@@ -143,7 +144,7 @@ def test_first_run_start_wins_and_rank_rows_merge(store: Store) -> None:
     # status and counters before the RankStart: a placeholder row the RankStart then fills in
     store.write([ev.RankStatus(run_id=RUN, rank=1, hook_calls=5, hook_errors=0, ts_wall=101.0)],
                 counters={(RUN, 1): (1, 2)})
-    store.add_counters(RUN, 1, written=3, dropped=4)
+    store.write((), counters={(RUN, 1): (3, 4)})
     store.write([ev.RankStart(run_id=RUN, rank=1, world_size=2, host="h2", pid=7, device="cuda:1",
                               ts_wall=100.0),
                  ev.RankStatus(run_id=RUN, rank=1, hook_calls=9, hook_errors=2, finished=True,
@@ -182,10 +183,10 @@ WRITES = [
 @pytest.mark.parametrize("sql", WRITES)
 def test_query_refuses_writes_and_changes_nothing(store: Store, sql: str) -> None:
     store.write([_run_start(), *_verify_steps(RUN, "q1", [1, 2, 3])])
-    before = store.runs()
+    before = store.fetch(RUNS)
     with pytest.raises(ReadOnlyViolation):
         store.query(sql)
-    assert store.runs() == before
+    assert store.fetch(RUNS) == before
     assert _rows(store, "SELECT COUNT(*) FROM verify_steps") == [(3,)]
     with store.connect() as conn:
         assert "intruder" not in sa.inspect(conn).get_table_names()
@@ -225,7 +226,7 @@ def test_read_only_store_refuses_writes(store_url: str) -> None:
         assert store.read_only
         with pytest.raises(ReadOnlyViolation, match="read-only"):
             store.write([_run_start()])
-        assert store.runs() == []
+        assert store.fetch(RUNS) == []
 
 
 def test_unreachable_postgres_is_a_store_error() -> None:
@@ -244,16 +245,18 @@ def test_unsupported_locations_are_store_errors(url: str) -> None:
     ("v_run_acceptance", "run_id = 'r'"), ("v_rank_acceptance", "run_id = 'r'"),
     ("v_run_summary", "run_id = 'r'"), ("v_request_acceptance", "run_id = 'r'"),
     ("v_position_acceptance", "run_id = 'r'"),
-    ("v_request_position_acceptance", "run_id = 'r' AND request_id = 'q'"),
+    ("v_request_position_acceptance", "run_id = 'r' AND request_id = 'q'"), ("v_tensor_contract", "run_id = 'r'"),
 ])
-def test_a_run_filter_reaches_the_verify_step_index(tmp_path, view: str, where: str) -> None:
-    """SQLite's plan for a filtered view reads verify_steps through an index range (SEARCH), never a
-    whole-table or whole-index SCAN: one run's figures cost that run's rows on a store of any size."""
+def test_a_run_filter_reaches_an_index(tmp_path, view: str, where: str) -> None:
+    """SQLite's plan for a filtered view reads verify_steps and the summary tables through an index
+    range (SEARCH), never a whole-table or whole-index SCAN: one run's figures cost that run's rows on
+    a store of any size."""
     open_store(str(tmp_path / "plan.db")).close()
     with sa.create_engine(f"sqlite:///{tmp_path / 'plan.db'}").connect() as conn:
         plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN SELECT * FROM {view} WHERE {where}")]
-    on_steps = [step for step in plan if " verify_steps" in step or step.startswith(("SCAN v ", "SEARCH v ",
-                                                                                       "SCAN g", "SEARCH g"))]
+    tables = (" verify_steps", " acceptance_masks", " tensor_shapes")
+    on_steps = [step for step in plan if any(table in step for table in tables)
+                or step.startswith(("SCAN v ", "SEARCH v ", "SCAN g", "SEARCH g", "SCAN m ", "SEARCH m "))]
     assert on_steps and all(step.startswith("SEARCH") for step in on_steps), plan
 
 

@@ -8,6 +8,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
+from specscope.storage.queries import RUNS
 from specscope.errors import SchemaVersionError, StoreError
 from specscope.storage import SCHEMA_VERSION, migrations, open_store, schema
 from specscope.storage.views import VIEWS
@@ -71,7 +72,7 @@ def test_older_store_gets_the_pending_steps(store_url: str, monkeypatch: pytest.
     with open_store(store_url) as store:
         assert store.schema_version == next_version
         assert store.query("SELECT COUNT(*) FROM notes")[1] == [(0,)]
-        assert store.runs() == []  # views recreated and usable
+        assert store.fetch(RUNS) == []  # views recreated and usable
     open_store(store_url).close()
     assert applied == [True]
     assert _versions(store_url)[-1] == (next_version, "add_notes")
@@ -84,7 +85,7 @@ def test_a_missing_view_is_recreated(store_url: str) -> None:
         conn.exec_driver_sql("DROP VIEW v_run_summary")
     engine.dispose()
     with open_store(store_url) as store:
-        assert store.runs() == []
+        assert store.fetch(RUNS) == []
 
 
 def test_foreign_sqlite_database_is_not_a_store(tmp_path) -> None:
@@ -183,7 +184,9 @@ def test_a_version_3_store_with_data_upgrades_keeping_every_row(store_url: str, 
         assert store.schema_version == SCHEMA_VERSION
         with store.connect() as conn:
             indexes = {ix["name"] for ix in sa.inspect(conn).get_indexes("tensor_events")}
-        assert "ix_tensor_events_run_point" not in indexes and "ix_tensor_events_contract" in indexes
+        # version 5 dropped the redundant prefix index, version 8 the covering one (tensor_shapes reads)
+        assert indexes == {"ix_tensor_events_run", "ix_tensor_events_nonfinite"}
+        assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(2, 4)]  # backfilled
         assert store.query("SELECT request_id, position, accepted_steps FROM v_request_position_acceptance "
                            "WHERE run_id = 'r' ORDER BY position")[1] == [
             ("q", 0, 1), ("q", 1, 1), ("q", 2, 1), ("q", 3, 1)]
@@ -214,7 +217,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 7
+        assert store.schema_version == SCHEMA_VERSION == 8
         with store.connect() as conn:
             index = next(ix for ix in sa.inspect(conn).get_indexes("verify_steps")
                          if ix["name"] == "ix_verify_steps_masks")
@@ -225,4 +228,5 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
         assert store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance")[1] == [(8, 32, 10)]
         assert store.query("SELECT position, accepted_steps, verify_steps FROM v_position_acceptance "
                            "ORDER BY position")[1] == [(0, 7, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
-    assert _versions(store_url)[-2:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view")]
+    assert _versions(store_url)[-3:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
+                                         (8, "summary_tables")]

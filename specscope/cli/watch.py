@@ -16,7 +16,7 @@ import re
 from specscope.cli._types import positive_int
 from specscope.errors import ConfigError
 from specscope.fleet import watch
-from specscope.storage import open_store
+from specscope.storage import open_store, queries
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                             duration_s=args.duration, timeout_s=args.timeout)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        for row in store.runs():
+        for row in store.fetch(queries.RUNS):
             if row["run_id"] in run_ids:
                 al, rate = row["mean_acceptance_length"], row["acceptance_rate"]
                 print(f"run {row['run_id']} [{row['engine']} {row['target_model']}]: "

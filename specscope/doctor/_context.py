@@ -1,71 +1,23 @@
-"""What the rules read about one run: its metadata and config, and per-run SQL aggregates.
-
-Every query filters on ``run_id`` and aggregates in SQL (the store may hold millions of verify steps
-and tensor events); results are small (a row per rank, hook point, width or distinct provenance
-answer) and cached on the context, so rules that share a query run it once. Hook-point prefixes are
-matched as ranges (``'draft.forward:' <= hook_point < 'draft.forward;'``, ``;`` being the character
-after ``:``) so the (run_id, hook_point, rank) prefix of ``ix_tensor_events_contract`` serves them on
-SQLite and PostgreSQL alike.
+"""What the rules read about one run: its metadata and config, and per-run aggregates from the named
+queries of :mod:`specscope.storage.queries` (run- and rank-level acceptance and the shape contract
+come from the store's summary tables: a few rows per run whatever its size). Results are cached on
+the context, so rules that share a query run it once.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from functools import cached_property
+from types import SimpleNamespace
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from specscope import points
 from specscope.errors import StoreError
-
-# Hook-point prefixes as ranges: ';' and '/' are the characters after ':' and '.'.
-DRAFT_FORWARD = (points.point(points.DRAFT_FORWARD, ""), points.DRAFT_FORWARD + ";")
-DRAFT = (points.DRAFT_PREFIX, points.DRAFT_PREFIX[:-1] + "/")  # the fused input: draft.forward or draft.<fc>
-TARGET = ("target.", "target/")
-
-_SQL = {
-    "acceptance": "SELECT (SELECT COUNT(*) FROM requests WHERE run_id = :run_id) AS requests, "
-                  "verify_steps, proposed, accepted, mean_acceptance_length, acceptance_rate "
-                  "FROM v_run_acceptance WHERE run_id = :run_id",
-    "requests": "SELECT COUNT(*) FROM requests WHERE run_id = :run_id",
-    "positions": "SELECT position, acceptance FROM v_position_acceptance WHERE run_id = :run_id "
-                 "ORDER BY position",
-    "rank_acceptance": "SELECT rank, verify_steps, mean_acceptance_length FROM v_rank_acceptance "
-                       "WHERE run_id = :run_id ORDER BY rank",
-    "rank_status": "SELECT rank, events_written, events_dropped, hook_calls, hook_errors, graph_mode "
-                   "FROM run_ranks WHERE run_id = :run_id ORDER BY rank",
-    "fed_widths": "SELECT hook_point, rank, shape, expected_shape, COUNT(*) AS events "
-                  "FROM tensor_events WHERE run_id = :run_id AND hook_point >= :lo AND hook_point < :hi "
-                  "AND expected_shape IS NOT NULL GROUP BY hook_point, rank, shape, expected_shape",
-    "any_event": "SELECT 1 FROM tensor_events WHERE run_id = :run_id AND hook_point >= :lo "
-                 "AND hook_point < :hi LIMIT 1",
-    "point_events": "SELECT hook_point, COUNT(*) AS events FROM tensor_events "
-                    "WHERE run_id = :run_id AND hook_point IN :points GROUP BY hook_point",
-    "provenance": "SELECT rank, received, COUNT(*) AS samples FROM provenance WHERE run_id = :run_id "
-                  "GROUP BY rank, received ORDER BY rank, samples DESC, received",
-    "nonfinite": "SELECT hook_point, SUM(nonfinite) AS elements, COUNT(*) AS events, "
-                 "MIN(ts_wall) AS first_wall FROM tensor_events WHERE run_id = :run_id "
-                 "AND nonfinite > 0 GROUP BY hook_point ORDER BY first_wall, hook_point",
-    "contract_widths": "SELECT hook_point, rank, shape, expected_shape FROM tensor_events "
-                       "WHERE run_id = :run_id AND expected_shape IS NOT NULL "
-                       "GROUP BY hook_point, rank, shape, expected_shape",
-    "load_reports": "SELECT rank, module, source, strict, loaded, missing, unexpected FROM load_reports "
-                    "WHERE run_id = :run_id AND (missing <> '[]' OR unexpected <> '[]') ORDER BY id",
-}
-_STATEMENTS = {name: sa.text(sql) for name, sql in _SQL.items()}
-_STATEMENTS["point_events"] = _STATEMENTS["point_events"].bindparams(
-    sa.bindparam("points", expanding=True))
-
-
-def number(value: Any) -> Any:
-    """PostgreSQL returns NUMERIC for some aggregates: plain int / float for evidence and JSON."""
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    return value
+from specscope.storage import queries as q
+from specscope.storage.queries import Query, records
 
 
 def parse_json(text: str, what: str, run_id: str) -> Any:
@@ -74,11 +26,6 @@ def parse_json(text: str, what: str, run_id: str) -> Any:
         return json.loads(text)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"run {run_id}: malformed JSON in {what}: {exc}") from exc
-
-
-def last_dim(shape: str | None) -> int | None:
-    """Width from a stored shape text (``"1x5x1728"`` -> 1728; ``""`` for a 0-d tensor -> None)."""
-    return int(shape.rsplit("x", 1)[-1]) if shape else None
 
 
 @dataclass(frozen=True)
@@ -121,9 +68,9 @@ class RunContext:
         self.fault = fault
         self.config = config
 
-    def rows(self, name: str, **params: Any) -> list[sa.Row]:
-        """Rows of the named per-run query of :data:`_SQL`."""
-        return list(self.conn.execute(_STATEMENTS[name], {"run_id": self.run_id, **params}))
+    def rows(self, query: Query, **params: Any) -> list[SimpleNamespace]:
+        """Rows of a per-run named query (``run_id`` bound to this run), columns as attributes."""
+        return records(self.conn, query, run_id=self.run_id, **params)
 
     # -- the contract ---------------------------------------------------------------------------
 
@@ -157,31 +104,48 @@ class RunContext:
 
     @cached_property
     def acceptance(self) -> Acceptance:
-        rows = self.rows("acceptance")
-        if not rows:  # no verify step: v_run_acceptance has no row for the run
-            requests = self.conn.execute(_STATEMENTS["requests"], {"run_id": self.run_id}).scalar()
+        rows = self.rows(q.RUN)
+        if not rows:  # only between the run's RunStart and its first write: read the counts alone
+            requests = self.rows(q.REQUEST_COUNT)[0].requests
             return Acceptance(int(requests), 0, 0, 0, None, None)
         row = rows[0]
-        return Acceptance(int(row.requests), int(row.verify_steps), int(number(row.proposed)),
-                          int(number(row.accepted)), float(row.mean_acceptance_length),
+        return Acceptance(int(row.requests), int(row.verify_steps), int(row.proposed or 0),
+                          int(row.accepted or 0), _float(row.mean_acceptance_length),
                           _float(row.acceptance_rate))
 
     @cached_property
     def per_position(self) -> list[float]:
         """p_i for i = 0.. (``v_position_acceptance``); empty without verify steps."""
-        return [float(row.acceptance) for row in self.rows("positions")]
+        return [float(row.acceptance) for row in self.rows(q.POSITION_ACCEPTANCE)]
 
     @cached_property
-    def rank_acceptance(self) -> list[sa.Row]:
+    def rank_acceptance(self) -> list[SimpleNamespace]:
         """``(rank, verify_steps, mean_acceptance_length)`` per rank with verify steps."""
-        return self.rows("rank_acceptance")
+        return self.rows(q.RANK_ACCEPTANCE)
 
     @cached_property
-    def rank_status(self) -> list[sa.Row]:
-        """``run_ranks`` counters per rank."""
-        return self.rows("rank_status")
+    def rank_status(self) -> list[SimpleNamespace]:
+        """``run_ranks`` counters per rank (``events_written``, ``events_dropped``, ``hook_calls``,
+        ``hook_errors``, ``graph_mode``)."""
+        return self.rows(q.RANKS)
 
     # -- tensors and provenance --------------------------------------------------------------------
+
+    @cached_property
+    def contract(self) -> list[SimpleNamespace]:
+        """The run's shape contract (``queries.TENSOR_CONTRACT``): per hook point, rank, shape,
+        expected shape, dtype and graph phase, its ``events``, ``width`` and ``expected_width``."""
+        return self.rows(q.TENSOR_CONTRACT)
+
+    @cached_property
+    def contract_widths(self) -> list[Widths]:
+        """Recorded events per hook point with a width contract, rank, observed and expected width."""
+        counts: dict[Widths, int] = {}
+        for row in self.contract:
+            if row.expected_width is not None:
+                key = Widths(row.hook_point, row.rank, row.width, row.expected_width)
+                counts[key] = counts.get(key, 0) + int(row.events)
+        return [replace(key, events=events) for key, events in counts.items()]
 
     @cached_property
     def fed_widths(self) -> list[Widths]:
@@ -190,47 +154,56 @@ class RunContext:
         reference engine), ``draft.model.fc:input`` where the engine fuses first (vLLM)."""
         if self.fused_width is None:
             return []
-        lo, hi = DRAFT
-        return [w for w in self.widths("fed_widths", lo=lo, hi=hi) if w.expected_width == self.fused_width]
-
-    def widths(self, name: str, **params: Any) -> list[Widths]:
-        """A ``(hook_point, rank, shape, expected_shape[, events])`` query regrouped by width. Shapes,
-        not the ``width`` columns, so ``ix_tensor_events_contract`` covers the scan (no table reads)."""
-        counts: dict[Widths, int] = {}
-        for row in self.rows(name, **params):
-            key = Widths(row.hook_point, row.rank, last_dim(row.shape), last_dim(row.expected_shape))
-            counts[key] = counts.get(key, 0) + int(getattr(row, "events", 1))
-        return [replace(key, events=events) for key, events in counts.items()]
+        return [w for w in self.contract_widths
+                if w.hook_point.startswith(points.DRAFT_PREFIX) and w.expected_width == self.fused_width]
 
     @cached_property
     def draft_ran(self) -> bool:
         """Any ``draft.forward:*`` event recorded."""
-        return self._any(DRAFT_FORWARD)
+        prefix = points.point(points.DRAFT_FORWARD, "")
+        return any(row.hook_point.startswith(prefix) for row in self.contract)
 
     @cached_property
     def target_observed(self) -> bool:
         """Any ``target.*`` event recorded (the target was instrumented at all)."""
-        return self._any(TARGET)
-
-    def _any(self, bounds: tuple[str, str]) -> bool:
-        return bool(self.rows("any_event", lo=bounds[0], hi=bounds[1]))
+        return any(row.hook_point.startswith(points.TARGET_PREFIX) for row in self.contract)
 
     @cached_property
     def capture_events(self) -> dict[int, int]:
         """Recorded ``target.layers.{i}:input`` events per configured capture layer i (0 = none)."""
-        layers = self.capture_layers
-        if not layers:
-            return {}
-        names = {points.target_layer_input(i): i for i in layers}
-        counts = {names[row.hook_point]: int(row.events)
-                  for row in self.rows("point_events", points=list(names))}
-        return {i: counts.get(i, 0) for i in layers}
+        events = {i: 0 for i in self.capture_layers}
+        for row in self.contract:
+            index = points.capture_layer(row.hook_point)
+            if index in events:
+                events[index] += int(row.events)
+        return events
+
+    @cached_property
+    def nonfinite(self) -> list[SimpleNamespace]:
+        """Hook points whose recorded value statistics counted inf/nan (``queries.NONFINITE``)."""
+        return self.rows(q.NONFINITE)
+
+    @cached_property
+    def load_problems(self) -> list[SimpleNamespace]:
+        """Checkpoint loads that left parameters missing or dropped keys, ``missing`` and
+        ``unexpected`` parsed (lists of names)."""
+        problems = []
+        for row in self.rows(q.LOAD_REPORTS):
+            row.missing = parse_json(row.missing, "load_reports.missing", self.run_id)
+            row.unexpected = parse_json(row.unexpected, "load_reports.unexpected", self.run_id)
+            if row.missing or row.unexpected:
+                problems.append(row)
+        return problems
 
     @cached_property
     def provenance(self) -> list[tuple[int, tuple[int | None, ...], int]]:
         """``(rank, received, samples)`` per rank and distinct provenance answer."""
-        return [(row.rank, tuple(parse_json(row.received, "provenance.received", self.run_id)),
-                 int(row.samples)) for row in self.rows("provenance")]
+        samples: dict[tuple[int, tuple], int] = {}
+        for row in self.rows(q.PROVENANCE):
+            key = (row.rank, tuple(parse_json(row.received, "provenance.received", self.run_id)))
+            samples[key] = samples.get(key, 0) + int(row.checks)
+        return sorted(((rank, received, n) for (rank, received), n in samples.items()),
+                      key=lambda item: (item[0], -item[2], json.dumps(item[1])))
 
 
 def _float(value: Any) -> float | None:

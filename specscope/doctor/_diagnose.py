@@ -27,6 +27,8 @@ from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shap
 from specscope.errors import ConfigError
 from specscope.events import Finding, by_severity
 from specscope.storage import Store
+from specscope.storage import queries as q
+from specscope.storage.queries import fetch
 
 Rule = Callable[[RunContext], list[Finding]]
 
@@ -38,10 +40,6 @@ RULES: tuple[Rule, ...] = (
 )
 """Every runtime rule, in report order within a severity. Each reads one :class:`RunContext`."""
 
-_RUNS = sa.text("SELECT run_id, engine, fault, config FROM runs ORDER BY started_wall DESC, run_id")
-_RUN = sa.text("SELECT run_id, engine, fault, config FROM runs WHERE run_id = :run_id")
-_PREFIXED = sa.text("SELECT run_id FROM runs WHERE run_id LIKE :pattern ESCAPE '!' ORDER BY run_id "
-                    "LIMIT :limit")
 _KNOWN_SHOWN = 20
 
 
@@ -60,7 +58,7 @@ def diagnose(store: Store, run_id: str | None = None) -> DoctorReport:
     """
     with store.connect() as conn:
         if run_id is None:
-            contexts = [_context(conn, row) for row in conn.execute(_RUNS)]
+            contexts = [_context(conn, row) for row in fetch(conn, q.ALL_RUN_META)]
         else:
             contexts = [run_context(conn, run_id, store.url)]
         runs, findings = [], []
@@ -78,12 +76,12 @@ def run_context(conn: sa.Connection, run_id: str, url: str) -> RunContext:
         ConfigError: see :func:`_resolve_run_id`.
         StoreError: malformed JSON in the run's config.
     """
-    return _context(conn, conn.execute(_RUN, {"run_id": _resolve_run_id(conn, run_id, url)}).one())
+    return _context(conn, fetch(conn, q.RUN_META, run_id=_resolve_run_id(conn, run_id, url))[0])
 
 
-def _context(conn: sa.Connection, row: sa.Row) -> RunContext:
-    config = parse_json(row.config, "runs.config", row.run_id)
-    return RunContext(conn, row.run_id, row.engine, row.fault, config)
+def _context(conn: sa.Connection, row: dict) -> RunContext:
+    config = parse_json(row["config"], "runs.config", row["run_id"])
+    return RunContext(conn, row["run_id"], row["engine"], row["fault"], config)
 
 
 def _resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
@@ -92,11 +90,11 @@ def _resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
     Raises:
         ConfigError: no run id equals or starts with ``run_id``, or several start with it.
     """
-    if conn.execute(_RUN, {"run_id": run_id}).first() is not None:
+    if fetch(conn, q.RUN_META, run_id=run_id):
         return run_id
     literal = run_id.replace("!", "!!").replace("%", "!%").replace("_", "!_")  # wildcards stay literal
-    matches = [row.run_id for row in conn.execute(
-        _PREFIXED, {"pattern": literal + "%", "limit": _KNOWN_SHOWN + 1})]
+    matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, pattern=literal + "%",
+                                              limit=_KNOWN_SHOWN + 1)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
@@ -107,7 +105,7 @@ def _resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
 
 
 def _known_runs(conn: sa.Connection) -> str:
-    ids = [row.run_id for row in conn.execute(_RUNS)]
+    ids = [row["run_id"] for row in fetch(conn, q.ALL_RUN_META)]
     if not ids:
         return "the store holds no run"
     more = f" and {len(ids) - _KNOWN_SHOWN} more" if len(ids) > _KNOWN_SHOWN else ""

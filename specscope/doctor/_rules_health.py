@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specscope.doctor._codes import finding
-from specscope.doctor._context import RunContext, number, parse_json
+from specscope.doctor._context import RunContext
 from specscope.events import Finding
 
 MAX_LISTED = 10
@@ -14,17 +14,17 @@ MAX_LISTED = 10
 
 def check_nonfinite(ctx: RunContext) -> list[Finding]:
     """NONFINITE_ACTIVATIONS [error]: recorded value statistics counted inf/nan elements."""
-    rows = ctx.rows("nonfinite")
+    rows = ctx.nonfinite
     if not rows:
         return []
     first = rows[0]  # earliest seen: where the non-finite values entered
     return [finding(
         "NONFINITE_ACTIVATIONS", ctx.run_id,
-        f"{number(first.elements)} inf/nan element(s) at {first.hook_point} ({first.events} recorded "
+        f"{first.elements} inf/nan element(s) at {first.hook_point} ({first.events} recorded "
         f"call(s)), first of {len(rows)} hook point(s) with non-finite values",
-        {"hook_point": first.hook_point, "count": number(first.elements), "events": int(first.events),
+        {"hook_point": first.hook_point, "count": first.elements, "events": int(first.events),
          "expected": 0,
-         "hook_points": [{"hook_point": r.hook_point, "count": number(r.elements)} for r in rows[:MAX_LISTED]]},
+         "hook_points": [{"hook_point": r.hook_point, "count": r.elements} for r in rows[:MAX_LISTED]]},
         f"Trace the inf/nan back from {first.hook_point}: serve in bf16 instead of fp16 when activations "
         "overflow, and check the draft weights with `specscope inspect --serve-dtype fp16`.")]
 
@@ -35,9 +35,8 @@ def check_weights_dropped(ctx: RunContext) -> list[Finding]:
     Reported whatever the load's ``strict`` flag: the run went on, so the keys were dropped and the
     parameters left at init (vLLM, for one, is strict about unknown keys but not about missing ones)."""
     findings = []
-    for row in ctx.rows("load_reports"):
-        missing = parse_json(row.missing, "load_reports.missing", ctx.run_id)
-        dropped = parse_json(row.unexpected, "load_reports.unexpected", ctx.run_id)
+    for row in ctx.load_problems:
+        missing, dropped = row.missing, row.unexpected
         evidence = {"module": row.module, "source": row.source, "strict": bool(row.strict),
                     "loaded": int(row.loaded), "dropped": len(dropped), "missing": len(missing),
                     "expected_dropped": 0, "expected_missing": 0,

@@ -48,7 +48,7 @@ def check_rank_shapes(ctx: RunContext) -> list[Finding]:
     if len(ctx.rank_status) < 2 and len(ctx.rank_acceptance) < 2:
         return []
     widths: dict[tuple[str, int], dict[int, list[int]]] = {}
-    for w in sorted(ctx.widths("contract_widths"), key=lambda w: (w.hook_point, w.rank, w.width or 0)):
+    for w in sorted(ctx.contract_widths, key=lambda w: (w.hook_point, w.rank, w.width or 0)):
         widths.setdefault((w.hook_point, w.expected_width), {}).setdefault(w.rank, []).append(w.width)
     diverging = [(key, per_rank) for key, per_rank in widths.items()
                  if len(per_rank) > 1 and len({tuple(w) for w in per_rank.values()}) > 1]

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import sqlalchemy as sa
-
 from specscope.doctor._context import parse_json
 from specscope.doctor._diagnose import run_context
 from specscope.doctor._report import DoctorReport
 from specscope.doctor._rules_capture import provenance_verdicts
 from specscope.events import Finding, by_severity
 from specscope.storage import Store
+from specscope.storage import queries as q
 
-_STORED = sa.text("SELECT code, severity, message, evidence, fix, ts_wall FROM findings "
-                  "WHERE run_id = :run_id AND source = 'inspect' ORDER BY ts_wall, code")
 
 SETTLED_BY_PROVENANCE = ("AUX_LAYER_IDS_CONVENTION",)
 """Checkpoint codes that a run's fingerprint evidence settles."""
@@ -42,7 +39,7 @@ def checkpoint_findings(store: Store, run_id: str) -> list[Finding]:
         stored = [Finding(row.code, row.severity, row.message,
                           parse_json(row.evidence, "findings.evidence", ctx.run_id), row.fix,
                           run_id=ctx.run_id, source="inspect", ts_wall=row.ts_wall)
-                  for row in conn.execute(_STORED, {"run_id": ctx.run_id})]
+                  for row in ctx.rows(q.RUN_FINDINGS_FROM, source="inspect")]
         settled = any(f.code in SETTLED_BY_PROVENANCE for f in stored)
         verdicts = provenance_verdicts(ctx) if settled else {}
     if set(verdicts) != {"match"}:

@@ -30,7 +30,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import sqlalchemy as sa
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -38,29 +37,15 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from specscope.doctor import diagnose
 from specscope.events import Finding
 from specscope.storage import Store
+from specscope.storage import queries as q
 
 ALL = "all"
 _RUN = ["run_id", "rank", "model_name", "engine_name"]
 _CONTRACT = ["run_id", "rank", "hook_point", "expected_width"]
 
-_SQL = {
-    "runs": "SELECT run_id, engine, target_model, status FROM v_run_summary ORDER BY started_wall DESC "
-            "LIMIT :limit",
-    "run_acceptance": "SELECT run_id, verify_steps, proposed, accepted, mean_acceptance_length, "
-                      "acceptance_rate FROM v_run_acceptance WHERE run_id IN :runs",
-    "rank_acceptance": "SELECT run_id, rank, verify_steps, proposed, accepted, mean_acceptance_length, "
-                       "acceptance_rate FROM v_rank_acceptance WHERE run_id IN :runs",
-    "positions": "SELECT run_id, position, acceptance FROM v_position_acceptance WHERE run_id IN :runs",
-    "ranks": "SELECT run_id, rank, events_dropped, hook_errors FROM run_ranks WHERE run_id IN :runs",
-    # draft-input contract: per expectation, the width seen in most calls, and calls off the contract
-    "contract": "SELECT run_id, rank, hook_point, expected_width, width, calls FROM v_tensor_contract "
-                "WHERE run_id IN :runs AND hook_point >= 'draft.' AND hook_point < 'draft/' "
-                "AND expected_width IS NOT NULL",  # every draft input with a width contract (vLLM: fc)
-    "inspect_findings": "SELECT run_id, code, severity, evidence FROM findings "
-                        "WHERE source = 'inspect' AND run_id IN :runs",
-}
-_STATEMENTS = {name: sa.text(sql).bindparams(sa.bindparam("runs", expanding=True)) if ":runs" in sql
-               else sa.text(sql) for name, sql in _SQL.items()}
+_PER_RUNS = {"run_acceptance": q.RUNS_ACCEPTANCE, "rank_acceptance": q.RUNS_RANK_ACCEPTANCE,
+             "positions": q.RUNS_POSITIONS, "ranks": q.RUNS_RANK_HEALTH, "contract": q.RUNS_DRAFT_CONTRACT,
+             "inspect_findings": q.RUNS_INSPECT_FINDINGS}
 
 
 class StoreCollector(Collector):
@@ -77,11 +62,10 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.store.connect() as conn:
-            runs = {r.run_id: r for r in conn.execute(_STATEMENTS["runs"], {"limit": self.max_runs})}
+            runs = {r.run_id: r for r in q.records(conn, q.NEWEST_RUNS, limit=self.max_runs)}
             if not runs:
                 return
-            ids = {"runs": list(runs)}
-            rows = {name: list(conn.execute(_STATEMENTS[name], ids)) for name in _SQL if name != "runs"}
+            rows = {name: q.records(conn, query, runs=list(runs)) for name, query in _PER_RUNS.items()}
         yield from self._acceptance(runs, rows)
         yield from self._contract(rows["contract"])
         yield from self._counters(rows["ranks"])

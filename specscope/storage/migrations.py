@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from specscope.storage import schema
+from specscope.storage import _summaries, schema
 from specscope.storage.views import VIEWS
 
 
@@ -41,9 +41,9 @@ def create_tables(conn: Connection) -> None:
 
 def add_tensor_contract_index(conn: Connection) -> None:
     """Version 2: ``ix_tensor_events_contract``, the covering index of the dashboard's shape-contract
-    queries (a fresh store already has it from step 1)."""
-    index = next(ix for ix in schema.tensor_events.indexes if ix.name == "ix_tensor_events_contract")
-    index.create(conn, checkfirst=True)
+    queries (replaced by the ``tensor_shapes`` summary in version 8, which drops it again)."""
+    conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_tensor_events_contract ON tensor_events "
+                         "(run_id, hook_point, rank, shape, expected_shape, dtype, graph_phase, ts_wall)")
 
 
 def add_position_and_nonfinite_indexes(conn: Connection) -> None:
@@ -83,6 +83,18 @@ def mixed_graph_mode_view(conn: Connection) -> None:
     ``'mixed'`` when the run's ranks saw different graph modes (:data:`views.RUN_GRAPH_MODE`)."""
 
 
+def summary_tables(conn: Connection) -> None:
+    """Version 8: the summary tables ``acceptance_masks`` and ``tensor_shapes``, filled from the
+    stored rows (``_summaries.rebuild``; one scan of each table), and ``ix_tensor_events_run``
+    instead of the 8-column ``ix_tensor_events_contract`` that the shape contract no longer reads;
+    the views are recreated after the step over the summaries."""
+    schema.metadata.create_all(conn, tables=[schema.acceptance_masks, schema.tensor_shapes])
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_tensor_events_contract")
+    next(ix for ix in schema.tensor_events.indexes if ix.name == "ix_tensor_events_run").create(
+        conn, checkfirst=True)
+    _summaries.rebuild(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
@@ -91,6 +103,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "drop_redundant_tensor_index", drop_redundant_tensor_index),
     Migration(6, "weighted_verify_steps", weighted_verify_steps),
     Migration(7, "mixed_graph_mode_view", mixed_graph_mode_view),
+    Migration(8, "summary_tables", summary_tables),
 )
 
 

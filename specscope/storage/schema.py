@@ -22,6 +22,7 @@ from sqlalchemy import (
     Column,
     Float,
     Index,
+    PrimaryKeyConstraint,
     Integer,
     MetaData,
     String,
@@ -30,7 +31,7 @@ from sqlalchemy import (
     text,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 metadata = MetaData()
 
@@ -132,15 +133,57 @@ tensor_events = Table(
     Column("step", Integer),
     Column("graph_phase", String(16), nullable=False),
     Column("ts_wall", Float, nullable=False),
-    # Covers the dashboard's shape-contract queries (one index range per run, no table reads): the
-    # distinct shapes per hook point and rank with their first / last time. Schema version 2. Its
-    # (run_id, hook_point, rank) prefix also serves every per-hook-point lookup, which is why the
-    # separate index on those three columns was dropped in version 5 (one B-tree less per event).
-    Index("ix_tensor_events_contract", "run_id", "hook_point", "rank", "shape", "expected_shape",
-          "dtype", "graph_phase", "ts_wall"),
+    # Per-run lookups by hook point (SQL users, the doctor's non-finite drill-down). Schema version 8
+    # replaced the covering ``ix_tensor_events_contract`` (8 columns, versions 2-7) with this prefix:
+    # the shape contract is now read from ``tensor_shapes``, and every insert pays for a smaller B-tree.
+    Index("ix_tensor_events_run", "run_id", "hook_point", "rank"),
     # The doctor's non-finite check reads only the rare rows with inf/nan. Schema version 3.
     Index("ix_tensor_events_nonfinite", "run_id", "hook_point", sqlite_where=text("nonfinite > 0"),
           postgresql_where=text("nonfinite > 0")),
+)
+
+# -- summaries (schema version 8) ----------------------------------------------------------------
+# Aggregates of the two high-volume tables, kept by ``Store.write`` in the same transaction as the
+# rows they summarise (``storage/_summaries.py``): the run-level views and the shape contract read a
+# few rows per run here instead of scanning a run's verify steps / tensor events (the dashboard's
+# 0.5 s page budget on 1M steps / 5M events, docs/design.md "Budgets"). Rows loaded around the Store
+# (raw SQL) are summarised by ``Store.rebuild_summaries``.
+
+acceptance_masks = Table(
+    "acceptance_masks", metadata,
+    Column("run_id", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("accepted_mask", String(64), nullable=False),
+    Column("steps", Integer, nullable=False),  # verify steps with this mask (sum of verify_steps.steps)
+    Column("proposed", Integer, nullable=False),
+    Column("accepted", Integer, nullable=False),
+    Column("first_wall", Float, nullable=False),
+    Column("last_wall", Float, nullable=False),
+    Column("step_detail", Integer, nullable=False),  # 1: some row is a per-step row (step >= 0)
+    PrimaryKeyConstraint("run_id", "rank", "accepted_mask"),
+)
+
+tensor_shapes = Table(
+    "tensor_shapes", metadata,
+    Column("run_id", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("hook_point", String(255), nullable=False),
+    Column("shape", String(128), nullable=False),
+    Column("dtype", String(32), nullable=False),
+    Column("device", String(64), nullable=False),
+    # '' where no contract is known (NULL in tensor_events): a NULL in a key would never conflict
+    Column("expected_shape", String(128), nullable=False),
+    Column("graph_phase", String(16), nullable=False),
+    Column("width", Integer),
+    Column("expected_width", Integer),
+    Column("events", Integer, nullable=False),
+    Column("first_call", Integer, nullable=False),
+    Column("last_call", Integer, nullable=False),
+    Column("first_wall", Float, nullable=False),
+    Column("last_wall", Float, nullable=False),
+    Column("nonfinite", Integer, nullable=False),  # sum of tensor_events.nonfinite (NULL as 0)
+    PrimaryKeyConstraint("run_id", "rank", "hook_point", "shape", "dtype", "device", "expected_shape",
+                         "graph_phase"),
 )
 
 provenance = Table(

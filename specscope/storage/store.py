@@ -7,7 +7,6 @@ see :mod:`specscope.storage._errors`.
 from __future__ import annotations
 
 import time
-from decimal import Decimal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -20,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from specscope.errors import EventRejected, ReadOnlyViolation, SchemaVersionError, StoreError
 from specscope.events import Event, Finding
-from specscope.storage import _bulk, migrations, schema
+from specscope.storage import _bulk, _summaries, migrations, schema
 from specscope.storage._engine import (
     DEFAULT_BUSY_TIMEOUT_S,
     Target,
@@ -37,6 +36,7 @@ from specscope.storage._guard import (
     postgres_timeout_sql,
 )
 from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, counter_rows, group_rows
+from specscope.storage.queries import Query, fetch
 
 _PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
 _PG_QUERY_CANCELED = "57014"  # SQLSTATE query_canceled: statement_timeout expired
@@ -102,7 +102,9 @@ class Store:
         run_ranks (upsert), RankStatus -> run_ranks (hook counters, graph mode, ``ended_wall`` once
         finished), RequestStart / RequestEnd -> requests (insert / update), VerifyStep ->
         verify_steps, TensorEvent -> tensor_events, ProvenanceEvent -> provenance, LoadReport ->
-        load_reports, Finding -> findings.
+        load_reports, Finding -> findings. Verify steps and tensor events also update their summary
+        tables (``acceptance_masks``, ``tensor_shapes``; ``storage/_summaries.py``) in the same
+        transaction.
 
         Raises:
             ReadOnlyViolation: the store was opened read-only.
@@ -114,6 +116,7 @@ class Store:
             raise ReadOnlyViolation(f"store {self.url} was opened read-only")
         try:
             grouped = group_rows(events)
+            summaries = _summaries.batch_rows(grouped.get("verify_steps", ()), grouped.get("tensor_events", ()))
         except (KeyError, AttributeError, TypeError, ValueError) as exc:
             raise EventRejected(f"writing to {self.url}: not a specscope event or a malformed one: "
                                 f"{type(exc).__name__}: {exc}") from exc
@@ -132,6 +135,8 @@ class Store:
                     self._bulk_insert(conn, name, self._inserts[name], rows)
                 else:
                     conn.execute(self._statements[name], rows)
+            for name, rows in summaries.items():  # in the same transaction as the rows they sum up
+                conn.execute(self._statements[name], rows)
 
     def replace_findings(self, source: str, run_ids: Sequence[str], findings: Sequence[Finding]) -> None:
         """Delete the ``source`` findings (``"doctor"`` / ``"inspect"``) of ``run_ids`` and write
@@ -158,10 +163,19 @@ class Store:
             if rows:
                 conn.exec_driver_sql(self._inserts["findings"], rows)
 
-    def add_counters(self, run_id: str, rank: int, written: int, dropped: int) -> None:
-        """Add ``written`` / ``dropped`` to ``run_ranks.events_written`` / ``events_dropped`` of one
-        rank and set its ``last_seen_wall`` to now. Same errors as :meth:`write`."""
-        self.write((), counters={(run_id, rank): (written, dropped)})
+    def rebuild_summaries(self) -> None:
+        """Recompute the summary tables (``acceptance_masks``, ``tensor_shapes``) from every stored
+        verify step and tensor event, in one transaction. Only needed after rows were loaded around
+        :meth:`write` (raw SQL, a restored dump): :meth:`write` keeps them current itself.
+
+        Raises:
+            ReadOnlyViolation: the store was opened read-only.
+            StoreError: the database refused the transaction.
+        """
+        if self._write_engine is None:
+            raise ReadOnlyViolation(f"store {self.url} was opened read-only")
+        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
+            _summaries.rebuild(conn)
 
     @contextmanager
     def connect(self) -> Iterator[Connection]:
@@ -172,14 +186,16 @@ class Store:
         with translate("reading", self.url), self._read_engine.connect() as conn:
             yield conn
 
-    def runs(self) -> list[dict[str, Any]]:
-        """Rows of ``v_run_summary`` as dicts, newest run first (columns: see storage/views.py).
+    def fetch(self, query: Query, **params: Any) -> list[dict[str, Any]]:
+        """Rows of one named query of :mod:`specscope.storage.queries` as dicts (numbers as int /
+        float on both databases), on a read-only connection.
 
-        Ratios are floats on both databases (PostgreSQL computes them as NUMERIC)."""
+        Raises:
+            ValueError: ``params`` do not name exactly the query's parameters.
+            StoreError: the database refused the query.
+        """
         with self.connect() as conn:
-            result = conn.execute(sa.text("SELECT * FROM v_run_summary ORDER BY started_wall DESC"))
-            return [{name: float(value) if isinstance(value, Decimal) else value
-                     for name, value in row.items()} for row in result.mappings()]
+            return fetch(conn, query, **params)
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None, limit: int | None = None, *,
               timeout_s: float | None = DEFAULT_QUERY_TIMEOUT_S,
@@ -343,7 +359,7 @@ def _write_statements(dialect: str) -> dict[str, sa.Executable]:
         "last_seen_wall": counters.excluded.last_seen_wall})
     request_end = sa.update(requests).where(requests.c.run_id == sa.bindparam("b_run_id"),
                                             requests.c.request_id == sa.bindparam("b_request_id"))
-    return {
+    return _summaries.upserts(dialect) | {
         "runs": insert(schema.runs).on_conflict_do_nothing(index_elements=["run_id"]),
         "rank_start": rank_start,
         "rank_status": rank_status,

@@ -4,6 +4,7 @@ acceptance, the generated text with each token marked draft-accepted or target-p
 import streamlit as st
 
 from specscope.app import charts, queries, widgets
+from specscope.storage.queries import REQUEST_ORDERS
 
 run_id = widgets.run_picker()
 summary = widgets.query("run_summary", run_id)
@@ -12,7 +13,7 @@ st.title("Requests")
 
 
 def body() -> None:
-    order = st.segmented_control("Order by", list(queries.REQUEST_ORDER), default="start", key="req_order")
+    order = st.segmented_control("Order by", list(REQUEST_ORDERS), default="start", key="req_order")
     rows = widgets.query("requests", run_id, order or "start")
     if not rows:
         st.info("No request recorded for this run yet.")

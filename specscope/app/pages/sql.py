@@ -10,26 +10,11 @@ from specscope.app import widgets
 from specscope.results import write_csv
 from specscope.errors import SpecscopeError
 from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, schema, views
+from specscope.storage.queries import EXAMPLES
 
 ROW_LIMIT = 10_000
 BYTE_LIMIT = 16 * 2**20  # what one page view may pull into the Streamlit server and the browser
 MAX_TIMEOUT_S = 30.0  # a visitor may raise the time limit up to this, never remove it
-EXAMPLES = {
-    "Runs, newest first": "SELECT run_id, engine, fault, status, verify_steps, mean_acceptance_length,\n"
-                          "       acceptance_rate, error_findings\nFROM v_run_summary ORDER BY started_wall DESC",
-    "Worst requests of the selected run": "SELECT request_id, verify_steps, mean_acceptance_length, duration_s\n"
-                                          "FROM v_request_acceptance WHERE run_id = '{run_id}'\n"
-                                          "ORDER BY mean_acceptance_length LIMIT 20",
-    "Draft input widths vs contract": "SELECT rank, shape, expected_shape, graph_phase, calls, width_mismatch\n"
-                                      "FROM v_tensor_contract WHERE run_id = '{run_id}'\n"
-                                      "  AND hook_point = 'draft.forward:hidden_states'",
-    "Per-position acceptance": "SELECT position, acceptance, verify_steps FROM v_position_acceptance\n"
-                               "WHERE run_id = '{run_id}' ORDER BY position",
-    "Acceptance per rank": "SELECT rank, verify_steps, mean_acceptance_length, tokens_per_s\n"
-                           "FROM v_rank_acceptance WHERE run_id = '{run_id}' ORDER BY rank",
-    "Findings": "SELECT source, code, severity, message FROM findings WHERE run_id = '{run_id}'",
-}
-
 run_id = widgets.run_picker()
 st.title("SQL")
 HIDDEN_TABLES = ("positions",)  # a helper of the per-position views (rows 0..N-1), not trace data

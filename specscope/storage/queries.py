@@ -1,0 +1,267 @@
+"""Every statement specscope runs to read a store: named queries with their parameters, over the views
+of :mod:`specscope.storage.views` (where the acceptance formulas live) and the summary tables. The
+dashboard (``app/queries.py``), the doctor, the Prometheus exporter and the CLI run these through
+:func:`fetch` / :meth:`Store.fetch <specscope.storage.Store.fetch>`; no other module holds SQL.
+
+Each query filters on ``run_id`` (or a list of run ids) so it reads one run's rows through an index
+or the summary tables; results are small. Time columns are wall-clock seconds since the Unix epoch
+(``*_wall``) or durations in seconds (``*_s``); widths are elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cached_property
+from types import SimpleNamespace
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from specscope.storage.views import mean_acceptance_length
+
+
+@dataclass(frozen=True)
+class Query:
+    """A named read statement: ``sql`` is portable SQLite / PostgreSQL text with ``:name``
+    parameters; ``expanding`` names the list-valued ones (``IN :runs``)."""
+
+    name: str
+    sql: str
+    expanding: tuple[str, ...] = ()
+
+    @cached_property
+    def statement(self) -> sa.TextClause:
+        """The compiled ``sqlalchemy.text`` statement."""
+        return sa.text(self.sql).bindparams(*(sa.bindparam(name, expanding=True) for name in self.expanding))
+
+    @cached_property
+    def params(self) -> frozenset[str]:
+        """Names of the parameters the statement takes."""
+        return frozenset(self.statement.compile().params)
+
+
+def _number(value: Any) -> Any:
+    # PostgreSQL returns NUMERIC (Decimal) for SUM of integers and some ratios
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def fetch(conn: Connection, query: Query, **params: Any) -> list[dict[str, Any]]:
+    """Rows of ``query`` over ``conn`` as dicts; NUMERIC values as int (integral) or float.
+
+    Raises:
+        ValueError: ``params`` miss a parameter of the query or name one it does not take.
+        sqlalchemy.exc.SQLAlchemyError: the database refused it (a Store's connection turns this
+            into :class:`~specscope.errors.StoreError`).
+    """
+    missing, unknown = query.params - params.keys(), params.keys() - query.params
+    if missing or unknown:
+        raise ValueError(f"query {query.name}: missing parameters {sorted(missing)}, "
+                         f"unknown parameters {sorted(unknown)}")
+    return [{key: _number(value) for key, value in row.items()}
+            for row in conn.execute(query.statement, params).mappings()]
+
+
+def records(conn: Connection, query: Query, **params: Any) -> list[SimpleNamespace]:
+    """:func:`fetch`, each row's columns as attributes (``row.run_id``). Same errors."""
+    return [SimpleNamespace(**row) for row in fetch(conn, query, **params)]
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+RUNS = Query("runs", "SELECT * FROM v_run_summary ORDER BY started_wall DESC, run_id")
+"""Every run, newest first: the columns of ``v_run_summary`` (metadata, JSON ``config``, status,
+counters, acceptance, stored error / warning findings). Reads the summary tables only."""
+
+RUN = Query("run", "SELECT * FROM v_run_summary WHERE run_id = :run_id")
+"""One run as in :data:`RUNS` (no row when it does not exist)."""
+
+RUN_META = Query("run_meta", "SELECT run_id, engine, fault, config FROM runs WHERE run_id = :run_id")
+"""What the doctor needs to open one run: id, engine, fault label and JSON config."""
+
+ALL_RUN_META = Query("all_run_meta", "SELECT run_id, engine, fault, config FROM runs "
+                                     "ORDER BY started_wall DESC, run_id")
+""":data:`RUN_META` of every run, newest first."""
+
+RUN_IDS_STARTING = Query("run_ids_starting", "SELECT run_id FROM runs WHERE run_id LIKE :pattern ESCAPE '!' "
+                                             "ORDER BY run_id LIMIT :limit")
+"""Run ids matching a LIKE ``pattern`` (``!`` escapes), at most ``limit``: run-id prefixes."""
+
+ROLLING_STEPS = 10
+"""Slices in :data:`ACCEPTANCE_OVER_TIME`'s rolling acceptance length (this one and 9 before)."""
+
+# The run's lifetime (first rank start to last time a rank was heard from) cut into :buckets slices.
+# The slice index is floor((t - t0) / dt) written portably: PostgreSQL's CAST rounds to nearest and
+# SQLite's truncates (FLOOR is missing from some SQLite builds); one below a rounded-up CAST is floor.
+_SLICE = ("CASE WHEN CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) > (v.ts_wall - b.t0) / b.dt "
+          "THEN CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) - 1 ELSE CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) END")
+ACCEPTANCE_OVER_TIME = Query("acceptance_over_time", f"""
+    WITH bounds AS (SELECT MIN(started_wall) AS t0,
+                           (MAX(last_seen_wall) - MIN(started_wall)) / :buckets AS dt
+                    FROM run_ranks WHERE run_id = :run_id),
+    sliced AS (SELECT CASE WHEN b.dt IS NULL OR b.dt <= 0 OR v.ts_wall <= b.t0 THEN 0
+                           WHEN v.ts_wall - b.t0 >= b.dt * :buckets THEN :buckets - 1
+                           ELSE {_SLICE} END AS slice,
+                      b.dt, v.accepted, v.steps
+               FROM verify_steps v CROSS JOIN bounds b WHERE v.run_id = :run_id),
+    per_slice AS (SELECT slice, slice * MAX(COALESCE(dt, 0)) AS t_s, SUM(steps) AS verify_steps,
+                         SUM(accepted) AS accepted FROM sliced GROUP BY slice)
+    SELECT t_s, verify_steps, accepted,
+           {mean_acceptance_length("accepted", "verify_steps")} AS mean_acceptance_length,
+           {mean_acceptance_length("SUM(accepted) OVER w", "SUM(verify_steps) OVER w")}
+               AS rolling_acceptance_length
+    FROM per_slice WINDOW w AS (ORDER BY slice ROWS BETWEEN {ROLLING_STEPS - 1} PRECEDING AND CURRENT ROW)
+    ORDER BY slice""")
+"""Acceptance length over wall time: per slice of the run's lifetime (``buckets`` slices) with verify
+steps: ``t_s`` (slice start, s since the run started), ``verify_steps``, ``accepted``,
+``mean_acceptance_length`` and ``rolling_acceptance_length`` (over this and the
+:data:`ROLLING_STEPS` - 1 previous slices with steps, weighted by steps). Steps outside the lifetime
+go to the nearest end."""
+
+POSITION_ACCEPTANCE = Query("position_acceptance", """
+    SELECT position, accepted_steps, verify_steps, acceptance FROM v_position_acceptance
+    WHERE run_id = :run_id ORDER BY position""")
+"""Per-position acceptance p_i of a run: ``position`` (0 = first draft token), ``accepted_steps``,
+``verify_steps``, ``acceptance``."""
+
+# -- requests --------------------------------------------------------------------------------------
+
+REQUEST_ORDERS = ("start", "acceptance length", "duration", "verify steps")
+"""Orders of :data:`REQUESTS`: start ascending; the others worst first (lowest AL, longest, most steps)."""
+
+REQUESTS = Query("requests", """
+    SELECT request_id, rank, prompt_tokens, output_tokens, verify_steps, proposed, accepted,
+           mean_acceptance_length, acceptance_rate, started_wall, finished_wall, duration_s, step_detail
+    FROM v_request_acceptance WHERE run_id = :run_id
+    ORDER BY CASE WHEN :order = 'start' THEN started_wall END,
+             CASE WHEN :order = 'acceptance length' THEN mean_acceptance_length END,
+             CASE WHEN :order = 'duration' THEN duration_s END DESC,
+             CASE WHEN :order = 'verify steps' THEN verify_steps END DESC,
+             request_id
+    LIMIT :limit""")
+"""Requests of a run (``v_request_acceptance``) in ``order`` (one of :data:`REQUEST_ORDERS`), at most
+``limit``: tokens, verify steps, AL, rate, start / finish, ``duration_s``, ``step_detail``."""
+
+REQUEST_STEPS = Query("request_steps", """
+    SELECT step, proposed, accepted, accepted_mask, draft_s, verify_s, emitted, ts_wall
+    FROM verify_steps WHERE run_id = :run_id AND request_id = :request_id AND step >= 0
+    ORDER BY step LIMIT :limit""")
+"""Per-step rows of one request in order (aggregate rows, ``step`` -1, are not steps); ``emitted``
+is JSON text."""
+
+REQUEST_POSITIONS = Query("request_positions", """
+    SELECT position, accepted_steps, verify_steps, acceptance FROM v_request_position_acceptance
+    WHERE run_id = :run_id AND request_id = :request_id ORDER BY position""")
+"""Per-position acceptance p_i of one request (denominator: its verify steps)."""
+
+REQUEST_COUNT = Query("request_count", "SELECT COUNT(*) AS requests FROM requests WHERE run_id = :run_id")
+
+# -- ranks ---------------------------------------------------------------------------------------
+
+RANKS = Query("ranks", """
+    SELECT k.rank, k.device, k.host, k.pid, k.graph_mode, k.hook_calls, k.hook_errors,
+           k.events_written, k.events_dropped, k.last_seen_wall, k.ended_wall,
+           COALESCE(a.verify_steps, 0) AS verify_steps, a.mean_acceptance_length,
+           a.acceptance_rate, a.tokens_per_s
+    FROM run_ranks k
+    LEFT JOIN (SELECT * FROM v_rank_acceptance WHERE run_id = :run_id) a ON a.rank = k.rank
+    WHERE k.run_id = :run_id ORDER BY k.rank""")
+"""One row per rank of a run (``run_ranks``): device, host, pid, graph mode, hook and event counters,
+and its acceptance from ``v_rank_acceptance``."""
+
+RANK_ACCEPTANCE = Query("rank_acceptance", """
+    SELECT rank, verify_steps, mean_acceptance_length FROM v_rank_acceptance
+    WHERE run_id = :run_id ORDER BY rank""")
+"""Acceptance per rank with verify steps (whether or not the rank reported a status)."""
+
+# -- tensors -------------------------------------------------------------------------------------
+
+TENSOR_CONTRACT = Query("tensor_contract", """
+    SELECT hook_point, rank, shape, expected_shape, dtype, graph_phase, SUM(calls) AS events,
+           MAX(width) AS width, MAX(expected_width) AS expected_width,
+           MAX(width_mismatch) AS width_mismatch, MIN(first_wall) AS first_wall, MAX(last_wall) AS last_wall
+    FROM v_tensor_contract WHERE run_id = :run_id
+    GROUP BY hook_point, rank, shape, expected_shape, dtype, graph_phase
+    ORDER BY hook_point, rank, first_wall""")
+"""The shape contract of a run: per hook point, rank, shape, expected shape, dtype and graph phase,
+``events`` (recorded, a sample of the hook calls), ``width`` / ``expected_width`` (last dimension;
+expected NULL where no contract is known), ``width_mismatch`` (1/0), first / last wall time."""
+
+NONFINITE = Query("nonfinite", """
+    SELECT hook_point, SUM(nonfinite) AS elements, COUNT(*) AS events, MIN(ts_wall) AS first_wall
+    FROM tensor_events WHERE run_id = :run_id AND nonfinite > 0
+    GROUP BY hook_point ORDER BY first_wall, hook_point""")
+"""Tensor events with inf / nan elements per hook point (value statistics on): ``elements`` summed,
+``events``, first wall time. Served by the partial index ``ix_tensor_events_nonfinite``."""
+
+PROVENANCE = Query("provenance", """
+    SELECT rank, configured, received, matches, width, COUNT(*) AS checks,
+           MIN(ts_wall) AS first_wall, MAX(ts_wall) AS last_wall
+    FROM provenance WHERE run_id = :run_id
+    GROUP BY rank, configured, received, matches, width ORDER BY rank, checks DESC, received""")
+"""Which target layers the draft received, grouped: ``rank``, ``configured`` / ``received`` (JSON
+lists; null = no layer matched, ``num_target_layers`` = the final norm), ``matches``, ``width``,
+``checks`` (sampled draft calls), first / last wall time."""
+
+# -- findings and checkpoint loading -------------------------------------------------------------
+
+_SEVERITY_ORDER = "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END"
+
+RUN_FINDINGS = Query("run_findings", f"""
+    SELECT run_id, source, code, severity, message, evidence, fix, ts_wall FROM findings
+    WHERE run_id = :run_id ORDER BY {_SEVERITY_ORDER}, ts_wall, code""")
+"""Stored findings of a run (doctor and inspect), errors first; ``evidence`` is JSON text."""
+
+RUN_FINDINGS_FROM = Query("run_findings_from", f"""
+    SELECT run_id, source, code, severity, message, evidence, fix, ts_wall FROM findings
+    WHERE run_id = :run_id AND source = :source ORDER BY {_SEVERITY_ORDER}, ts_wall, code""")
+""":data:`RUN_FINDINGS` of one ``source`` (``'doctor'`` / ``'inspect'``)."""
+
+LOAD_REPORTS = Query("load_reports", """
+    SELECT rank, module, source, strict, loaded, missing, unexpected, renamed, ts_wall
+    FROM load_reports WHERE run_id = :run_id ORDER BY rank, ts_wall, id""")
+"""Checkpoint load reports of a run; ``missing`` / ``unexpected`` / ``renamed`` are JSON lists."""
+
+# -- many runs at once (the Prometheus exporter) --------------------------------------------------
+
+NEWEST_RUNS = Query("newest_runs", "SELECT run_id, engine, target_model, status FROM v_run_summary "
+                                   "ORDER BY started_wall DESC, run_id LIMIT :limit")
+RUNS_ACCEPTANCE = Query("runs_acceptance", "SELECT run_id, verify_steps, proposed, accepted, "
+                        "mean_acceptance_length, acceptance_rate FROM v_run_acceptance WHERE run_id IN :runs",
+                        expanding=("runs",))
+RUNS_RANK_ACCEPTANCE = Query("runs_rank_acceptance", "SELECT run_id, rank, verify_steps, proposed, accepted, "
+                             "mean_acceptance_length, acceptance_rate FROM v_rank_acceptance "
+                             "WHERE run_id IN :runs", expanding=("runs",))
+RUNS_POSITIONS = Query("runs_positions", "SELECT run_id, position, acceptance FROM v_position_acceptance "
+                       "WHERE run_id IN :runs", expanding=("runs",))
+RUNS_RANK_HEALTH = Query("runs_rank_health", "SELECT run_id, rank, events_dropped, hook_errors FROM run_ranks "
+                         "WHERE run_id IN :runs", expanding=("runs",))
+# every draft input with a width contract (vLLM: the fc input); ';' / '/' sort right after ':' / '.'
+RUNS_DRAFT_CONTRACT = Query("runs_draft_contract", "SELECT run_id, rank, hook_point, expected_width, width, "
+                            "calls FROM v_tensor_contract WHERE run_id IN :runs AND hook_point >= 'draft.' "
+                            "AND hook_point < 'draft/' AND expected_width IS NOT NULL", expanding=("runs",))
+RUNS_INSPECT_FINDINGS = Query("runs_inspect_findings", "SELECT run_id, code, severity, evidence FROM findings "
+                              "WHERE source = 'inspect' AND run_id IN :runs", expanding=("runs",))
+
+QUERIES: tuple[Query, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Query))
+"""Every named query of this module (a test runs each on SQLite and PostgreSQL)."""
+
+EXAMPLES = {
+    "Runs, newest first": "SELECT run_id, engine, fault, status, verify_steps, mean_acceptance_length,\n"
+                          "       acceptance_rate, error_findings\nFROM v_run_summary ORDER BY started_wall DESC",
+    "Worst requests of the selected run": "SELECT request_id, verify_steps, mean_acceptance_length, duration_s\n"
+                                          "FROM v_request_acceptance WHERE run_id = '{run_id}'\n"
+                                          "ORDER BY mean_acceptance_length LIMIT 20",
+    "Draft input widths vs contract": "SELECT rank, shape, expected_shape, graph_phase, calls, width_mismatch\n"
+                                      "FROM v_tensor_contract WHERE run_id = '{run_id}'\n"
+                                      "  AND hook_point = 'draft.forward:hidden_states'",
+    "Per-position acceptance": "SELECT position, acceptance, verify_steps FROM v_position_acceptance\n"
+                               "WHERE run_id = '{run_id}' ORDER BY position",
+    "Acceptance per rank": "SELECT rank, verify_steps, mean_acceptance_length, tokens_per_s\n"
+                           "FROM v_rank_acceptance WHERE run_id = '{run_id}' ORDER BY rank",
+    "Findings": "SELECT source, code, severity, message FROM findings WHERE run_id = '{run_id}'",
+}
+"""Starting points for users' own SQL (the dashboard's SQL page; ``{run_id}``: the selected run)."""

@@ -1,0 +1,67 @@
+"""The summary tables (``acceptance_masks``, ``tensor_shapes``) that the run-level views and the shape
+contract read: however the rows arrive in batches, what the store keeps equals the summary computed
+from scratch over the raw rows (``Store.rebuild_summaries``), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specscope import events as ev
+
+RUN = "r"  # replaced per example
+SUMMARIES = ("SELECT run_id, rank, accepted_mask, steps, proposed, accepted, first_wall, last_wall, step_detail "
+             "FROM acceptance_masks ORDER BY run_id, rank, accepted_mask",
+             "SELECT run_id, rank, hook_point, shape, dtype, device, expected_shape, graph_phase, width, "
+             "expected_width, events, first_call, last_call, first_wall, last_wall, nonfinite "
+             "FROM tensor_shapes ORDER BY run_id, rank, hook_point, shape, dtype, device, expected_shape, "
+             "graph_phase")
+
+_steps = st.builds(
+    lambda rank, step, accepted, ts: ev.VerifyStep(run_id=RUN, request_id=f"q{rank}", rank=rank, step=step,
+                                                   proposed=4, accepted=accepted, ts_wall=ts),
+    st.integers(0, 1), st.integers(0, 50), st.integers(0, 4), st.floats(1.0, 1e3))
+_groups = st.builds(
+    lambda rank, mask, n, ts: ev.VerifyGroup(run_id=RUN, request_id="g", rank=rank, accepted_mask=mask, steps=n,
+                                             proposed=4 * n, accepted=mask.count("1") * n, ts_wall=ts),
+    st.integers(0, 1), st.sampled_from(["0000", "1000", "1100", "1111", ""]), st.integers(1, 9),
+    st.floats(1.0, 1e3))
+_tensors = st.builds(
+    lambda rank, point, width, expected, nonfinite, call, ts: ev.TensorEvent(
+        run_id=RUN, rank=rank, hook_point=point, call_index=call, shape=(1, 3, width), dtype="bfloat16",
+        device=f"cuda:{rank}", expected_shape=None if expected is None else (-1, -1, expected),
+        nonfinite=nonfinite, ts_wall=ts),
+    st.integers(0, 1), st.sampled_from(["draft.forward:hidden_states", "target.layers.2:input"]),
+    st.sampled_from([576, 1728]), st.sampled_from([None, 1728]), st.sampled_from([None, 0, 3]),
+    st.integers(0, 10_000), st.floats(1.0, 1e3))
+
+
+_EXAMPLE = itertools.count()
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(events=st.lists(st.one_of(_steps, _groups, _tensors), min_size=1, max_size=40),
+       cuts=st.lists(st.integers(0, 40), max_size=6))
+def test_batched_summaries_equal_a_rebuild(store, events, cuts) -> None:
+    """Each example writes a run of its own into the same store, cut into batches at ``cuts``."""
+    run_id = f"run-{next(_EXAMPLE)}"
+    events = [dataclasses.replace(e, run_id=run_id) for e in events]
+    store.write([ev.RunStart(run_id=run_id, engine="e", engine_version="0", target_model="t", draft_model="d",
+                             config={}, ts_wall=0.5)])
+    bounds = sorted({0, len(events), *[c for c in cuts if c < len(events)]})
+    for start, end in zip(bounds, bounds[1:]):
+        store.write(events[start:end])
+    kept = [store.query(sql)[1] for sql in SUMMARIES]
+    store.rebuild_summaries()
+    assert [store.query(sql)[1] for sql in SUMMARIES] == kept
+    steps = [e for e in events if e.kind != "tensor"]
+    tensors = [e for e in events if e.kind == "tensor"]
+    where = {"run_id": run_id}
+    assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance WHERE run_id = :run_id", where)[1] == (
+        [(sum(getattr(e, "steps", 1) for e in steps), sum(e.accepted for e in steps))] if steps else [])
+    assert store.query("SELECT SUM(calls) FROM v_tensor_contract WHERE run_id = :run_id", where)[1] == [
+        (len(tensors) or None,)]
