@@ -1,24 +1,33 @@
-"""Every dashboard page query on a large store: docs/design.md, "Budgets" asks < 1 s per page on 1M verify
-steps and 5M tensor events.
+"""Every dashboard page on a large store, side by side with a baseline revision: docs/design.md,
+"Budgets" asks < 0.5 s per page on 1M verify steps and 5M tensor events with 500 runs in the store.
 
-Run: ``python -m benchmarks.dashboard_queries [--db PATH_OR_URL] [--steps N] [--repeat R]``.
+Run: ``python -m benchmarks.dashboard_queries [--steps N] [--repeat R] [--baseline REV | --no-baseline]``.
 
-The store (SQLite by default, cached under the temp dir and rebuilt only when the generator version
-or size changes) holds 4 runs of 1, 2, 4 and 8 ranks, 100-step requests, per verify step one row
-(chain of k=4, realistic masks and emitted-token JSON) and 5 tensor events (the target-fed and a
-chained draft input, three capture layers), plus provenance checks every 64 steps. Rows go in with
-driver ``executemany`` of INSERTs compiled by SQLAlchemy from ``schema.py``, in one transaction per
-table chunk. Queries are timed on the 1-rank run (all runs hold the same number of rows, a quarter of
-the store) through a read-only Store, median of R runs, grouped by the page that issues them
-(the doctor's ``diagnose`` included: the Overview's findings banner runs it).
+The store (SQLite, cached under the temp dir per generator version, schema version and size) holds
+:data:`RUNS` runs: 4 large ones of 1, 2, 4 and 8 ranks sharing almost all rows, and 496 small ones of
+one 100-step request (every 5th with a stored error finding, for the run picker's labels); 100-step
+requests, per verify step one row (chain of k=4, realistic masks and emitted-token JSON) and 5 tensor
+events (the target-fed and a chained draft input, three capture layers), plus provenance checks every
+64 steps. Rows go in with driver ``executemany`` of INSERTs compiled by SQLAlchemy from ``schema.py``
+(then ``Store.rebuild_summaries``, schema version 8 on). A page's time is the sum of the medians of
+every call it makes uncached (:func:`pages`: the run picker's run list and the doctor's findings on
+every page, then the page's own queries), on the 1-rank large run (237,600 verify steps, 1.19M
+tensor events) through a read-only Store.
+
+The baseline is another git revision of ``specscope/`` (default :data:`BASELINE`, the code before the
+summary tables) run by this same file in a child process on its own store, built by this generator
+from the same seed: both columns come from one invocation on the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -26,9 +35,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+import specscope
 from specscope import events as ev
 from specscope.app import queries
-from specscope.doctor import diagnose
+from specscope.doctor import checkpoint_findings, diagnose
 from specscope.storage import Store, open_store, schema
 
 GENERATOR_VERSION = 4
@@ -145,6 +155,10 @@ def build(path: Path, steps: int) -> None:
             _bulk(engine, schema.tensor_events, _TENSOR_COLUMNS, _tensors(run_id, world_size, run_steps, t0))
             _bulk(engine, schema.provenance, _PROVENANCE_COLUMNS,
                   _provenance(run_id, world_size, run_steps, t0))
+        with open_store(str(path)) as store:
+            rebuild = getattr(store, "rebuild_summaries", None)  # schema version 8 on: rows went around write()
+            if rebuild is not None:
+                rebuild()
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE")
     finally:
@@ -176,58 +190,105 @@ def cached_store(steps: int) -> Path:
     return path
 
 
-def page_queries(store: Store, run_id: str) -> list[tuple[str, str, Callable[[], object]]]:
-    """``(page, query, call)`` for every query a page issues, with the arguments the page uses."""
-    summary = queries.run_summary(store, run_id)
+def pages(store: Store, run_id: str) -> dict[str, list[tuple[str, Callable[[], object]]]]:
+    """``page -> [(call, function)]``: every call a page makes on a cold cache, with its arguments."""
     request_id = queries.requests(store, run_id, limit=1)[0]["request_id"]
-    return [
-        ("all pages", "runs", lambda: queries.runs(store)),
-        ("Overview", "run_summary", lambda: queries.run_summary(store, run_id)),
-        ("Overview", "acceptance_over_time", lambda: queries.acceptance_over_time(store, run_id)),
-        ("Overview", "position_acceptance", lambda: queries.position_acceptance(store, run_id)),
-        ("Overview", "doctor diagnose", lambda: diagnose(store, run_id).findings),
-        ("Overview", "stored_findings", lambda: queries.stored_findings(store, run_id)),
-        ("Requests", "requests (start)", lambda: queries.requests(store, run_id)),
-        ("Requests", "requests (worst AL)",
-         lambda: queries.requests(store, run_id, order="acceptance length")),
-        ("Requests", "request_steps", lambda: queries.request_steps(store, run_id, request_id)),
-        ("Requests", "request_positions", lambda: queries.request_positions(store, run_id, request_id)),
-        ("GPUs", "ranks", lambda: queries.ranks(store, run_id)),
-        ("GPUs / Tensors", "tensor_contract", lambda: queries.tensor_contract(store, run_id)),
-        ("Tensors", "provenance", lambda: queries.provenance(store, run_id)),
-        ("Findings", "load_reports", lambda: queries.load_reports(store, run_id)),
-        ("Findings", "stored_findings (inspect)",
-         lambda: queries.stored_findings(store, run_id, source="inspect")),
-    ] if summary is not None else []
+    common = [("runs (run picker)", lambda: queries.runs(store)),
+              ("doctor findings", lambda: diagnose(store, run_id).findings + checkpoint_findings(store, run_id)),
+              ("run_summary", lambda: queries.run_summary(store, run_id))]
+    return {
+        "Overview": common + [("acceptance_over_time", lambda: queries.acceptance_over_time(store, run_id)),
+                              ("position_acceptance", lambda: queries.position_acceptance(store, run_id))],
+        "Requests": common + [("requests", lambda: queries.requests(store, run_id)),
+                              ("request_steps", lambda: queries.request_steps(store, run_id, request_id)),
+                              ("request_positions", lambda: queries.request_positions(store, run_id, request_id))],
+        "GPUs": common + [("ranks", lambda: queries.ranks(store, run_id)),
+                          ("tensor_contract", lambda: queries.tensor_contract(store, run_id))],
+        "Tensors": common + [("tensor_contract", lambda: queries.tensor_contract(store, run_id)),
+                             ("ranks", lambda: queries.ranks(store, run_id)),
+                             ("provenance", lambda: queries.provenance(store, run_id))],
+        "Findings": common + [("load_reports", lambda: queries.load_reports(store, run_id))],
+        "SQL": common[:2],
+    }
+
+
+def measure(db: str, run_id: str, repeat: int) -> dict[str, dict[str, float]]:
+    """``page -> {call: median seconds}`` over ``repeat`` rounds."""
+    with open_store(db, create=False, read_only=True) as store:
+        out: dict[str, dict[str, float]] = {}
+        for page, calls in pages(store, run_id).items():
+            out[page] = {}
+            for name, call in calls:
+                times = []
+                for _ in range(repeat):
+                    started = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - started)
+                out[page][name] = statistics.median(times)
+    return out
+
+
+BASELINE = "8348170"
+"""The last revision before the summary tables (schema version 7): its run-level views scanned a
+run's verify steps, the shape contract its tensor events, and the doctor ran both again."""
+
+
+def _baseline(rev: str, steps: int, repeat: int, run_id: str) -> dict[str, dict[str, float]]:
+    """:func:`measure` in a child process running revision ``rev``'s ``specscope/`` (``git archive``
+    into a temporary directory, the child's working directory and first on its path: ``-m`` puts the
+    working directory before everything) with this benchmark file."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tree:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev, "specscope"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, str(root)])}
+        child = subprocess.run([sys.executable, "-m", "benchmarks.dashboard_queries", "--json", "--no-baseline",
+                                "--steps", str(steps), "--repeat", str(repeat), "--run", run_id],
+                               env=env, cwd=tree, check=True, capture_output=True, text=True)
+    result = json.loads(child.stdout.splitlines()[-1])
+    if not result["specscope"].startswith(tree):
+        raise RuntimeError(f"the baseline child imported {result['specscope']}, not revision {rev}")
+    return result["pages"]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", help="an existing store to time instead of the generated one")
-    parser.add_argument("--run", help="run id to time (default: the generated store's 1-rank run)")
+    parser.add_argument("--db", help="an existing store to time instead of the generated one (no baseline)")
+    parser.add_argument("--run", default="bench-0", help="run id to time (default: the 1-rank large run)")
     parser.add_argument("--steps", type=int, default=1_000_000, help="verify steps in the generated store")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--baseline", default=BASELINE, help="git revision to time side by side")
+    parser.add_argument("--no-baseline", action="store_true", help="time this checkout only")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the baseline child's output
     args = parser.parse_args(argv)
     db = args.db or str(cached_store(args.steps))
+    now = measure(db, args.run, args.repeat)
+    if args.json:
+        print(json.dumps({"specscope": str(Path(specscope.__file__).parent), "pages": now}))
+        return
+    before = None if args.no_baseline or args.db else _baseline(args.baseline, args.steps, args.repeat, args.run)
     with open_store(db, create=False, read_only=True) as store:
-        run_id = args.run or "bench-0"
-        counts = store.query("SELECT (SELECT COUNT(*) FROM verify_steps), (SELECT COUNT(*) FROM tensor_events)")
-        steps, tensors = counts[1][0]
-        print(f"store {db}: {steps:,} verify steps, {tensors:,} tensor events; timing run {run_id}")
-        print(f"{'page':<16} {'query':<28} {'median ms':>10} {'max ms':>8} {'rows':>6}")
-        totals: dict[str, float] = {}
-        for page, name, call in page_queries(store, run_id):
-            times, result = [], None
-            for _ in range(args.repeat):
-                started = time.perf_counter()
-                result = call()
-                times.append(time.perf_counter() - started)
-            median = statistics.median(times)
-            totals[page] = totals.get(page, 0.0) + median
-            rows = len(result) if isinstance(result, list) else 1
-            print(f"{page:<16} {name:<28} {median * 1e3:>10.1f} {max(times) * 1e3:>8.1f} {rows:>6}")
-        print("per page (sum of medians): " + ", ".join(f"{page} {total * 1e3:.0f} ms"
-                                                         for page, total in totals.items()))
+        counts = store.query("SELECT (SELECT COUNT(*) FROM runs), (SELECT COUNT(*) FROM verify_steps), "
+                             "(SELECT COUNT(*) FROM tensor_events)")[1][0]
+    print(f"store {db}: {counts[0]:,} runs, {counts[1]:,} verify steps, {counts[2]:,} tensor events; "
+          f"run {args.run}; medians of {args.repeat}, uncached")
+    head = f"{'page':<10} {'call':<22} {'now ms':>8}" + (f" {'baseline ms':>12}" if before else "")
+    print(head)
+    for page, calls in now.items():
+        for name, seconds in calls.items():
+            line = f"{page:<10} {name:<22} {seconds * 1e3:>8.1f}"
+            if before:
+                line += f" {before[page].get(name, float('nan')) * 1e3:>12.1f}"
+            print(line)
+    print("\nper page (sum of its calls):")
+    for page, calls in now.items():
+        total = sum(calls.values())
+        line = f"  {page:<10} now {total * 1e3:6.0f} ms" + (" (budget 500 ms: over)" if total > 0.5 else "")
+        if before:
+            old = sum(before[page].values())
+            line += f"   baseline {args.baseline} {old * 1e3:6.0f} ms   x{old / total:.1f} faster"
+        print(line)
 
 
 if __name__ == "__main__":
