@@ -32,7 +32,7 @@ def acceptance(engine: Engine, prompts: list[str], max_new: int) -> dict:
     accepted = [a for r in results for a in r.accepted]
     proposed = [p for r in results for p in r.proposed]
     return {"al": metrics.mean_acceptance_length(accepted), "rate": metrics.acceptance_rate(accepted, proposed),
-            "pos": metrics.per_position_acceptance(accepted, engine.k), "steps": len(accepted),
+            "pos": metrics.per_position_acceptance(map(metrics.chain_mask, accepted, proposed)), "steps": len(accepted),
             "tokens": sum(len(r.token_ids) for r in results)}
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
 from specscope.errors import ConfigError, InvalidEvent
+from specscope.metrics import chain_mask
 
 Shape = tuple[int, ...]
 MAX_PROPOSED = 64  # draft tokens per verify step the store holds a mask for (verify_steps.accepted_mask)
@@ -239,7 +240,7 @@ class VerifyStep:
         """The per-position mask, derived from ``accepted`` for a chain when not given."""
         if self.accepted_mask is not None:
             return self.accepted_mask
-        return "1" * self.accepted + "0" * (self.proposed - self.accepted)
+        return chain_mask(self.accepted, self.proposed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +344,8 @@ class Finding:
     """A diagnosis (docs/design.md, "Finding codes"): stable ``code``, ``severity`` in error / warning / info,
     one-line ``message``, ``evidence`` (observed vs expected values, numbers where possible) and ``fix``.
     ``source`` is ``"doctor"`` or ``"inspect"``; ``run_id`` is ``None`` for a standalone inspection.
+    A finding about one rank names it in ``evidence["rank"]`` (the Prometheus exporter's ``rank``
+    label reads it there).
     """
 
     kind: ClassVar[str] = "finding"
@@ -353,7 +356,6 @@ class Finding:
     fix: str
     run_id: str | None = None
     source: str = "doctor"
-    rank: int = 0
     ts_wall: float = field(default_factory=now)
 
     def to_dict(self) -> dict[str, Any]:

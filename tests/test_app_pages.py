@@ -89,6 +89,8 @@ def test_faulty_run_pages(monkeypatch, two_runs):
     assert texts(at, "error")[0].startswith("**AUX_NOT_FUSED** — ")  # the doctor's finding, its message
     assert "576 wide" in texts(at, "error")[0] and "1728" in texts(at, "error")[0]
     assert any("Eager" in i for i in texts(at, "info"))
+    declared = {row["field"]: row["value"] for row in at.dataframe[-2].value.to_dict("records")}
+    assert declared["expected_fused_width"] == "1728" and set(declared) >= {"topk", "dtype", "num_draft_tokens"}
     visit(at, "findings")
     labels = [e.label for e in at.expander]
     assert any("AUX_NOT_FUSED" in label for label in labels) and any("CKPT_FORMAT" in label for label in labels)

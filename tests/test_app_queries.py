@@ -72,7 +72,7 @@ def test_position_acceptance_equals_view_and_metrics(filled):
     view = filled.query("SELECT position, acceptance FROM v_position_acceptance WHERE run_id = 'healthy' "
                         "ORDER BY position")[1]
     assert [(r["position"], r["acceptance"]) for r in rows] == [(p, pytest.approx(float(a))) for p, a in view]
-    assert [r["acceptance"] for r in rows] == pytest.approx(metrics.per_position_acceptance(accepted(None), K))
+    assert [r["acceptance"] for r in rows] == pytest.approx(metrics.per_position_acceptance(metrics.chain_mask(a, K) for a in accepted(None)))
 
 
 def test_requests_ordering_and_figures(filled):
@@ -100,7 +100,7 @@ def test_request_drilldown_marks_each_token(filled):
     assert "".join(t["token"] for t in tokens) == text
     positions = queries.request_positions(filled, "healthy", "req-1")
     assert [p["acceptance"] for p in positions] == pytest.approx(
-        metrics.per_position_acceptance(accepted(None, 1), K))
+        metrics.per_position_acceptance(metrics.chain_mask(a, K) for a in accepted(None, 1)))
 
 
 def test_ranks_split_the_run(filled):

@@ -10,7 +10,10 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pytest
+
 from specscope import events as ev
+from specscope import metrics
 
 RUN = "r"  # replaced per example
 SUMMARIES = ("SELECT run_id, rank, accepted_mask, steps, proposed, accepted, first_wall, last_wall, step_detail "
@@ -27,7 +30,7 @@ _steps = st.builds(
 _groups = st.builds(
     lambda rank, mask, n, ts: ev.VerifyGroup(run_id=RUN, request_id="g", rank=rank, accepted_mask=mask, steps=n,
                                              proposed=4 * n, accepted=mask.count("1") * n, ts_wall=ts),
-    st.integers(0, 1), st.sampled_from(["0000", "1000", "1100", "1111", ""]), st.integers(1, 9),
+    st.integers(0, 1), st.sampled_from(["0000", "1000", "1100", "1111", "1010", ""]), st.integers(1, 9),
     st.floats(1.0, 1e3))
 _tensors = st.builds(
     lambda rank, point, width, expected, nonfinite, call, ts: ev.TensorEvent(
@@ -65,3 +68,9 @@ def test_batched_summaries_equal_a_rebuild(store, events, cuts) -> None:
         [(sum(getattr(e, "steps", 1) for e in steps), sum(e.accepted for e in steps))] if steps else [])
     assert store.query("SELECT SUM(calls) FROM v_tensor_contract WHERE run_id = :run_id", where)[1] == [
         (len(tensors) or None,)]
+    # per-position acceptance: the view (SQL) and metrics.py (Python) on the same masks, step by step
+    masks = [e.mask() if e.kind == "verify_step" else e.accepted_mask
+             for e in steps for _ in range(getattr(e, "steps", 1))]
+    positions = store.query("SELECT acceptance FROM v_position_acceptance WHERE run_id = :run_id "
+                            "ORDER BY position", where)[1]
+    assert [p for (p,) in positions] == pytest.approx(metrics.per_position_acceptance(masks))

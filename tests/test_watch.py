@@ -87,7 +87,7 @@ def test_vllm_counters_with_a_restart_and_an_outage_equal_the_engine_figures(ser
         for rank, engine in enumerate(("0", "1")):
             assert _acceptance(store, run_id, rank)[3] == pytest.approx(
                 metrics.mean_acceptance_length(seen[engine]))
-        assert _positions(store, run_id) == pytest.approx(metrics.per_position_acceptance(all_steps, K))
+        assert _positions(store, run_id) == pytest.approx(metrics.per_position_acceptance(metrics.chain_mask(a, K) for a in all_steps))
         devices = store.query(f"SELECT rank, device FROM run_ranks WHERE run_id = '{run_id}' ORDER BY rank")[1]
         assert devices == [(0, "engine=0"), (1, "engine=1")]
         status = f"SELECT engine, target_model, world_size, status FROM v_run_summary WHERE run_id = '{run_id}'"

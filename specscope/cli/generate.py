@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine = Engine(fault=args.fault, k=args.k)
     result = engine.generate([args.prompt], max_new_tokens=args.max_new_tokens)[0]
-    positions = metrics.per_position_acceptance(result.accepted, args.k)
+    positions = metrics.per_position_acceptance(map(metrics.chain_mask, result.accepted, result.proposed))
     print(result.text)
     print()
     print(f"fault:                       {args.fault or 'none'}")

@@ -1,13 +1,17 @@
 """Tensors: the shape contract at the draft boundary: the draft input width against the expected
 fused width first, then the observation mode, the capture layers, provenance and every hook point."""
 
+import dataclasses
+
 import pandas as pd
 import streamlit as st
 
 from specscope.app import charts, queries, widgets
 from specscope.doctor import CONTRACT_CODES
+from specscope.events import RunConfig
 
 UNOBSERVED = widgets.UNOBSERVED_CODES
+RUN_CONFIG_FIELDS = [field.name for field in dataclasses.fields(RunConfig)]  # the stored config's keys
 
 run_id = widgets.run_picker()
 summary = widgets.query("run_summary", run_id)
@@ -67,6 +71,9 @@ def body() -> None:
                                              for x in r["received"]),
                        "matches": "yes" if r["matches"] else "NO", "width": r["width"], "checks": r["checks"]}
                       for r in rows], hide_index=True)
+    with st.expander("The contract this run declared (RunConfig)"):
+        st.dataframe([{"field": name, "value": "—" if config.get(name) is None else str(config[name])}
+                      for name in RUN_CONFIG_FIELDS], hide_index=True)
     st.subheader("Every hook point: observed vs expected")
     frame = pd.DataFrame([{"hook point": r["hook_point"], "rank": r["rank"],
                            "shape": widgets.shape_text(r["shape"]),
