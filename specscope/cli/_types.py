@@ -1,4 +1,5 @@
-"""argparse value types shared by subcommands: a bad value is one line and exit 2 (argparse's own)."""
+"""argparse value types and arguments shared by subcommands: a bad value is one line and exit 2
+(argparse's own)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,9 @@ def port(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
     return int(text)
+
+
+def add_db_argument(parser: argparse.ArgumentParser, *, created: bool = False) -> None:
+    """The required ``--db`` store location (``created``: a missing store is created)."""
+    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
+                        "(postgresql+psycopg://user@host:5432/db)" + ("; created when missing" if created else ""))

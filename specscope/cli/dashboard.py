@@ -15,6 +15,7 @@ import os
 import sys
 from typing import NoReturn
 
+from specscope.cli._types import add_db_argument
 from specscope.app import DB_ENV, ENTRY
 from specscope.storage import open_store
 
@@ -23,8 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``dashboard`` subcommand."""
     parser = sub.add_parser("dashboard", help="serve the live dashboard on a store",
                             description="Serve the specscope dashboard (Streamlit) on a trace store.")
-    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
-                        "(postgresql+psycopg://user@host:5432/db)")
+    add_db_argument(parser)
     parser.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.set_defaults(func=run)

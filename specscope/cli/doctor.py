@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from specscope.cli._types import add_db_argument
 from specscope.doctor import checkpoint_findings, diagnose, render_text
 from specscope.storage import open_store
 
@@ -21,8 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "doctor", help="diagnose recorded runs (aux capture, acceptance, weights, observation)",
         description="Run the runtime rules over the runs of a specscope store and print the findings, "
                     "errors first, each with evidence and a fix.")
-    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
-                        "(postgresql+psycopg://user@host:5432/db)")
+    add_db_argument(parser)
     parser.add_argument("--run", metavar="ID", help="diagnose this run only, by its id or a unique "
                         "prefix of it (default: every run)")
     parser.add_argument("--json", action="store_true", help="print the machine format (README, Commands)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import threading
 
-from specscope.cli._types import port, positive_int
+from specscope.cli._types import add_db_argument, port, positive_int
 from specscope.errors import ConfigError
 from specscope.fleet import serve_exporter
 from specscope.storage import open_store
@@ -23,8 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "exporter", help="serve the store as a Prometheus target (/metrics)",
         description="Serve open findings, observed vs expected draft-input widths, acceptance per "
                     "run / rank / position, dropped events and hook errors for Prometheus to scrape.")
-    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
-                        "(postgresql+psycopg://user@host:5432/db)")
+    add_db_argument(parser)
     parser.add_argument("--port", type=port, default=9464, help="TCP port (default 9464)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--max-runs", type=positive_int, default=50, help="newest runs exported (default 50)")

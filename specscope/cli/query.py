@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specscope.cli._types import add_db_argument
 from specscope.results import write_csv, write_json, write_table
 from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, open_store
 
@@ -24,8 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run one read-only SQL statement on a specscope store and print the rows. "
                     "Views: v_run_summary, v_run_acceptance, v_rank_acceptance, v_request_acceptance, "
                     "v_position_acceptance, v_request_position_acceptance, v_tensor_contract.")
-    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
-                        "(postgresql+psycopg://user@host:5432/db)")
+    add_db_argument(parser)
     parser.add_argument("sql", help="one SQL statement (writes are refused)")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print a JSON list of objects")

@@ -13,7 +13,7 @@ import argparse
 import logging
 import re
 
-from specscope.cli._types import positive_int
+from specscope.cli._types import add_db_argument, positive_int
 from specscope.errors import ConfigError
 from specscope.fleet import watch
 from specscope.storage import open_store, queries
@@ -41,8 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Scrape Prometheus endpoints of vLLM, SGLang, TensorRT-LLM or llama.cpp servers and "
                     "store their acceptance (per server, rank label and draft position) as runs the "
                     "dashboard, query and doctor read.")
-    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
-                        "(postgresql+psycopg://user@host:5432/db); created when missing")
+    add_db_argument(parser, created=True)
     parser.add_argument("endpoints", nargs="+", metavar="ENDPOINT",
                         help="a metrics URL, or host:port (then /metrics)")
     parser.add_argument("--interval", type=seconds, default=5.0, help="time between scrapes (default 5s)")

@@ -58,13 +58,6 @@ def check_weights_dropped(ctx: RunContext) -> list[Finding]:
     return findings
 
 
-def _counter(ctx: RunContext, bad: str, total: str) -> tuple[list, int, int]:
-    """Ranks whose ``bad`` counter is non-zero, and the run's sums of ``bad`` and ``total``."""
-    ranks = [r for r in ctx.rank_status if getattr(r, bad)]
-    return (ranks, sum(int(getattr(r, bad)) for r in ctx.rank_status),
-            sum(int(getattr(r, total)) for r in ctx.rank_status))
-
-
 def prefix_rename(dropped: list[str], missing: list[str]) -> tuple[str, str] | None:
     """The most common ``(dropped prefix, missing prefix)`` pair of keys equal after their prefixes
     (``layers.0.mlp.up_proj.weight`` / ``midlayer.mlp.up_proj.weight`` -> ``("layers.0.", "midlayer.")``)."""
@@ -86,32 +79,38 @@ def prefix_rename(dropped: list[str], missing: list[str]) -> tuple[str, str] | N
 
 def check_events_dropped(ctx: RunContext) -> list[Finding]:
     """EVENTS_DROPPED [warning]: the collector lost events (full buffer, failed batch)."""
-    ranks, dropped, written = _counter(ctx, "events_dropped", "events_written")
-    if not ranks:
-        return []
-    return [finding(
-        "EVENTS_DROPPED", ctx.run_id,
-        f"{dropped} event(s) were dropped ({written} written) on rank(s) {[r.rank for r in ranks]}: "
-        "figures of this run undercount",
-        {"events_dropped": dropped, "events_written": written, "expected_dropped": 0,
-         "ranks": [r.rank for r in ranks], "dropped_per_rank": [int(r.events_dropped) for r in ranks]},
+    return _counter_finding(
+        ctx, "EVENTS_DROPPED", "events_dropped", "events_written", "expected_dropped", "dropped_per_rank",
+        "{bad} event(s) were dropped ({total} written) on rank(s) {ranks}: figures of this run undercount",
         "Give the collector room (`Collector(capacity=..., batch_size=...)`), record fewer events "
-        "(`sample_every`, `first_calls`) or write to a faster store.")]
+        "(`sample_every`, `first_calls`) or write to a faster store.")
 
 
 def check_hook_errors(ctx: RunContext) -> list[Finding]:
     """HOOK_ERRORS [warning]: hooks raised (caught, counted, never reached the engine)."""
-    ranks, errors, calls = _counter(ctx, "hook_errors", "hook_calls")
+    return _counter_finding(
+        ctx, "HOOK_ERRORS", "hook_errors", "hook_calls", "expected_errors", "errors_per_rank",
+        "{bad} hook call(s) failed out of {total} on rank(s) {ranks}; what those hooks should have "
+        "recorded is missing",
+        "Read the engine log's first 'specscope: hook ... failed' warning of each failing hook point "
+        "and fix or unhook that point (`instrument(modules=...)`).")
+
+
+def _counter_finding(ctx: RunContext, code: str, bad: str, total: str, expected_key: str, per_rank_key: str,
+                     message: str, fix: str) -> list[Finding]:
+    """One finding when some rank's ``run_ranks`` counter ``bad`` is non-zero: the run's sums of
+    ``bad`` and ``total``, the ranks and each one's count (``message`` formats ``bad``, ``total``,
+    ``ranks``); none otherwise."""
+    ranks = [r for r in ctx.rank_status if getattr(r, bad)]
     if not ranks:
         return []
-    return [finding(
-        "HOOK_ERRORS", ctx.run_id,
-        f"{errors} hook call(s) failed out of {calls} on rank(s) {[r.rank for r in ranks]}; "
-        "what those hooks should have recorded is missing",
-        {"hook_errors": errors, "hook_calls": calls, "expected_errors": 0,
-         "ranks": [r.rank for r in ranks], "errors_per_rank": [int(r.hook_errors) for r in ranks]},
-        "Read the engine log's first 'specscope: hook ... failed' warning of each failing hook point "
-        "and fix or unhook that point (`instrument(modules=...)`).")]
+    bad_sum = sum(int(getattr(r, bad)) for r in ctx.rank_status)
+    total_sum = sum(int(getattr(r, total)) for r in ctx.rank_status)
+    rank_ids = [r.rank for r in ranks]
+    return [finding(code, ctx.run_id, message.format(bad=bad_sum, total=total_sum, ranks=rank_ids),
+                    {bad: bad_sum, total: total_sum, expected_key: 0, "ranks": rank_ids,
+                     per_rank_key: [int(getattr(r, bad)) for r in ranks]},
+                    fix)]
 
 
 def check_graph_mode(ctx: RunContext) -> list[Finding]:
