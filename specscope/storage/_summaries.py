@@ -13,7 +13,8 @@ so any split into batches gives the rows :func:`rebuild` computes from scratch (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -27,6 +28,25 @@ _MASK_KEY = ("run_id", "rank", "accepted_mask")
 _SHAPE_KEY = ("run_id", "rank", "hook_point", "shape", "dtype", "device", "expected_shape", "graph_phase")
 
 
+# Positions in the ``_rows.INSERT_COLUMNS`` tuples.
+_MASK_OF = itemgetter(0, 2, 6)  # verify_steps: run_id, rank, accepted_mask
+_STEP, _PROPOSED, _ACCEPTED, _STEP_WALL, _STEPS = (itemgetter(i) for i in (3, 4, 5, 10, 11))
+_SHAPE_OF = itemgetter(0, 1, 2, 4, 6, 7, 8, 15)  # tensor_events: the _SHAPE_KEY columns
+_CALL, _WIDTH, _EXPECTED_WIDTH, _NONFINITE, _EVENT_WALL = (itemgetter(i) for i in (3, 5, 9, 12, 16))
+
+
+def _groups(rows: Sequence[tuple], key: Callable[[tuple], tuple]) -> dict[tuple, list[tuple]]:
+    # one dict lookup per row; the per-group sums and bounds below run in C (map, sum, min, max)
+    groups: dict[tuple, list[tuple]] = {}
+    for k, row in zip(map(key, rows), rows):
+        group = groups.get(k)
+        if group is None:
+            groups[k] = [row]
+        else:
+            group.append(row)
+    return groups
+
+
 def batch_rows(verify_steps: Sequence[tuple], tensor_events: Sequence[tuple]) -> dict[str, list[Row]]:
     """Summary rows of one batch, per summary table (absent when the batch has no such rows).
 
@@ -36,47 +56,28 @@ def batch_rows(verify_steps: Sequence[tuple], tensor_events: Sequence[tuple]) ->
     """
     out: dict[str, list[Row]] = {}
     if verify_steps:
-        masks: dict[tuple, list] = {}
-        # (run_id, request_id, rank, step, proposed, accepted, accepted_mask, draft_s, verify_s,
-        #  emitted, ts_wall, steps)
-        for run_id, _, rank, step, proposed, accepted, mask, _, _, _, ts_wall, steps in verify_steps:
-            acc = masks.get((run_id, rank, mask))
-            detail = 1 if step >= 0 else 0
-            if acc is None:
-                masks[(run_id, rank, mask)] = [steps, proposed, accepted, ts_wall, ts_wall, detail]
-            else:
-                acc[0] += steps
-                acc[1] += proposed
-                acc[2] += accepted
-                acc[3] = min(acc[3], ts_wall)
-                acc[4] = max(acc[4], ts_wall)
-                acc[5] = max(acc[5], detail)
         out["acceptance_masks"] = [
-            dict(zip(_MASK_KEY + ("steps", "proposed", "accepted", "first_wall", "last_wall", "step_detail"),
-                     key + tuple(acc)))
-            for key, acc in sorted(masks.items())]
+            {"run_id": run_id, "rank": rank, "accepted_mask": mask, "steps": sum(map(_STEPS, group)),
+             "proposed": sum(map(_PROPOSED, group)), "accepted": sum(map(_ACCEPTED, group)),
+             "first_wall": min(map(_STEP_WALL, group)), "last_wall": max(map(_STEP_WALL, group)),
+             "step_detail": 1 if max(map(_STEP, group)) >= 0 else 0}
+            for (run_id, rank, mask), group in sorted(_groups(verify_steps, _MASK_OF).items())]
     if tensor_events:
-        shapes: dict[tuple, list] = {}
-        # (run_id, rank, hook_point, call_index, shape, width, dtype, device, expected_shape,
-        #  expected_width, absmax, mean, nonfinite, request_id, step, graph_phase, ts_wall)
-        for (run_id, rank, point, call, shape, width, dtype, device, expected, expected_width,
-             _, _, nonfinite, _, _, phase, ts_wall) in tensor_events:
-            key = (run_id, rank, point, shape, dtype, device, expected or "", phase)
-            acc = shapes.get(key)
-            if acc is None:
-                shapes[key] = [width, expected_width, 1, call, call, ts_wall, ts_wall, nonfinite or 0]
-            else:
-                acc[2] += 1
-                acc[3] = min(acc[3], call)
-                acc[4] = max(acc[4], call)
-                acc[5] = min(acc[5], ts_wall)
-                acc[6] = max(acc[6], ts_wall)
-                acc[7] += nonfinite or 0
-        out["tensor_shapes"] = [
-            dict(zip(_SHAPE_KEY + ("width", "expected_width", "events", "first_call", "last_call",
-                                   "first_wall", "last_wall", "nonfinite"), key + tuple(acc)))
-            for key, acc in sorted(shapes.items())]
+        rows = []
+        for key, group in _groups(tensor_events, _SHAPE_OF).items():
+            run_id, rank, point, shape, dtype, device, expected, phase = key
+            calls, walls = list(map(_CALL, group)), list(map(_EVENT_WALL, group))
+            rows.append({"run_id": run_id, "rank": rank, "hook_point": point, "shape": shape, "dtype": dtype,
+                         "device": device, "expected_shape": expected or "", "graph_phase": phase,
+                         "width": _WIDTH(group[0]), "expected_width": _EXPECTED_WIDTH(group[0]),
+                         "events": len(group), "first_call": min(calls), "last_call": max(calls),
+                         "first_wall": min(walls), "last_wall": max(walls),
+                         "nonfinite": sum(filter(None, map(_NONFINITE, group)))})
+        out["tensor_shapes"] = sorted(rows, key=_SHAPE_ROW)
     return out
+
+
+_SHAPE_ROW = itemgetter(*_SHAPE_KEY)
 
 
 def _pick(new: sa.ColumnElement, old: sa.ColumnElement, smaller: bool) -> sa.ColumnElement:
