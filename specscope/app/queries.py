@@ -123,14 +123,6 @@ def ranks(store: Store, run_id: str) -> list[Row]:
     return store.fetch(q.RANKS, run_id=run_id)
 
 
-def rank_spread(rows: list[Row], key: str = "mean_acceptance_length") -> Row | None:
-    """Min / max / spread of ``key`` over :func:`ranks` rows that have it; None with fewer than two."""
-    values = [row[key] for row in rows if row.get(key) is not None]
-    if len(values) < 2:
-        return None
-    return {"min": min(values), "max": max(values), "spread": max(values) - min(values)}
-
-
 # -- tensors -------------------------------------------------------------------------------------
 
 def tensor_contract(store: Store, run_id: str) -> list[Row]:

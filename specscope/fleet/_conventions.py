@@ -210,8 +210,3 @@ def window_groups(w: Window, *, run_id: str, request_id: str, rank: int, ts_wall
     proposed[counts.index(max(counts))] += w.proposed - w.steps * k
     return [VerifyGroup(run_id, request_id, rank, "1" * j + "0" * (k - j), n, proposed[j], n * j, ts_wall)
             for j, n in enumerate(counts) if n > 0]
-
-
-def readings_by_series(readings: Iterable[Reading]) -> dict[tuple, Reading]:
-    """Readings keyed by series: ``(engine, model, rank labels)``."""
-    return {(r.engine, r.model, r.labels): r for r in readings}
