@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from specscope.events import VerifyGroup
+from specscope.metrics import chain_mask
 
 # Roles of a series' metrics: counters ("steps", "proposed", "accepted", "accepted_pos",
 # "drafted_pos") and gauges ("accept_length", "accept_rate").
@@ -208,5 +209,5 @@ def window_groups(w: Window, *, run_id: str, request_id: str, rank: int, ts_wall
     counts = [a - b for a, b in zip((w.steps, *pos), (*pos, 0))]  # counts[j]: steps accepting j drafts
     proposed = [n * k for n in counts]
     proposed[counts.index(max(counts))] += w.proposed - w.steps * k
-    return [VerifyGroup(run_id, request_id, rank, "1" * j + "0" * (k - j), n, proposed[j], n * j, ts_wall)
+    return [VerifyGroup(run_id, request_id, rank, chain_mask(j, k), n, proposed[j], n * j, ts_wall)
             for j, n in enumerate(counts) if n > 0]
