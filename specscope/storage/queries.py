@@ -19,6 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from specscope import points
+from specscope.events import SEVERITIES
 from specscope.storage.views import mean_acceptance_length
 
 
@@ -208,7 +210,8 @@ lists; null = no layer matched, ``num_target_layers`` = the final norm), ``match
 
 # -- findings and checkpoint loading -------------------------------------------------------------
 
-_SEVERITY_ORDER = "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END"
+# events.SEVERITIES order (errors first), as events.by_severity sorts in Python
+_SEVERITY_ORDER = f"CASE severity {' '.join(f'WHEN {s!r} THEN {i}' for i, s in enumerate(SEVERITIES))} END"
 
 RUN_FINDINGS = Query("run_findings", f"""
     SELECT run_id, source, code, severity, message, evidence, fix, ts_wall FROM findings
@@ -239,10 +242,11 @@ RUNS_POSITIONS = Query("runs_positions", "SELECT run_id, position, acceptance FR
                        "WHERE run_id IN :runs", expanding=("runs",))
 RUNS_RANK_HEALTH = Query("runs_rank_health", "SELECT run_id, rank, events_dropped, hook_errors FROM run_ranks "
                          "WHERE run_id IN :runs", expanding=("runs",))
-# every draft input with a width contract (vLLM: the fc input); ';' / '/' sort right after ':' / '.'
+# every draft input with a width contract (vLLM: the fc input), as a range: '/' sorts right after '.'
 RUNS_DRAFT_CONTRACT = Query("runs_draft_contract", "SELECT run_id, rank, hook_point, expected_width, width, "
-                            "calls FROM v_tensor_contract WHERE run_id IN :runs AND hook_point >= 'draft.' "
-                            "AND hook_point < 'draft/' AND expected_width IS NOT NULL", expanding=("runs",))
+                            "calls FROM v_tensor_contract WHERE run_id IN :runs "
+                            f"AND hook_point >= '{points.DRAFT_PREFIX}' AND hook_point < '{points.DRAFT_PREFIX[:-1]}/' "
+                            "AND expected_width IS NOT NULL", expanding=("runs",))
 RUNS_INSPECT_FINDINGS = Query("runs_inspect_findings", "SELECT run_id, code, severity, evidence FROM findings "
                               "WHERE source = 'inspect' AND run_id IN :runs", expanding=("runs",))
 
