@@ -1,14 +1,17 @@
-"""Hook closures over a :class:`HookState`. Everything a hook needs is bound when it is made.
+"""Hook bodies: closures over a :class:`HookState`. Everything a body needs is bound when it is made.
 
-Per call a hook reads its tensors' metadata into one call key (``(shape, dtype, device)`` of each,
+A body runs inside the wrapper :func:`~specscope.instrumentation._forward.tap_forward` puts around
+a module's ``forward``: a pre body as ``pre(capturing, args, kwargs)`` before it, a post body as
+``post(capturing, output)`` after it. Per call a body reads its tensors' metadata into one call key (``(shape, dtype, device)`` of each,
 read in C by :data:`SIGNATURE` when the value is a tensor or a sequence of tensors), counts the call
 at its :class:`CallSite` and returns unless the call is sampled (:meth:`HookState.sample`); only a
 sampled call builds names and events. Values that are not plain tensors or sequences of tensors
 (mappings, mixed sequences, keyword arguments) take the general path, which names every tensor in
 the key.
 
-Every hook body runs inside :func:`guarded`: an exception is counted and logged once by the state and
-never reaches the engine; hooks always return None, so arguments and outputs pass through untouched.
+The wrapper counts every body call, and an exception in a body is counted and logged once by the
+state and never reaches the engine; bodies return None and the wrapper passes arguments and output
+through untouched.
 """
 
 from __future__ import annotations
@@ -131,10 +134,10 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
                         fused_here: bool = True) -> tuple[PreBody, PostBody]:
     """``(pre, post)`` bodies for the draft's forward.
 
-    The pre-hook (``with_kwargs=True``) records every tensor argument as ``draft.forward:<argname>``;
+    The pre body records every tensor argument (positional or keyword) as ``draft.forward:<argname>``;
     ``hidden_arg`` is recorded with its expected width (``fused_width``, i.e.
     ``config.expected_fused_width``, on a target-fed call, ``draft_width`` on chained calls) and, on
-    sampled target-fed calls, checked for provenance. The forward hook records
+    sampled target-fed calls, checked for provenance. The post body records
     ``draft.forward:output`` (``output.0``, ... for a tuple). The common call (only positional
     tensors) reads them into the call key without looking at names. With ``fused_here=False`` (the
     engine fuses the aux states before the draft forward, as vLLM's ``combine_hidden_states`` does)

@@ -41,7 +41,7 @@ class SamplingConfig:
 
 
 class CallSite:
-    """The calls of one hook (e.g. the draft forward's pre-hook): how many, and the call keys seen.
+    """The calls of one hook (e.g. the draft forward's pre body): how many, and the call keys seen.
 
     A call key is what the hook read from its tensors (shape, dtype, device, expected width of each,
     in order); a call is sampled when it is a first call, every ``sample_every``-th, or its key is
