@@ -1,12 +1,14 @@
 """Shape-only hook overhead: added time per hooked call vs two empty torch hooks and ``torch.profiler``.
 
-Run: ``python -m benchmarks.hook_overhead [--calls N] [--repeats R]``.
+Run: ``python -m benchmarks.hook_overhead [--calls N] [--repeats R]``; ``--profile`` instead prints
+where the steady-state specscope call's time goes (cProfile over the 4-op module, per call).
 
 Two small EAGLE-3-shaped modules (``forward(input_ids, positions, hidden_states) -> (logits,
 hidden)``; a 4-op one, and one with a draft layer's op count) are each called in a loop five ways:
 unhooked; with two empty hooks (a forward pre-hook with kwargs and a forward hook: what torch's hook
-dispatch alone costs); hooked by a specscope Tracer (draft forward pre-hook and forward hook, default
-sampling: first 8 calls, new shapes, every 64th) into a discarding sink; the same into the real
+dispatch alone costs); hooked by a specscope Tracer (``instrument(tracer, draft=model)``: its wrapper
+around the draft's forward with the draft-input and output bodies, default sampling: first 8 calls,
+new signatures, every 64th) into a discarding sink; the same into the real
 Collector writing a temporary SQLite store; unhooked under ``torch.profiler.profile(record_shapes=True)``.
 
 Every mode runs on the same module object (hooks are registered before a batch and removed after it):
@@ -23,7 +25,9 @@ profiler's cost grows with the ops inside the module, the hook's does not.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import pstats
 import statistics
 import tempfile
 import time
@@ -144,6 +148,8 @@ EMPTY = "two empty hooks (torch's hook dispatch)"
 SPECSCOPE = "specscope hook (discard sink)"
 COLLECTOR = "specscope hook (Collector -> SQLite)"
 PROFILER = "torch.profiler(record_shapes=True)"
+OBSERVED = 5
+"""Tensors per call the specscope hook reads: 3 arguments and a 2-tuple output."""
 
 
 @torch.no_grad()
@@ -176,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per timed batch")
     parser.add_argument("--repeats", type=int, default=61, help="rounds (one batch per mode each)")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the specscope call instead")
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if opts.profile:
+        profile()
+        return 0
     print(f"{opts.repeats} rounds x {opts.calls} calls per mode, torch {torch.__version__}, 1 thread, "
           f"width {HIDDEN}")
     for model in (SmallDraft().eval(), LayerDraft().eval()):
@@ -186,12 +196,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'mode':42} {'median us/call':>15} {'added us/call':>14}")
         for mode, value in figures.items():
             print(f"{mode:42} {value:15.2f} {added[mode]:14.2f}")
-        observed = 5  # tensors per call the hooks look at: 3 arguments, a 2-tuple output
         print(f"specscope added / empty hooks added: {added[SPECSCOPE] / added[EMPTY]:.2f}x (aim <= 1.5x)")
         print(f"profiler added / specscope added: {added[PROFILER] / added[SPECSCOPE]:.1f}x (aim >= 10x)")
-        print(f"specscope beyond torch's dispatch, per observed tensor: "
-              f"{(added[SPECSCOPE] - added[EMPTY]) / observed:.2f} us ({observed} tensors per call)")
+        print(f"specscope added per observed tensor: {added[SPECSCOPE] / OBSERVED:.2f} us "
+              f"({OBSERVED} tensors per call: 3 arguments, a 2-tuple output)")
     return 0
+
+
+def profile(calls: int = 20_000, rows: int = 16) -> None:
+    """cProfile of ``calls`` steady-state calls of the instrumented 4-op module (discard sink):
+    calls, own time and cumulative time per module call of the functions that take the most own
+    time. cProfile's own per-call cost inflates Python frames: read it for where time goes, and
+    :func:`compare` for how much."""
+    model = SmallDraft().eval()
+    args = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
+            torch.randn(1, 1, HIDDEN))
+    profiler = cProfile.Profile()
+    with torch.no_grad(), tracer_for(DiscardSink()) as tracer:
+        instrument(tracer, draft=model)
+        for _ in range(calls // 10):
+            model(*args)
+        profiler.runcall(lambda: [model(*args) for _ in range(calls)])
+    stats = pstats.Stats(profiler).stats
+    print(f"cProfile, {calls} calls of SmallDraft instrumented; per module call:")
+    print(f"{'calls':>6} {'own us':>8} {'cum us':>8}  function")
+    for (path, line, name), (_, count, own, cumulative, _) in sorted(
+            stats.items(), key=lambda item: -item[1][2])[:rows]:
+        where = f"{Path(path).parent.name}/{Path(path).name}:{line}" if line else "~"
+        print(f"{count / calls:6.2f} {own / calls * 1e6:8.2f} {cumulative / calls * 1e6:8.2f}  {where}({name})")
 
 
 if __name__ == "__main__":

@@ -37,13 +37,16 @@ def make_tracer(sink, **kwargs) -> Tracer:
 
 
 def all_hooks(*roots) -> dict:
-    """Every hook id registered on every module of ``roots``, by module path."""
+    """Every hook id registered on every module of ``roots``, by module path, and each module's
+    instance attributes (specscope wraps ``forward`` there, the way accelerate's hooks do)."""
     hooks = {}
     for root in roots:
         for path, module in root.named_modules():
             for attr in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks",
                          "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs"):
                 hooks[(id(root), path, attr)] = tuple(getattr(module, attr).keys())
+            hooks[(id(root), path, "__dict__")] = tuple(sorted(vars(module)))
+            hooks[(id(root), path, "forward")] = id(vars(module).get("forward"))
     return hooks
 
 

@@ -1,14 +1,17 @@
-"""Hook closures over a :class:`HookState`. Everything a hook needs is bound when it is made.
+"""Hook bodies: closures over a :class:`HookState`. Everything a body needs is bound when it is made.
 
-Per call a hook reads its tensors' metadata into one call key (``(shape, dtype, device)`` of each,
+A body runs inside the wrapper :func:`~specscope.instrumentation._forward.tap_forward` puts around
+a module's ``forward``: a pre body as ``pre(capturing, args, kwargs)`` before it, a post body as
+``post(capturing, output)`` after it. Per call a body reads its tensors' metadata into one call key (``(shape, dtype, device)`` of each,
 read in C by :data:`SIGNATURE` when the value is a tensor or a sequence of tensors), counts the call
 at its :class:`CallSite` and returns unless the call is sampled (:meth:`HookState.sample`); only a
 sampled call builds names and events. Values that are not plain tensors or sequences of tensors
 (mappings, mixed sequences, keyword arguments) take the general path, which names every tensor in
 the key.
 
-Every hook body runs inside :func:`guarded`: an exception is counted and logged once by the state and
-never reaches the engine; hooks always return None, so arguments and outputs pass through untouched.
+The wrapper counts every body call, and an exception in a body is counted and logged once by the
+state and never reaches the engine; bodies return None and the wrapper passes arguments and output
+through untouched.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from specscope import points
+from specscope.instrumentation._forward import PostBody, PreBody
 from specscope.instrumentation._sampling import CallSite, SamplingConfig
 from specscope.instrumentation._state import HookState
 
@@ -63,33 +67,6 @@ class PointTable:
         return run
 
 
-def guarded(state: HookState, name: str, body: Callable[[bool, nn.Module, Any, Any], None]) -> Callable:
-    """Wrap ``body(capturing, module, args, kwargs_or_output)``: count the call, tag CUDA-graph
-    capture, swallow and count any exception. The counters are bumped inline (hot path).
-
-    Under ``torch.compile`` tracing (vLLM compiles its models unless ``enforce_eager``) the hook is a
-    no-op: TorchDynamo inlines module hooks into the graph it builds, and a hook's Python side
-    effects (counters, the sink, ``attrgetter``) would break a ``fullgraph`` compile. Compiled code
-    therefore runs without specscope's hooks, as CUDA-graph replay does (``GRAPH_MODE_BLIND``)."""
-    probe, failed = state.capturing, state.failed
-    compiling = torch.compiler.is_compiling
-
-    def hook(module: nn.Module, args: tuple, extra: Any = None) -> None:
-        if compiling():  # constant True while Dynamo traces: the traced graph holds no hook
-            return
-        state.calls += 1
-        try:
-            if probe is not None and probe():
-                state.capture_calls += 1
-                body(True, module, args, extra)
-            else:
-                body(False, module, args, extra)
-        except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
-            failed(name, exc)
-
-    return hook
-
-
 def _tensors(table: PointTable, name: str, value: Any) -> Iterator[tuple[str, Tensor]]:
     """``(point name, tensor)`` for a tensor, or the tensors one level inside a tuple / list /
     mapping (``name.i`` / ``name.key``, at most :data:`MAX_ITEMS` items looked at)."""
@@ -112,15 +89,13 @@ def _general_key(items: list[tuple[str, Tensor, int | None]]) -> tuple:
     return tuple((point, *SIGNATURE(tensor), width) for point, tensor, width in items)
 
 
-def value_hook(state: HookState, sampling: SamplingConfig, table: PointTable, name: str,
-               inputs: bool) -> Callable[[bool, nn.Module, tuple, Any], None]:
-    """The body of a hook that reads one value as ``name``: the positional inputs (``inputs``: one
-    argument itself, several as a tuple) or the output. A tensor is ``name``, a sequence's tensors
-    ``name.0``, ``name.1``, ..."""
+def value_hook(state: HookState, sampling: SamplingConfig, table: PointTable, name: str) -> PostBody:
+    """``body(capturing, value)``, recording one value as ``name`` (a forward's output, or its
+    positional inputs as :func:`module_hooks` passes them). A tensor is ``name``, a sequence's
+    tensors ``name.0``, ``name.1``, ..."""
     site = CallSite(sampling)
 
-    def body(capturing: bool, module: nn.Module, args: tuple, extra: Any) -> None:
-        value = (args[0] if len(args) == 1 else args) if inputs else extra
+    def body(capturing: bool, value: Any) -> None:
         if isinstance(value, Tensor):
             if state.sample(site, SIGNATURE(value)):
                 state.record(table.get(name), site.calls - 1, value, None, capturing)
@@ -156,13 +131,13 @@ def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
 
 def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Module, hidden_arg: str,
                         fused_width: int, draft_width: int, provenance: Provenance | None,
-                        fused_here: bool = True) -> tuple[Callable, Callable]:
-    """``(pre_hook, forward_hook)`` for the draft's forward.
+                        fused_here: bool = True) -> tuple[PreBody, PostBody]:
+    """``(pre, post)`` bodies for the draft's forward.
 
-    The pre-hook (``with_kwargs=True``) records every tensor argument as ``draft.forward:<argname>``;
+    The pre body records every tensor argument (positional or keyword) as ``draft.forward:<argname>``;
     ``hidden_arg`` is recorded with its expected width (``fused_width``, i.e.
     ``config.expected_fused_width``, on a target-fed call, ``draft_width`` on chained calls) and, on
-    sampled target-fed calls, checked for provenance. The forward hook records
+    sampled target-fed calls, checked for provenance. The post body records
     ``draft.forward:output`` (``output.0``, ... for a tuple). The common call (only positional
     tensors) reads them into the call key without looking at names. With ``fused_here=False`` (the
     engine fuses the aux states before the draft forward, as vLLM's ``combine_hidden_states`` does)
@@ -179,7 +154,7 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
     count = len(names)
     calls = CallSite(sampling)
 
-    def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre(capturing: bool, args: tuple, kwargs: dict) -> None:
         fed = state.target_fed
         state.target_fed = False
         width = fused_width if fed else draft_width
@@ -214,14 +189,12 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
                 if point == hidden_point:
                     state.check_provenance(tensor, calls.calls - 1)
 
-    post = value_hook(state, sampling, PointTable(points.DRAFT_FORWARD), points.OUTPUT, inputs=False)
-    return (guarded(state, points.point(points.DRAFT_FORWARD, points.INPUT), pre),
-            guarded(state, points.DRAFT_OUTPUT, post))
+    return pre, value_hook(state, sampling, PointTable(points.DRAFT_FORWARD), points.OUTPUT)
 
 
 def fused_input_hook(state: HookState, sampling: SamplingConfig, name: str, fused_width: int,
-                     provenance: Provenance | None) -> Callable:
-    """Pre-hook on the draft submodule that receives the fused aux hidden states (vLLM: ``fc``, called
+                     provenance: Provenance | None) -> PreBody:
+    """Pre body on the draft submodule that receives the fused aux hidden states (vLLM: ``fc``, called
     by ``Eagle3LlamaForCausalLM.combine_hidden_states``, ``vllm/model_executor/models/llama_eagle3.py``).
 
     Records ``<name>:input`` ``(T, W)`` with the expected width ``fused_width`` (n_aux x target hidden)
@@ -231,7 +204,7 @@ def fused_input_hook(state: HookState, sampling: SamplingConfig, name: str, fuse
     point = points.point(name, points.INPUT)
     calls = CallSite(sampling)
 
-    def pre(capturing: bool, module: nn.Module, args: tuple, unused: None) -> None:
+    def pre(capturing: bool, args: tuple, kwargs: dict) -> None:
         if not args or not isinstance(args[0], Tensor):
             return
         if state.sample(calls, SIGNATURE(args[0])):
@@ -239,7 +212,7 @@ def fused_input_hook(state: HookState, sampling: SamplingConfig, name: str, fuse
         if provenance is not None and not capturing:
             state.check_provenance(args[0], calls.calls - 1)
 
-    return guarded(state, point, pre)
+    return pre
 
 
 def default_layer_input(args: tuple, kwargs: dict) -> Tensor | None:
@@ -251,8 +224,8 @@ def default_layer_input(args: tuple, kwargs: dict) -> Tensor | None:
 
 def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, width: int, record: bool,
                       first: bool, provenance: Provenance | None, layer_input: LayerInput,
-                      layer_value: LayerInput | None = None) -> Callable:
-    """Pre-hook (``with_kwargs=True``) on target decoder layer ``index``: ``target.layers.{i}:input``.
+                      layer_value: LayerInput | None = None) -> PreBody:
+    """Pre body on target decoder layer ``index``: ``target.layers.{i}:input``.
 
     ``width``: the expected hidden width (``config.target_hidden_size``); ``record``: emit tensor
     events (configured capture layers); ``first``: the lowest hooked layer, whose call marks a new
@@ -263,7 +236,7 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
     name = points.target_layer_input(index)
     calls = CallSite(sampling)
 
-    def pre(capturing: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre(capturing: bool, args: tuple, kwargs: dict) -> None:
         if first:  # a new target forward: the next draft call is target-fed
             state.target_forward()
         hidden = layer_input(args, kwargs)
@@ -274,29 +247,31 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
         if provenance is not None and not capturing and provenance.due:
             provenance.record(index, hidden if layer_value is None else layer_value(args, kwargs))
 
-    return guarded(state, name, pre)
+    return pre
 
 
-def final_norm_hook(state: HookState, provenance: Provenance, index: int) -> Callable:
-    """Forward hook on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
+def final_norm_hook(state: HookState, provenance: Provenance, index: int) -> PostBody:
+    """Post body on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
 
-    def post(capturing: bool, module: nn.Module, args: tuple, output: Any) -> None:
+    def post(capturing: bool, output: Any) -> None:
         if isinstance(output, tuple) and output:  # fused add-norm (vLLM, SGLang): (normed, residual)
             output = output[0]
         if not capturing and provenance.due and isinstance(output, Tensor):
             provenance.record(index, output)
 
-    return guarded(state, points.TARGET_NORM_OUTPUT, post)
+    return post
 
 
-def module_hooks(state: HookState, sampling: SamplingConfig, name: str) -> tuple[Callable, Callable]:
-    """``(pre_hook, forward_hook)`` recording ``<name>:input`` and ``<name>:output``.
+def module_hooks(state: HookState, sampling: SamplingConfig, name: str) -> tuple[PreBody, PostBody]:
+    """``(pre, post)`` bodies recording ``<name>:input`` and ``<name>:output``.
 
     One positional argument is ``input``; several are ``input.0``, ``input.1``, ...; a tuple output
     is ``output.0``, ``output.1``, ...
     """
     table = PointTable(name)
-    pre = value_hook(state, sampling, table, points.INPUT, inputs=True)
-    post = value_hook(state, sampling, table, points.OUTPUT, inputs=False)
-    return (guarded(state, points.point(name, points.INPUT), pre),
-            guarded(state, points.point(name, points.OUTPUT), post))
+    inputs = value_hook(state, sampling, table, points.INPUT)
+
+    def pre(capturing: bool, args: tuple, kwargs: dict) -> None:
+        inputs(capturing, args[0] if len(args) == 1 else args)
+
+    return pre, value_hook(state, sampling, table, points.OUTPUT)

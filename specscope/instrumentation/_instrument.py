@@ -6,8 +6,10 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
+from specscope import points
 from specscope.errors import ConfigError
 from specscope.instrumentation._context import module_device
+from specscope.instrumentation._forward import tap_forward
 from specscope.instrumentation._hooks import (
     LayerInput,
     default_layer_input,
@@ -81,23 +83,25 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
     if target is not None:
         layer_hooks, provenance, norm = _target_plan(tracer, target, aux, layers, final_norm_module)
         if norm is not None:
-            handles.append(norm.register_forward_hook(
-                final_norm_hook(state, provenance, config.num_target_layers)))
+            handles.append(tap_forward(norm, state, post=final_norm_hook(state, provenance, config.num_target_layers),
+                                       post_point=points.TARGET_NORM_OUTPUT))
         read_input = layer_input or default_layer_input
         first = min(index for index, _ in layer_hooks)
         for index, layer in layer_hooks:
             hook = target_layer_hook(state, sampling, index, config.target_hidden_size, index in aux,
                                      index == first, provenance, read_input, layer_value)
-            handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+            handles.append(tap_forward(layer, state, pre=hook, pre_point=points.target_layer_input(index)))
     pre, post = draft_forward_hooks(state, sampling, draft, draft_hidden_arg, config.expected_fused_width,
                                     draft_width, provenance, fused_here=fused is None)
-    handles += [draft.register_forward_pre_hook(pre, with_kwargs=True), draft.register_forward_hook(post)]
+    handles.append(tap_forward(draft, state, pre, post, points.point(points.DRAFT_FORWARD, points.INPUT),
+                               points.DRAFT_OUTPUT))
     if fused is not None:
         hook = fused_input_hook(state, sampling, fused[0], config.expected_fused_width, provenance)
-        handles.append(fused[1].register_forward_pre_hook(hook))
+        handles.append(tap_forward(fused[1], state, pre=hook, pre_point=points.point(fused[0], points.INPUT)))
     for name, module in extra:
         pre, post = module_hooks(state, sampling, name)
-        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        handles.append(tap_forward(module, state, pre, post, points.point(name, points.INPUT),
+                                   points.point(name, points.OUTPUT)))
     state.install(handles, provenance, sees_target=target is not None)
     tracer.device = tracer.device or module_device(draft)
     tracer.start()

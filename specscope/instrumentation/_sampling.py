@@ -41,22 +41,24 @@ class SamplingConfig:
 
 
 class CallSite:
-    """The calls of one hook (e.g. the draft forward's pre-hook): how many, and the call keys seen.
+    """The calls of one hook (e.g. the draft forward's pre body): how many, and the call keys seen.
 
     A call key is what the hook read from its tensors (shape, dtype, device, expected width of each,
     in order); a call is sampled when it is a first call, every ``sample_every``-th, or its key is
     new here. ``calls``: calls so far (the next call's index, which is the ``call_index`` of every
     tensor event of that call); ``due``: the index of the next call sampled by count, so that the
     hot path (``HookState.sample``) decides "not sampled" with one comparison; ``seen``: call keys
-    seen (up to ``max_signatures``, then it starts over). This class holds the state and the rarely
-    taken branches (:meth:`schedule`, :meth:`remember`).
+    seen (up to ``max_signatures``, then it starts over); ``last``: the previous call's key (always
+    in ``seen``: a repeated signature is recognised by one tuple comparison, without hashing). This
+    class holds the state and the rarely taken branches (:meth:`schedule`, :meth:`remember`).
     """
 
-    __slots__ = ("calls", "due", "seen", "_first", "_every", "_max")
+    __slots__ = ("calls", "due", "seen", "last", "_first", "_every", "_max")
 
     def __init__(self, sampling: SamplingConfig) -> None:
         self.calls = self.due = 0
         self.seen: set[tuple] = set()
+        self.last: tuple | None = None
         self._first, self._every, self._max = (
             sampling.first_calls, sampling.sample_every, sampling.max_signatures)
 
@@ -67,7 +69,8 @@ class CallSite:
         self.due = following if following < self._first else -(-following // self._every) * self._every
 
     def remember(self, key: tuple) -> None:
-        """Add a new call key; start over when full."""
+        """Add a new call key; start over when full (the key just added stays: ``last`` is in
+        ``seen``)."""
         if len(self.seen) >= self._max:
             self.seen.clear()
         self.seen.add(key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -18,11 +18,15 @@ from specscope.events import Event, ProvenanceEvent, TensorEvent
 from specscope.instrumentation._sampling import CallSite, SamplingConfig, value_stats
 
 if TYPE_CHECKING:
-    from torch.utils.hooks import RemovableHandle
-
     from specscope.instrumentation._provenance import Provenance
 
 logger = logging.getLogger("specscope")
+
+
+class Removable(Protocol):
+    """A hook's handle (:class:`~specscope.instrumentation._forward.ForwardTap`)."""
+
+    def remove(self) -> None: ...
 
 
 class HookState:
@@ -53,20 +57,21 @@ class HookState:
         # it, so a hooked target forward is the only reliable mark of a target-fed draft call.
         self.target_fed = self.sees_target = self.installed = False
         self.provenance: Provenance | None = None
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[Removable] = []
         self._failed_points: set[str] = set()
 
     # -- wiring (instrument time / close) -------------------------------------------------------
 
-    def install(self, handles: Sequence[RemovableHandle], provenance: Provenance | None,
+    def install(self, handles: Sequence[Removable], provenance: Provenance | None,
                 sees_target: bool) -> None:
-        """Take ownership of the registered hooks' handles (removed by :meth:`remove`)."""
+        """Take ownership of the installed hooks' handles (removed by :meth:`remove`)."""
         self._handles.extend(handles)
         self.provenance, self.sees_target, self.installed = provenance, sees_target, True
 
     def remove(self) -> None:
-        """Remove every installed hook (idempotent)."""
-        for handle in self._handles:
+        """Remove every installed hook, the last installed first (a module hooked twice is wrapped
+        twice: unwrapping in reverse restores it whole). Idempotent."""
+        for handle in reversed(self._handles):
             handle.remove()
         self._handles.clear()
 
@@ -108,17 +113,22 @@ class HookState:
         or a call ``key`` (the signatures of its tensors) not seen there before. Its index is
         ``site.calls - 1``.
 
-        The common call (not sampled by count, seen key) is one counter bump, one comparison and one
-        set lookup: "not sampled" is decided by count before the key is looked at.
+        The common call (not sampled by count, the key of the site's previous call) is one counter
+        bump, one comparison of indices and one of keys (no hashing); a key that differs from the
+        previous one is looked up in the set of seen keys.
         """
         index = site.calls
         site.calls = index + 1
         if index != site.due:
+            if key == site.last:
+                return False
+            site.last = key
             if key in site.seen:
                 return False
             site.remember(key)
         else:
             site.schedule()
+            site.last = key
             if key not in site.seen:
                 site.remember(key)
         return True

@@ -1,0 +1,150 @@
+"""Attach hook bodies to a module by wrapping its ``forward``, not through torch's hook registry.
+
+Mechanism (the convention of Hugging Face accelerate's ``add_hook_to_module``,
+``accelerate/hooks.py``): the module instance gets a ``forward`` attribute that runs the pre body,
+the previous forward and the post body. ``nn.Module._call_impl`` calls ``self.forward`` on its fast
+path, which it leaves for a slower one as soon as any torch hook is registered on the module (or
+globally); that slow path alone cost about as much as the whole budget of a shape-only hook
+(README, "Performance"). Engines therefore run unchanged, with one extra Python frame per hooked
+module call.
+
+The wrapper is bound with :class:`types.MethodType` and calls the class's ``forward`` function with
+the module it is bound to, so that ``copy.deepcopy`` (which rebinds methods to the copy) yields a
+copy that runs its own forward; a copy is not instrumented (it records nothing, it is not the
+module the tracer hooked). A module whose ``forward`` was already an instance attribute (another
+wrapper) keeps it in its ``__dict__`` under a private name and the wrapper calls it through
+``self``, so copies get theirs too. ``inspect.signature(module.forward)`` is the previous forward's
+(``__signature__`` / ``__wrapped__``, as ``functools.wraps`` would set them).
+
+Guarantees: the bodies' exceptions are counted and logged once per point by
+:meth:`HookState.failed` and never reach the engine; the output is returned as the forward returned
+it; under ``torch.compile`` tracing the wrapper only calls the previous forward
+(``torch.compiler.is_compiling()`` is a constant to TorchDynamo, so compiled graphs hold nothing of
+specscope, as with CUDA-graph replay). :meth:`ForwardTap.remove` restores the module; when something
+wrapped ``forward`` after us, that wrapper stays in place and ours becomes a pass-through.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from specscope.instrumentation._state import HookState
+
+PreBody = Callable[[bool, tuple, dict], None]
+"""``pre(capturing, args, kwargs)``: runs before the forward with its arguments."""
+PostBody = Callable[[bool, Any], None]
+"""``post(capturing, output)``: runs after the forward with what it returned."""
+
+_PREVIOUS = "_specscope_previous_forward_"
+_serial = itertools.count()
+
+
+class ForwardTap:
+    """Handle of one wrapped ``forward`` (what :meth:`HookState.install` owns): :meth:`remove`."""
+
+    __slots__ = ("_module", "_function", "_previous_key", "_disable")
+
+    def __init__(self, module: nn.Module, function: Callable, previous_key: str | None,
+                 disable: Callable[[], None]) -> None:
+        self._module, self._function, self._previous_key, self._disable = (
+            module, function, previous_key, disable)
+
+    def remove(self) -> None:
+        """Restore the module's previous ``forward`` if ours is still the outermost; else leave
+        the outer wrapper alone. Either way ours passes through from now on (a reference to it
+        kept elsewhere stays harmless). Idempotent."""
+        module, self._module = self._module, None
+        if module is None:
+            return
+        self._disable()
+        current = module.__dict__.get("forward")
+        if getattr(current, "__func__", None) is self._function and current.__self__ is module:
+            if self._previous_key is None:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = module.__dict__.pop(self._previous_key)
+
+
+def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
+                post: PostBody | None = None, pre_point: str = "", post_point: str = "") -> ForwardTap:
+    """Wrap ``module.forward`` to run ``pre`` and / or ``post`` around it; returns the handle.
+
+    Each body call counts one hook call (``state.calls``; ``state.capture_calls`` while a CUDA graph
+    is captured, probed once per module call); an exception in a body is counted at ``pre_point`` /
+    ``post_point`` (:meth:`HookState.failed`) and the call goes on.
+    """
+    compiling, probe, failed = torch.compiler.is_compiling, state.capturing, state.failed
+    inner, previous_key, original = _inner_forward(module)
+    owner: nn.Module | None = module
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if compiling() or self is not owner:  # traced by Dynamo, a copy, or removed: pass through
+            return inner(self, *args, **kwargs)
+        capturing = False
+        if pre is not None:
+            state.calls += 1
+            try:
+                if probe is not None and probe():
+                    capturing = True
+                    state.capture_calls += 1
+                pre(capturing, args, kwargs)
+            except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
+                failed(pre_point, exc)
+        output = inner(self, *args, **kwargs)
+        if post is not None:
+            state.calls += 1
+            try:
+                if pre is None and probe is not None:
+                    capturing = probe()
+                if capturing:
+                    state.capture_calls += 1
+                post(capturing, output)
+            except Exception as exc:  # noqa: BLE001
+                failed(post_point, exc)
+        return output
+
+    def disable() -> None:
+        nonlocal owner
+        owner = None
+
+    functools.update_wrapper(forward, original)
+    try:
+        forward.__signature__ = _with_self(inspect.signature(module.forward))  # type: ignore[attr-defined]
+    except (TypeError, ValueError):  # no signature to give (a builtin): inspect says so itself
+        pass
+    module.__dict__["forward"] = types.MethodType(forward, module)
+    return ForwardTap(module, forward, previous_key, disable)
+
+
+def _inner_forward(module: nn.Module) -> tuple[Callable[..., Any], str | None, Callable[..., Any]]:
+    """``(inner, previous_key, original)``: ``inner(self, *args, **kwargs)`` runs the forward the
+    module has now; ``previous_key`` names where an instance-attribute forward was moved (None
+    when the forward is the class's); ``original`` is what ``__wrapped__`` points to."""
+    if "forward" not in module.__dict__:
+        function = inspect.getattr_static(module, "forward")
+        if isinstance(function, types.FunctionType):
+            return function, None, function
+    previous = module.forward
+    key = f"{_PREVIOUS}{next(_serial)}"
+    module.__dict__[key] = previous
+
+    def inner(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # A deep copy has its own copy of the previous forward under ``key``; the owner, once
+        # restored, no longer has it there.
+        return self.__dict__.get(key, previous)(*args, **kwargs)
+
+    return inner, key, previous
+
+
+def _with_self(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` of a bound forward with a leading ``self``, so that binding drops it again."""
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    return signature.replace(parameters=[this, *signature.parameters.values()])
