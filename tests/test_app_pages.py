@@ -283,3 +283,24 @@ def test_gpus_cells_show_widths_and_the_doctors_divergence(monkeypatch, doctor_s
     row = cells[cells["hook point"] == "draft.forward:hidden_states"].iloc[0]
     assert row["ranks differ"] == "DIFFER"
     assert row["rank 0"].startswith("…×1728 (") and "…×576 ≠ …×1728" in row["rank 1"]
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("dash3") / "store.db"
+    return write_store(path, [trace("healthy-run", world_size=2),
+                              trace("faulty-run", fault="no-aux-capture", t0=1_750_000_100.0),
+                              trace("other-run", t0=1_750_000_200.0)])
+
+
+def test_every_pick_of_the_run_picker_takes(monkeypatch, three_runs):
+    """The picker's labels change with the selection (the open run shows the doctor's counts): each
+    pick, one after another, must open the run picked, on the page shown and after a page switch."""
+    at = app(monkeypatch, three_runs)
+    for run_id in ("healthy-run", "faulty-run", "other-run", "healthy-run", "faulty-run"):
+        at.sidebar.selectbox[0].set_value(run_id).run()
+        assert not at.exception
+        assert at.sidebar.selectbox[0].value == run_id and at.session_state["run_id"] == run_id
+        assert run_id in at.caption[0].value  # the Overview's run line names the run shown
+    visit(at, "tensors")
+    assert at.sidebar.selectbox[0].value == "faulty-run"

@@ -26,6 +26,7 @@ logger = logging.getLogger("specscope")
 REFRESH_S = 2.0  # refresh period of live pages, and the TTL of cached queries (seconds)
 FINISHED_TTL_S = 600.0  # cache lifetime of a finished run's rows (seconds)
 RUN_KEY = "run_id"
+PICKER_KEY = "run_picker"  # the select box's own state
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
 STATE_LABEL = {"running": "live", "finished": "finished", "stale": "stale (no event for > 60 s)"}
@@ -148,19 +149,31 @@ def run_label(run: dict[str, Any], diagnosed: bool = False) -> str:
             f"{STATE_LABEL[run['state']]} · {run['run_id'][:12]}")
 
 
+def _picked() -> None:
+    st.session_state[RUN_KEY] = st.session_state[PICKER_KEY]
+
+
 def run_picker() -> str:
     """Sidebar select box of the store's runs (newest first, so the app opens on the latest run);
     returns the selected run id, kept in ``st.session_state['run_id']`` (a plain key, not the
-    widget's, so the choice survives page switches). Each page calls it first. The open run is
-    labelled with the doctor's counts (the page shows its findings anyway), the others with their
-    stored counts."""
+    widget's, so the choice survives page switches, which drop a widget's state). Each page calls it
+    first. The open run is labelled with the doctor's counts (the page shows its findings anyway), the
+    others with their stored counts.
+
+    The select box has a key: Streamlit then identifies it by the key alone (1.4x on), not by its
+    labels, which change with the selection; without one every other pick made a new widget that
+    came back on the previous run."""
     runs = query("runs")
     ids = [run["run_id"] for run in runs]
     current = st.session_state.get(RUN_KEY)
-    index = ids.index(current) if current in ids else 0
-    labels = {run["run_id"]: run_label(run, diagnosed=i == index) for i, run in enumerate(runs)}
-    chosen = st.sidebar.selectbox("Run", ids, index=index, format_func=labels.__getitem__)
-    st.session_state[RUN_KEY] = chosen
+    if current not in ids:  # first view, or the run vanished
+        current = ids[0]
+    # RUN_KEY is the truth (a pick reaches it through the callback, before this run); the select box
+    # is set from it on every run, since a page switch drops the box's own state.
+    st.session_state[RUN_KEY] = st.session_state[PICKER_KEY] = current
+    labels = {run["run_id"]: run_label(run, diagnosed=run["run_id"] == current) for run in runs}
+    chosen = st.sidebar.selectbox("Run", ids, key=PICKER_KEY, format_func=labels.__getitem__,
+                                  on_change=_picked)
     st.sidebar.caption(f"store: `{db_url()}`")
     return chosen
 
