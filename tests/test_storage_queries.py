@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specscope import events as ev
+from specscope.errors import StoreError
 from specscope.storage import queries as q
 
 RUN = "r"
@@ -41,3 +42,10 @@ def test_wrong_parameters_are_refused(store):
         store.fetch(q.RUN)
     with pytest.raises(ValueError, match=r"unknown parameters \['rank'\]"):
         store.fetch(q.RUN, run_id=RUN, rank=0)
+
+
+def test_fetch_takes_named_queries_and_query_takes_sql(store):
+    with pytest.raises(TypeError, match="for SQL of your own use Store.query"):
+        store.fetch("SELECT 1")
+    with pytest.raises(StoreError, match="the query is empty"):
+        store.query("  \n ")

@@ -47,6 +47,8 @@ _ACTION_NAMES = {
 }
 _TABLE_WRITES = {sqlite3.SQLITE_INSERT: "INSERT", sqlite3.SQLITE_UPDATE: "UPDATE",
                  sqlite3.SQLITE_DELETE: "DELETE"}
+# SQLite authorizes CREATE / DROP as a write on its schema table before the CREATE / DROP action itself
+_SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"})
 
 
 @dataclass
@@ -88,6 +90,8 @@ class SqliteGuard:
                 self.denied = f"PRAGMA {arg1}"
             elif action == sqlite3.SQLITE_FUNCTION:
                 self.denied = f"function {arg2}()"
+            elif action in _TABLE_WRITES and arg1 in _SCHEMA_TABLES:
+                self.denied = "changing the schema (CREATE / DROP)"
             elif action in _TABLE_WRITES:
                 self.denied = f"{_TABLE_WRITES[action]} on {arg1}"
             else:

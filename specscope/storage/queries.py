@@ -55,10 +55,14 @@ def fetch(conn: Connection, query: Query, **params: Any) -> list[dict[str, Any]]
     """Rows of ``query`` over ``conn`` as dicts; NUMERIC values as int (integral) or float.
 
     Raises:
+        TypeError: ``query`` is not a :class:`Query` (for SQL of your own, use ``Store.query``).
         ValueError: ``params`` miss a parameter of the query or name one it does not take.
         sqlalchemy.exc.SQLAlchemyError: the database refused it (a Store's connection turns this
             into :class:`~specscope.errors.StoreError`).
     """
+    if not isinstance(query, Query):
+        raise TypeError(f"fetch takes a named query of specscope.storage.queries, not {type(query).__name__}; "
+                        "for SQL of your own use Store.query(sql)")
     missing, unknown = query.params - params.keys(), params.keys() - query.params
     if missing or unknown:
         raise ValueError(f"query {query.name}: missing parameters {sorted(missing)}, "

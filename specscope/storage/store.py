@@ -216,9 +216,11 @@ class Store:
         Raises:
             ReadOnlyViolation: the statement tried to write or to reach outside the store; nothing
                 changed and no file was created.
-            StoreError: the database rejected the SQL (its message), more than one statement, a
-                negative limit, or the time limit expired.
+            StoreError: the database rejected the SQL (its message), an empty query, more than one
+                statement, a negative limit, or the time limit expired.
         """
+        if not sql.strip():
+            raise StoreError("the query is empty: give one SQL statement")
         if limit is not None and limit < 0:
             raise StoreError(f"query limit must be >= 0, got {limit}")
         if timeout_s is not None and not timeout_s > 0:
