@@ -97,7 +97,7 @@ def _sqlite_engine(path: Path, *, read_only: bool, busy_timeout_s: float) -> Eng
         if read_only:
             dbapi_connection.execute("PRAGMA query_only = ON")
         else:
-            dbapi_connection.execute("PRAGMA journal_mode = WAL")
+            _set_wal(dbapi_connection, busy_timeout_s)
             dbapi_connection.execute("PRAGMA synchronous = NORMAL")
 
     @event.listens_for(engine, "begin")
@@ -105,6 +105,21 @@ def _sqlite_engine(path: Path, *, read_only: bool, busy_timeout_s: float) -> Eng
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _set_wal(connection: sqlite3.Connection, busy_timeout_s: float) -> None:
+    """``PRAGMA journal_mode = WAL``, retried until ``busy_timeout_s``: while another connection
+    creates the file (concurrent first opens), the switch can fail with "database is locked" at once,
+    without SQLite waiting out the busy timeout as it does for ordinary locks (seen under load)."""
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _postgres_engine(url: sa.URL, *, read_only: bool) -> Engine:
