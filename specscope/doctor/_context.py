@@ -104,11 +104,9 @@ class RunContext:
 
     @cached_property
     def acceptance(self) -> Acceptance:
-        rows = self.rows(q.RUN)
-        if not rows:  # only between the run's RunStart and its first write: read the counts alone
-            requests = self.rows(q.REQUEST_COUNT)[0].requests
-            return Acceptance(int(requests), 0, 0, 0, None, None)
-        row = rows[0]
+        # the context was opened from this run's ``runs`` row, so v_run_summary has its row (LEFT
+        # JOINs: 0 verify steps and NULL ratios before the first one)
+        (row,) = self.rows(q.RUN)
         return Acceptance(int(row.requests), int(row.verify_steps), int(row.proposed or 0),
                           int(row.accepted or 0), _float(row.mean_acceptance_length),
                           _float(row.acceptance_rate))

@@ -163,8 +163,6 @@ REQUEST_POSITIONS = Query("request_positions", """
     WHERE run_id = :run_id AND request_id = :request_id ORDER BY position""")
 """Per-position acceptance p_i of one request (denominator: its verify steps)."""
 
-REQUEST_COUNT = Query("request_count", "SELECT COUNT(*) AS requests FROM requests WHERE run_id = :run_id")
-
 # -- ranks ---------------------------------------------------------------------------------------
 
 RANKS = Query("ranks", """
