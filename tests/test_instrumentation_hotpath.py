@@ -100,3 +100,34 @@ def test_non_tensors_take_the_general_path():
     assert calls[points.DRAFT_HIDDEN_STATES] == [0, 4]
     assert calls["draft.pair:input.0"] == calls["draft.pair:output.0"] == [0, 2, 4]  # first, new, 4th
     assert not sink.tensors("draft.pair:input.1") and not sink.tensors("draft.pair:output.1")
+
+
+def test_the_bodies_of_a_module_call_share_its_index_and_due_flag():
+    """One count per module call: the pre and post bodies get the same index, the same ``due`` (first
+    calls, then every Nth) and the same capture flag; hook calls are module calls x bodies and stay
+    counted after removal; a capture probe that raises is counted and the call goes on."""
+    from specscope.instrumentation._forward import tap_forward
+    from specscope.instrumentation._state import HookState
+
+    answers = iter([False, True, None])
+
+    def probe() -> bool:
+        answer = next(answers)
+        if answer is None:
+            raise RuntimeError("probe broke")
+        return answer
+
+    seen = []
+    state = HookState(ListSink(), "r", 0, SamplingConfig(first_calls=1, sample_every=2), probe)
+    layer = nn.Linear(2, 2)
+    tap = tap_forward(layer, state, pre=lambda capturing, due, index, args, kwargs: seen.append(
+                          ("pre", capturing, due, index)),
+                      post=lambda capturing, due, index, output: seen.append(("post", capturing, due, index)),
+                      pre_point="layer:input", post_point="layer:output")
+    for _ in range(3):
+        layer(torch.zeros(1, 2))
+    tap.remove()
+    layer(torch.zeros(1, 2))  # unhooked: not counted
+    assert seen == [("pre", False, True, 0), ("post", False, True, 0), ("pre", True, False, 1),
+                    ("post", True, False, 1), ("pre", False, True, 2), ("post", False, True, 2)]
+    assert (state.calls, state.capture_calls, state.errors) == (6, 2, 1)

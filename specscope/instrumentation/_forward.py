@@ -38,10 +38,12 @@ from torch import nn
 
 from specscope.instrumentation._state import HookState
 
-PreBody = Callable[[bool, tuple, dict], None]
-"""``pre(capturing, args, kwargs)``: runs before the forward with its arguments."""
-PostBody = Callable[[bool, Any], None]
-"""``post(capturing, output)``: runs after the forward with what it returned."""
+PreBody = Callable[[bool, bool, int, tuple, dict], None]
+"""``pre(capturing, due, index, args, kwargs)``: runs before the forward with its arguments;
+``index``: the module call's index (the ``call_index`` of its events); ``due``: the call is sampled
+by count (:class:`~specscope.instrumentation._sampling.CallCount`)."""
+PostBody = Callable[[bool, bool, int, Any], None]
+"""``post(capturing, due, index, output)``: runs after the forward with what it returned."""
 
 _PREVIOUS = "_specscope_previous_forward_"
 _serial = itertools.count()
@@ -77,36 +79,42 @@ def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
                 post: PostBody | None = None, pre_point: str = "", post_point: str = "") -> ForwardTap:
     """Wrap ``module.forward`` to run ``pre`` and / or ``post`` around it; returns the handle.
 
-    Each body call counts one hook call (``state.calls``; ``state.capture_calls`` while a CUDA graph
-    is captured, probed once per module call); an exception in a body is counted at ``pre_point`` /
-    ``post_point`` (:meth:`HookState.failed`) and the call goes on.
+    Per module call the wrapper takes the call's index and whether it is due by count from one
+    :class:`~specscope.instrumentation._sampling.CallCount` (:meth:`HookState.count`; each body call
+    is a hook call, ``state.calls``), probes once for CUDA-graph capture (``state.capture_calls``)
+    and passes all three to the bodies. An exception in a body or in the probe is counted at
+    ``pre_point`` / ``post_point`` (:meth:`HookState.failed`) and the call goes on.
     """
     compiling, probe, failed = torch.compiler.is_compiling, state.capturing, state.failed
     inner, previous_key, original = _inner_forward(module)
+    count = state.count((pre is not None) + (post is not None))
     owner: nn.Module | None = module
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if compiling() or self is not owner:  # traced by Dynamo, a copy, or removed: pass through
             return inner(self, *args, **kwargs)
+        index = count.calls
+        count.calls = index + 1
+        due = index == count.due
+        if due:
+            count.schedule()
         capturing = False
-        if pre is not None:
-            state.calls += 1
+        if probe is not None:
             try:
-                if probe is not None and probe():
+                if probe():
                     capturing = True
-                    state.capture_calls += 1
-                pre(capturing, args, kwargs)
+                    state.capture_calls += count.bodies
             except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
+                failed(pre_point or post_point, exc)
+        if pre is not None:
+            try:
+                pre(capturing, due, index, args, kwargs)
+            except Exception as exc:  # noqa: BLE001
                 failed(pre_point, exc)
         output = inner(self, *args, **kwargs)
         if post is not None:
-            state.calls += 1
             try:
-                if pre is None and probe is not None:
-                    capturing = probe()
-                if capturing:
-                    state.capture_calls += 1
-                post(capturing, output)
+                post(capturing, due, index, output)
             except Exception as exc:  # noqa: BLE001
                 failed(post_point, exc)
         return output

@@ -1,15 +1,17 @@
 """Hook bodies: closures over a :class:`HookState`. Everything a body needs is bound when it is made.
 
 A body runs inside the wrapper :func:`~specscope.instrumentation._forward.tap_forward` puts around
-a module's ``forward``: a pre body as ``pre(capturing, args, kwargs)`` before it, a post body as
-``post(capturing, output)`` after it. Per call a body reads its tensors' metadata into one call key (``(shape, dtype, device)`` of each,
-read in C by :data:`SIGNATURE` when the value is a tensor or a sequence of tensors), counts the call
-at its :class:`CallSite` and returns unless the call is sampled (:meth:`HookState.sample`); only a
-sampled call builds names and events. Values that are not plain tensors or sequences of tensors
-(mappings, mixed sequences, keyword arguments) take the general path, which names every tensor in
-the key.
+a module's ``forward``: a pre body as ``pre(capturing, due, index, args, kwargs)`` before it, a post
+body as ``post(capturing, due, index, output)`` after it (``index``: the module call's index,
+``due``: sampled by count). Per call a body reads its tensors' metadata into one call key
+(``(shape, dtype, device)`` of each, read in C by :data:`SIGNATURE` when the value is a tensor or a
+sequence of tensors) and returns when the call is not due and the key is its previous call's (one
+tuple comparison); otherwise its :class:`CallSite` says whether the key is new
+(:meth:`CallSite.sampled`). Only a sampled call builds names and events. Values that are not plain
+tensors or sequences of tensors (mappings, mixed sequences, keyword arguments) take the general
+path, which names every tensor in the key.
 
-The wrapper counts every body call, and an exception in a body is counted and logged once by the
+The wrapper counts the module calls, and an exception in a body is counted and logged once by the
 state and never reaches the engine; bodies return None and the wrapper passes arguments and output
 through untouched.
 """
@@ -90,15 +92,16 @@ def _general_key(items: list[tuple[str, Tensor, int | None]]) -> tuple:
 
 
 def value_hook(state: HookState, sampling: SamplingConfig, table: PointTable, name: str) -> PostBody:
-    """``body(capturing, value)``, recording one value as ``name`` (a forward's output, or its
+    """``body(capturing, due, index, value)``, recording one value as ``name`` (a forward's output, or its
     positional inputs as :func:`module_hooks` passes them). A tensor is ``name``, a sequence's
     tensors ``name.0``, ``name.1``, ..."""
     site = CallSite(sampling)
 
-    def body(capturing: bool, value: Any) -> None:
+    def body(capturing: bool, due: bool, index: int, value: Any) -> None:
         if isinstance(value, Tensor):
-            if state.sample(site, SIGNATURE(value)):
-                state.record(table.get(name), site.calls - 1, value, None, capturing)
+            key = SIGNATURE(value)
+            if (due or key != site.last) and site.sampled(key, due):
+                state.record(table.get(name), index, value, None, capturing)
             return
         key = None
         if isinstance(value, (tuple, list)) and len(value) <= MAX_ITEMS:
@@ -107,14 +110,14 @@ def value_hook(state: HookState, sampling: SamplingConfig, table: PointTable, na
             except AttributeError:  # something other than a tensor inside: the general path
                 pass
         if key is not None:
-            if state.sample(site, key):
+            if (due or key != site.last) and site.sampled(key, due):
                 for point, item in zip(table.run(name, len(value)), value):
-                    state.record(point, site.calls - 1, item, None, capturing)
+                    state.record(point, index, item, None, capturing)
             return
         items = [(point, tensor, None) for point, tensor in _tensors(table, name, value)]
-        if state.sample(site, _general_key(items)):
+        if site.sampled(_general_key(items), due):
             for point, tensor, _ in items:
-                state.record(point, site.calls - 1, tensor, None, capturing)
+                state.record(point, index, tensor, None, capturing)
 
     return body
 
@@ -152,11 +155,12 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
     hidden_point = inputs.get(hidden_arg)
     hidden_at = names.index(hidden_arg) if hidden_arg in names else None
     count = len(names)
-    calls = CallSite(sampling)
+    site = CallSite(sampling)
 
-    def pre(capturing: bool, args: tuple, kwargs: dict) -> None:
+    def pre(capturing: bool, due: bool, index: int, args: tuple, kwargs: dict) -> None:
         fed = state.target_fed
-        state.target_fed = False
+        if fed:
+            state.target_fed = False
         width = fused_width if fed else draft_width
         key = None
         if not kwargs and len(args) == count:
@@ -165,29 +169,29 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
             except AttributeError:  # a positional argument that is not a tensor: the general path
                 pass
         if key is None:
-            _draft_call(capturing, args, kwargs, fed, width)
+            _draft_call(capturing, due, index, args, kwargs, fed, width)
             return
-        if state.sample(calls, key):
-            index = calls.calls - 1
+        if (due or key != site.last) and site.sampled(key, due):
             for point, value in zip(positional, args):
                 state.record(point, index, value, width if point is hidden_point else None, capturing)
         if fed and provenance is not None and not capturing and hidden_at is not None:
-            state.check_provenance(args[hidden_at], calls.calls - 1)
+            state.check_provenance(args[hidden_at], index)
 
-    def _draft_call(capturing: bool, args: tuple, kwargs: dict, fed: bool, width: int) -> None:
+    def _draft_call(capturing: bool, due: bool, index: int, args: tuple, kwargs: dict, fed: bool,
+                    width: int) -> None:
         # General path: named arguments (keywords, extra positionals, containers, non-tensors).
         named = chain(zip(names, args),
                       ((points.item("args", i), a) for i, a in enumerate(args[count:], count)),
                       kwargs.items())
         items = [(point, tensor, width if point == hidden_point else None)
                  for name, value in named for point, tensor in _tensors(inputs, name, value)]
-        if state.sample(calls, _general_key(items)):
+        if site.sampled(_general_key(items), due):
             for point, tensor, expected in items:
-                state.record(point, calls.calls - 1, tensor, expected, capturing)
+                state.record(point, index, tensor, expected, capturing)
         if fed and provenance is not None and not capturing:
             for point, tensor, _ in items:
                 if point == hidden_point:
-                    state.check_provenance(tensor, calls.calls - 1)
+                    state.check_provenance(tensor, index)
 
     return pre, value_hook(state, sampling, PointTable(points.DRAFT_FORWARD), points.OUTPUT)
 
@@ -202,15 +206,16 @@ def fused_input_hook(state: HookState, sampling: SamplingConfig, name: str, fuse
     provenance on sampled calls.
     """
     point = points.point(name, points.INPUT)
-    calls = CallSite(sampling)
+    site = CallSite(sampling)
 
-    def pre(capturing: bool, args: tuple, kwargs: dict) -> None:
+    def pre(capturing: bool, due: bool, index: int, args: tuple, kwargs: dict) -> None:
         if not args or not isinstance(args[0], Tensor):
             return
-        if state.sample(calls, SIGNATURE(args[0])):
-            state.record(point, calls.calls - 1, args[0], fused_width, capturing)
+        key = SIGNATURE(args[0])
+        if (due or key != site.last) and site.sampled(key, due):
+            state.record(point, index, args[0], fused_width, capturing)
         if provenance is not None and not capturing:
-            state.check_provenance(args[0], calls.calls - 1)
+            state.check_provenance(args[0], index)
 
     return pre
 
@@ -234,16 +239,18 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
     residual-stream value fingerprinted on sampled steps (default: the same tensor).
     """
     name = points.target_layer_input(index)
-    calls = CallSite(sampling)
+    site = CallSite(sampling)
 
-    def pre(capturing: bool, args: tuple, kwargs: dict) -> None:
+    def pre(capturing: bool, due: bool, call: int, args: tuple, kwargs: dict) -> None:
         if first:  # a new target forward: the next draft call is target-fed
             state.target_forward()
         hidden = layer_input(args, kwargs)
         if hidden is None:
             return
-        if record and state.sample(calls, SIGNATURE(hidden)):
-            state.record(name, calls.calls - 1, hidden, width, capturing)
+        if record:
+            key = SIGNATURE(hidden)
+            if (due or key != site.last) and site.sampled(key, due):
+                state.record(name, call, hidden, width, capturing)
         if provenance is not None and not capturing and provenance.due:
             provenance.record(index, hidden if layer_value is None else layer_value(args, kwargs))
 
@@ -253,7 +260,7 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
 def final_norm_hook(state: HookState, provenance: Provenance, index: int) -> PostBody:
     """Post body on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
 
-    def post(capturing: bool, output: Any) -> None:
+    def post(capturing: bool, due: bool, call: int, output: Any) -> None:
         if isinstance(output, tuple) and output:  # fused add-norm (vLLM, SGLang): (normed, residual)
             output = output[0]
         if not capturing and provenance.due and isinstance(output, Tensor):
@@ -271,7 +278,7 @@ def module_hooks(state: HookState, sampling: SamplingConfig, name: str) -> tuple
     table = PointTable(name)
     inputs = value_hook(state, sampling, table, points.INPUT)
 
-    def pre(capturing: bool, args: tuple, kwargs: dict) -> None:
-        inputs(capturing, args[0] if len(args) == 1 else args)
+    def pre(capturing: bool, due: bool, index: int, args: tuple, kwargs: dict) -> None:
+        inputs(capturing, due, index, args[0] if len(args) == 1 else args)
 
     return pre, value_hook(state, sampling, table, points.OUTPUT)

@@ -40,27 +40,22 @@ class SamplingConfig:
             raise ConfigError("first_calls, provenance_every and max_signatures must be >= 0")
 
 
-class CallSite:
-    """The calls of one hook (e.g. the draft forward's pre body): how many, and the call keys seen.
+class CallCount:
+    """The calls of one wrapped module, shared by its hook bodies, and which are sampled by count.
 
-    A call key is what the hook read from its tensors (shape, dtype, device, expected width of each,
-    in order); a call is sampled when it is a first call, every ``sample_every``-th, or its key is
-    new here. ``calls``: calls so far (the next call's index, which is the ``call_index`` of every
-    tensor event of that call); ``due``: the index of the next call sampled by count, so that the
-    hot path (``HookState.sample``) decides "not sampled" with one comparison; ``seen``: call keys
-    seen (up to ``max_signatures``, then it starts over); ``last``: the previous call's key (always
-    in ``seen``: a repeated signature is recognised by one tuple comparison, without hashing). This
-    class holds the state and the rarely taken branches (:meth:`schedule`, :meth:`remember`).
+    ``calls``: module calls so far (the next call's index: the ``call_index`` of every tensor event
+    of that call, at every body of the module); ``due``: the index of the next call sampled by count
+    (a first call below ``first_calls``, then every ``sample_every``-th), so that the wrapper decides
+    "sampled by count" with one comparison per module call; ``bodies``: hook bodies run per module
+    call (1 or 2), so that hook calls are ``calls * bodies`` without counting each one.
     """
 
-    __slots__ = ("calls", "due", "seen", "last", "_first", "_every", "_max")
+    __slots__ = ("calls", "due", "bodies", "_first", "_every")
 
-    def __init__(self, sampling: SamplingConfig) -> None:
+    def __init__(self, sampling: SamplingConfig, bodies: int) -> None:
         self.calls = self.due = 0
-        self.seen: set[tuple] = set()
-        self.last: tuple | None = None
-        self._first, self._every, self._max = (
-            sampling.first_calls, sampling.sample_every, sampling.max_signatures)
+        self.bodies = bodies
+        self._first, self._every = sampling.first_calls, sampling.sample_every
 
     def schedule(self) -> None:
         """After the sampled call ``due``: the next call index that is a first call (below
@@ -68,12 +63,36 @@ class CallSite:
         following = self.due + 1
         self.due = following if following < self._first else -(-following // self._every) * self._every
 
-    def remember(self, key: tuple) -> None:
-        """Add a new call key; start over when full (the key just added stays: ``last`` is in
-        ``seen``)."""
+
+class CallSite:
+    """The call keys one hook body has seen.
+
+    A call key is what the body read from its tensors (shape, dtype, device, expected width of each,
+    in order). ``last``: the previous call's key (always in ``seen``), so that a repeated signature
+    is recognised by one tuple comparison, without hashing; ``seen``: keys seen (up to
+    ``max_signatures``, then it starts over). A body's common call (not due by count, the previous
+    call's key) costs one comparison and no call into this class:
+    ``if (due or key != site.last) and site.sampled(key, due): record``.
+    """
+
+    __slots__ = ("seen", "last", "_max")
+
+    def __init__(self, sampling: SamplingConfig) -> None:
+        self.seen: set[tuple] = set()
+        self.last: tuple | None = None
+        self._max = sampling.max_signatures
+
+    def sampled(self, key: tuple, due: bool) -> bool:
+        """Is a call with ``key`` sampled, given that it is ``due`` by count or that ``key`` differs
+        from the previous call's: when due, or when ``key`` was not seen here before (it is then
+        remembered; a full set starts over, keeping the key just added)."""
+        self.last = key
+        if key in self.seen:
+            return due
         if len(self.seen) >= self._max:
             self.seen.clear()
         self.seen.add(key)
+        return True
 
 
 def value_stats(tensor: torch.Tensor) -> tuple[float | None, float | None, int | None]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from specscope.events import Event, ProvenanceEvent, TensorEvent
-from specscope.instrumentation._sampling import CallSite, SamplingConfig, value_stats
+from specscope.instrumentation._sampling import CallCount, SamplingConfig, value_stats
 
 if TYPE_CHECKING:
     from specscope.instrumentation._provenance import Provenance
@@ -34,15 +34,18 @@ class HookState:
 
     ``sink``: where events go (``emit(event)``, never blocking); ``run_id`` / ``rank``: stamped on
     every event; ``sampling``: which calls become events; ``capturing``: a cheap ``() -> bool``, is a
-    CUDA graph being captured (``_context.capture_probe``; None where CUDA is unavailable). Counters (plain ints): ``calls`` (hook
-    calls), ``errors`` (hook or sink failures), ``capture_calls`` (calls under graph capture).
+    CUDA graph being captured (``_context.capture_probe``; None where CUDA is unavailable).
+    Counters: :attr:`calls` (hook calls, summed from the wrappers' :class:`CallCount` when read),
+    ``errors`` (hook or sink failures) and ``capture_calls`` (hook calls under graph capture), plain
+    ints.
     Request tags: ``request`` / ``step`` (the request the engine last reported; exact at batch size 1).
     ``target_fed``: set by a target forward (or, without target hooks, by a request / verify-step
     boundary), consumed by the next draft call.
     """
 
-    __slots__ = ("sink", "run_id", "rank", "capturing", "value_stats", "calls", "errors", "capture_calls", "request", "step", "target_fed",
-                 "sees_target", "provenance", "installed", "_handles", "_failed_points")
+    __slots__ = ("sink", "run_id", "rank", "capturing", "value_stats", "errors", "capture_calls", "request",
+                 "step", "target_fed", "sees_target", "provenance", "installed", "_sampling", "_counts",
+                 "_handles", "_failed_points")
 
     def __init__(self, sink: object, run_id: str, rank: int, sampling: SamplingConfig,
                  capturing: Callable[[], bool] | None) -> None:
@@ -50,7 +53,9 @@ class HookState:
         self.run_id, self.rank = run_id, rank
         self.capturing = capturing
         self.value_stats = sampling.value_stats
-        self.calls = self.errors = self.capture_calls = 0
+        self.errors = self.capture_calls = 0
+        self._sampling = sampling
+        self._counts: list[CallCount] = []
         self.request: str | None = None
         self.step: int | None = None
         # Engines differ in when they report a verify step relative to the draft extend that follows
@@ -61,6 +66,19 @@ class HookState:
         self._failed_points: set[str] = set()
 
     # -- wiring (instrument time / close) -------------------------------------------------------
+
+    def count(self, bodies: int) -> CallCount:
+        """A new :class:`CallCount` for a wrapper that runs ``bodies`` hook bodies per module call;
+        its calls are part of :attr:`calls` from now on."""
+        count = CallCount(self._sampling, bodies)
+        self._counts.append(count)
+        return count
+
+    @property
+    def calls(self) -> int:
+        """Hook calls so far: every body call, sampled or not (module calls x bodies, summed over
+        the wrappers, removed ones included)."""
+        return sum(count.calls * count.bodies for count in self._counts)
 
     def install(self, handles: Sequence[Removable], provenance: Provenance | None,
                 sees_target: bool) -> None:
@@ -107,31 +125,6 @@ class HookState:
                            point, type(exc).__name__, exc)
 
     # -- hot path ---------------------------------------------------------------------------------
-
-    def sample(self, site: CallSite, key: tuple) -> bool:
-        """Count a call at ``site``; True when it is sampled: a first call, every ``sample_every``-th,
-        or a call ``key`` (the signatures of its tensors) not seen there before. Its index is
-        ``site.calls - 1``.
-
-        The common call (not sampled by count, the key of the site's previous call) is one counter
-        bump, one comparison of indices and one of keys (no hashing); a key that differs from the
-        previous one is looked up in the set of seen keys.
-        """
-        index = site.calls
-        site.calls = index + 1
-        if index != site.due:
-            if key == site.last:
-                return False
-            site.last = key
-            if key in site.seen:
-                return False
-            site.remember(key)
-        else:
-            site.schedule()
-            site.last = key
-            if key not in site.seen:
-                site.remember(key)
-        return True
 
     def record(self, name: str, index: int, tensor: torch.Tensor, expected_width: int | None,
                capturing: bool) -> None:
