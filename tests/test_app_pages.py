@@ -98,6 +98,22 @@ def test_faulty_run_pages(monkeypatch, two_runs):
     assert at.dataframe and at.get("download_button")
 
 
+def test_gpus_page_names_the_findings_of_each_rank(monkeypatch, demo_store):
+    """The real two-rank demo run, rank 1 without aux capture: rank 1's row carries the doctor's
+    findings that name it (AUX_NOT_FUSED among them), rank 0's row none."""
+    from specscope.doctor import diagnose
+
+    with open_store(demo_store, create=False, read_only=True) as store:
+        ranked = max(store.fetch(RUNS), key=lambda r: r["started_wall"])["run_id"]
+        fused = [f for f in diagnose(store, ranked).findings if f.code == "AUX_NOT_FUSED"]
+    assert [f.evidence["ranks"] for f in fused] == [[1]]
+    at = app(monkeypatch, demo_store)
+    at.sidebar.selectbox[0].set_value(ranked).run()
+    visit(at, "gpus")
+    named = {row["rank"]: row["findings"] for row in at.dataframe[0].value.to_dict("records")}
+    assert named[0] == "" and "AUX_NOT_FUSED" in named[1].split(", "), named
+
+
 def test_sql_page_refuses_writes(monkeypatch, two_runs):
     at = visit(app(monkeypatch, two_runs), "sql")
     at.text_area[0].set_value("DELETE FROM runs")

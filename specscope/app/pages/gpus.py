@@ -1,20 +1,40 @@
-"""GPUs: per rank (device) acceptance, steps, throughput, counters and the shapes seen at each hook
-point; ranks that differ from the others are highlighted."""
+"""GPUs: per rank (device) acceptance, steps, throughput, counters, the doctor's findings that name
+the rank, and the shapes seen at each hook point; ranks that differ from the others or that a
+finding names are highlighted."""
 
 import pandas as pd
 import streamlit as st
 
 from specscope.app import charts, widgets
+from specscope.events import Finding
 
 run_id = widgets.run_picker()
 summary = widgets.query("run_summary", run_id)
 st.title("GPUs")
 
 
-def _rank_frame(rows: list[dict], flagged: set[int]) -> pd.DataFrame:
-    """Ranks as a table; ``flagged`` ranks (named by the doctor's RANK_DIVERGENCE) and ranks with
-    hook errors or dropped events highlighted."""
-    frame = pd.DataFrame([{"rank": r["rank"], "device": r["device"], "host": r["host"],
+def _rank_findings(findings: list[Finding]) -> dict[int, list[str]]:
+    """Per rank, the codes of the doctor's error and warning findings that name it: evidence
+    ``ranks`` (the ranks a finding was seen on), and RANK_DIVERGENCE's ``low_rank`` (its ``ranks``
+    are all the ranks compared)."""
+    named: dict[int, list[str]] = {}
+    for f in findings:
+        if f.severity not in ("error", "warning"):
+            continue
+        if f.code == "RANK_DIVERGENCE":
+            ranks = [f.evidence["low_rank"]] if "low_rank" in f.evidence else []
+        else:
+            ranks = f.evidence.get("ranks", [])
+        for rank in ranks:
+            named.setdefault(rank, []).append(f.code)
+    return named
+
+
+def _rank_frame(rows: list[dict], named: dict[int, list[str]]) -> pd.DataFrame:
+    """Ranks as a table with the findings that name each (:func:`_rank_findings`); ranks named by
+    a finding and ranks with hook errors or dropped events highlighted."""
+    frame = pd.DataFrame([{"rank": r["rank"], "findings": ", ".join(named.get(r["rank"], [])),
+                           "device": r["device"], "host": r["host"],
                            "mode": r["graph_mode"], "verify steps": r["verify_steps"],
                            "acceptance length": r["mean_acceptance_length"],
                            "acceptance rate": r["acceptance_rate"], "tokens/s": r["tokens_per_s"],
@@ -22,7 +42,7 @@ def _rank_frame(rows: list[dict], flagged: set[int]) -> pd.DataFrame:
                           for r in rows])
 
     def highlight(row: pd.Series) -> list[str]:
-        bad = row["rank"] in flagged or row["hook errors"] > 0 or row["dropped events"] > 0
+        bad = bool(row["findings"]) or row["hook errors"] > 0 or row["dropped events"] > 0
         return ["background-color: #ffcdd2" if bad else ""] * len(row)
 
     return frame.style.apply(highlight, axis=1).format(
@@ -58,14 +78,14 @@ def body() -> None:
         st.info("No rank has reported for this run yet.")
         return
     # The doctor's RANK_DIVERGENCE (its margin and minimum steps), not a threshold of this page.
-    divergence = [f for f in widgets.findings(run_id) if f.code == "RANK_DIVERGENCE"]
+    findings = widgets.findings(run_id)
+    divergence = [f for f in findings if f.code == "RANK_DIVERGENCE"]
     if len(rows) == 1:
         st.caption("This run has a single rank.")
     else:
         widgets.findings_banner(divergence, ok=f"The doctor finds the {len(rows)} ranks in agreement "
                                                "(acceptance length and contract widths)")
-    flagged = {f.evidence["low_rank"] for f in divergence if "low_rank" in f.evidence}
-    st.dataframe(_rank_frame(rows, flagged), hide_index=True)
+    st.dataframe(_rank_frame(rows, _rank_findings(findings)), hide_index=True)
     if len(rows) > 1:
         st.plotly_chart(charts.rank_acceptance(rows), key="rank-al")
     st.subheader("Shapes seen at each hook point, per rank")
