@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         profile()
         return 0
     print(f"{opts.repeats} rounds x {opts.calls} calls per mode, torch {torch.__version__}, 1 thread, "
-          f"width {HIDDEN}")
+          f"width {HIDDEN}; µs of this thread's CPU time per call; 'added' is the median over rounds of "
+          f"(mode batch - unhooked batch of the same round), not the difference of the medians")
     for model in (SmallDraft().eval(), LayerDraft().eval()):
         figures, added = compare(model, opts.calls, opts.repeats)
         print(f"\n{type(model).__name__}: {model.__doc__.splitlines()[0]}")
