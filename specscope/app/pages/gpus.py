@@ -33,12 +33,12 @@ def _rank_findings(findings: list[Finding]) -> dict[int, list[str]]:
 def _rank_frame(rows: list[dict], named: dict[int, list[str]]) -> pd.DataFrame:
     """Ranks as a table with the findings that name each (:func:`_rank_findings`); ranks named by
     a finding and ranks with hook errors or dropped events highlighted."""
+    # Verdict and figures first, where the page is read (a wide table scrolls); where it ran last.
     frame = pd.DataFrame([{"rank": r["rank"], "findings": ", ".join(named.get(r["rank"], [])),
-                           "device": r["device"], "host": r["host"],
-                           "mode": r["graph_mode"], "verify steps": r["verify_steps"],
-                           "acceptance length": r["mean_acceptance_length"],
+                           "verify steps": r["verify_steps"], "acceptance length": r["mean_acceptance_length"],
                            "acceptance rate": r["acceptance_rate"], "tokens/s": r["tokens_per_s"],
-                           "hook errors": r["hook_errors"], "dropped events": r["events_dropped"]}
+                           "hook errors": r["hook_errors"], "dropped events": r["events_dropped"],
+                           "mode": r["graph_mode"], "device": r["device"], "host": r["host"]}
                           for r in rows])
 
     def highlight(row: pd.Series) -> list[str]:
