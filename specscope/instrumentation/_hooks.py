@@ -115,7 +115,8 @@ def value_hook(state: HookState, sampling: SamplingConfig, table: PointTable, na
                     state.record(point, index, item, None, capturing)
             return
         items = [(point, tensor, None) for point, tensor in _tensors(table, name, value)]
-        if site.sampled(_general_key(items), due):
+        key = _general_key(items)
+        if (due or key != site.last) and site.sampled(key, due):
             for point, tensor, _ in items:
                 state.record(point, index, tensor, None, capturing)
 
@@ -185,7 +186,8 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
                       kwargs.items())
         items = [(point, tensor, width if point == hidden_point else None)
                  for name, value in named for point, tensor in _tensors(inputs, name, value)]
-        if site.sampled(_general_key(items), due):
+        key = _general_key(items)
+        if (due or key != site.last) and site.sampled(key, due):
             for point, tensor, expected in items:
                 state.record(point, index, tensor, expected, capturing)
         if fed and provenance is not None and not capturing:
