@@ -150,7 +150,7 @@ def test_dashboard_shows_the_vllm_runs(runs, monkeypatch):
     assert not at.error
 
 
-def test_plugin_without_specscope_db_leaves_vllm_untouched():
+def test_plugin_without_specscope_db_leaves_vllm_untouched(tmp_path):
     """Installed but not enabled: vLLM loads the entry point, specscope patches nothing and imports
     none of its recording code."""
     script = (
@@ -162,11 +162,19 @@ def test_plugin_without_specscope_db_leaves_vllm_untouched():
         "assert 'specscope.adapters.vllm' in sys.modules, 'entry point not loaded'\n"
         "assert 'specscope.adapters.vllm._patches' not in sys.modules\n"
         "for method in (Scheduler.make_spec_decoding_stats, Scheduler.add_request, GPUModelRunner.load_model):\n"
-        "    assert 'specscope' not in method.__code__.co_filename, method\n"
+        "    assert not hasattr(method, '__specscope_wraps__'), method\n"
+        "    owner = sys.modules[method.__module__]\n"
+        "    assert method.__module__.startswith('vllm.') and getattr(owner, method.__qualname__.split('.')[0]), method\n"
         "print('untouched')\n")
     env = {k: v for k, v in os.environ.items() if k != "SPECSCOPE_DB"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0 and "untouched" in out.stdout, out.stderr[-2000:]
+    # the same check sees the patch once specscope is enabled: it asks the question, not a path
+    enabled = {**env, "SPECSCOPE_DB": str(tmp_path / "on.db")}
+    out = subprocess.run([sys.executable, "-c", script.replace("'specscope.adapters.vllm._patches' not in",
+                                                             "'specscope.adapters.vllm._patches' in")],
+                         capture_output=True, text=True, env=enabled, timeout=300)
+    assert out.returncode != 0 and "AssertionError" in out.stderr and "make_spec_decoding_stats" in out.stderr
 
 
 def test_demo_engine_vllm_names_the_fault(tmp_path):

@@ -47,6 +47,9 @@ from specscope.adapters.vllm import _session
 logger = logging.getLogger("specscope")
 
 _TRACER = "_specscope_tracer"  # attribute set on vLLM's Scheduler instance
+WRAPPED = "__specscope_wraps__"
+"""Attribute of every method specscope put in place of vLLM's: the original function (tools and tests
+ask whether a vLLM method is patched by its presence, not by where a file lives)."""
 TARGET_COMPARE_BYTES = 4 << 30
 """Largest target (bytes of safetensors) whose shared tensors the load-time inspection compares by
 value; a larger one is checked by its config (and key layout is not read)."""
@@ -106,6 +109,7 @@ def _wrap(cls: type, name: str, after: Callable[..., None]) -> None:
             _once(f"recording after {label}", exc)
         return result
 
+    setattr(wrapper, WRAPPED, original)
     setattr(cls, name, wrapper)
 
 
