@@ -9,7 +9,9 @@ and any exporter are separate objects that consume them (the vLLM ``SpecDecoding
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
@@ -148,6 +150,8 @@ class RankStatus:
     ``graph_mode``: ``"eager"`` (hooks saw every call), ``"capture_only"`` (hooks fired only while a
     CUDA graph was captured, replays are invisible) or ``"mixed"``. ``hook_calls`` counts hook
     invocations, ``hook_errors`` exceptions caught inside hooks (never raised into the engine).
+    ``error``: with ``finished``, the engine stopped on this error (the rank crashed) instead of
+    shutting down.
     """
 
     kind: ClassVar[str] = "rank_status"
@@ -157,19 +161,60 @@ class RankStatus:
     hook_errors: int
     graph_mode: str = "eager"
     finished: bool = False
+    error: str | None = None
     ts_wall: float = field(default_factory=now)
 
 
 @dataclass(frozen=True, slots=True)
 class RequestStart:
-    """A request entered the engine. ``prompt_tokens``: prompt length in tokens."""
+    """A request entered the engine. ``prompt_tokens``: prompt length in tokens.
+
+    Sampling settings as the engine applies them, None where the engine does not say: ``temperature``
+    (0 = greedy), ``top_p`` (1 = off), ``top_k`` (0 or -1 = off); ``sampling`` is their label
+    (:func:`sampling_label`), the group acceptance and the losslessness audit are split by.
+    ``prompt_key``: a stable hash of the prompt (:func:`prompt_key`), so runs that served the same
+    prompts can be compared request by request.
+    """
 
     kind: ClassVar[str] = "request_start"
     run_id: str
     request_id: str
     rank: int
     prompt_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    prompt_key: str | None = None
     ts_wall: float = field(default_factory=now)
+
+    @property
+    def sampling(self) -> str | None:
+        """The request's sampling group (None: settings unknown)."""
+        return sampling_label(self.temperature, self.top_p, self.top_k)
+
+
+def sampling_label(temperature: float | None, top_p: float | None = None, top_k: int | None = None
+                   ) -> str | None:
+    """The one name of a sampling group: ``'greedy'`` (temperature 0: top-p / top-k do not matter),
+    else ``'T=0.8'`` followed by ``' top_p=0.9'`` / ``' top_k=50'`` where they truncate; None when the
+    temperature is unknown."""
+    if temperature is None:
+        return None
+    if temperature == 0:
+        return "greedy"
+    label = f"T={temperature:g}"
+    if top_p is not None and top_p < 1:
+        label += f" top_p={top_p:g}"
+    if top_k is not None and top_k > 0:
+        label += f" top_k={top_k}"
+    return label
+
+
+def prompt_key(prompt: str | Sequence[int]) -> str:
+    """A stable 16-hex-digit key of a prompt (its token ids, or its text where ids are not at hand):
+    the same prompt gives the same key in every run and process."""
+    body = prompt if isinstance(prompt, str) else ",".join(str(int(t)) for t in prompt)
+    return hashlib.sha1(body.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +385,39 @@ class LoadReport:
 
 
 @dataclass(frozen=True, slots=True)
+class LosslessAudit:
+    """The losslessness audit of one request's emitted tokens on audited verify steps (docs/design.md,
+    "Losslessness audit"): each emitted token is checked against the target's own processed
+    distribution at its position.
+
+    - ``tokens``: emitted tokens audited (accepted drafts, recovered and bonus tokens).
+    - ``mismatches``: greedy requests only: audited tokens whose target logit is below the row's
+      maximum (the target would have emitted another token; ties are no mismatch).
+    - ``rare``: sampled requests only: audited tokens whose target probability is below ``epsilon``;
+      ``rare_expected``: the sum over those tokens' positions of the target's probability mass below
+      ``epsilon`` (what a lossless engine emits there on average).
+    - ``p_sum`` / ``p2_sum``: sums of the emitted tokens' target probabilities and of each row's
+      sum of squared probabilities (its expected value): mean probability observed vs expected.
+    - ``example``: the first violating token (position, emitted and target tokens, probability).
+    """
+
+    kind: ClassVar[str] = "lossless_audit"
+    run_id: str
+    rank: int
+    request_id: str
+    sampling: str
+    tokens: int
+    mismatches: int = 0
+    rare: int = 0
+    rare_expected: float = 0.0
+    p_sum: float = 0.0
+    p2_sum: float = 0.0
+    epsilon: float = 0.0
+    example: dict[str, Any] | None = None
+    ts_wall: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class Finding:
     """A diagnosis (docs/design.md, "Finding codes"): stable ``code``, ``severity`` in error / warning / info,
     one-line ``message``, ``evidence`` (observed vs expected values, numbers where possible) and ``fix``.
@@ -379,4 +457,4 @@ def by_severity(findings) -> list[Finding]:
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 Event = Union[RunStart, RankStart, RankStatus, RequestStart, RequestEnd, VerifyStep, VerifyGroup, TensorEvent,
-              ProvenanceEvent, LoadReport, Finding]
+              ProvenanceEvent, LoadReport, LosslessAudit, Finding]

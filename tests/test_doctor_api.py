@@ -22,6 +22,7 @@ RUNTIME_CODES = {  # docs/design.md "Findings", runtime
     "POSITION0_LOW": "warning", "NONFINITE_ACTIVATIONS": "error", "RANK_DIVERGENCE": "warning",
     "WEIGHTS_DROPPED": "error", "EVENTS_DROPPED": "warning", "HOOK_ERRORS": "warning",
     "GRAPH_MODE_BLIND": "info", "NOT_OBSERVED": "warning", "CHECKS_SKIPPED": "info",
+    "LOSSLESS_VIOLATION": "error", "LOSSLESS_AUDITED": "info", "ACCEPT_COLLAPSE_SAMPLED": "warning",
 }
 
 
@@ -88,7 +89,11 @@ def test_to_dict_is_the_design_schema(store):
     assert data["runs"] == [{
         "run_id": "off-by-one", "engine": "specscope-reference", "fault": "aux-off-by-one",
         "requests": 4, "verify_steps": 32, "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625,
-        "per_position_acceptance": [0.25, 0.0, 0.0, 0.0]}]
+        "per_position_acceptance": [0.25, 0.0, 0.0, 0.0],
+        # recorded without sampling settings and not audited: one 'unknown' group, no audit
+        "sampling": [{"sampling": "unknown", "requests": 4, "verify_steps": 32, "proposed": 128, "accepted": 8,
+                      "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625}],
+        "lossless_audit": []}]
     for finding in data["findings"]:
         assert set(finding) == {"code", "severity", "message", "evidence", "fix", "run_id"}
         assert finding["run_id"] == "off-by-one" and "\n" not in finding["message"]

@@ -222,7 +222,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 8
+        assert store.schema_version == SCHEMA_VERSION == 9
         with store.connect() as conn:
             index = next(ix for ix in sa.inspect(conn).get_indexes("verify_steps")
                          if ix["name"] == "ix_verify_steps_masks")
@@ -233,5 +233,39 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
         assert store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance")[1] == [(8, 32, 10)]
         assert store.query("SELECT position, accepted_steps, verify_steps FROM v_position_acceptance "
                            "ORDER BY position")[1] == [(0, 7, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
-    assert _versions(store_url)[-3:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
-                                         (8, "summary_tables")]
+    assert _versions(store_url)[-4:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
+                                         (8, "summary_tables"), (9, "sampling_and_audit")]
+
+
+def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
+    """A version-8 store (requests without sampling settings, run_ranks without error, no audit table)
+    opens at version 9: old requests fall in the 'unknown' sampling group, new ones carry theirs, the
+    audit table and views work, and the old rows are untouched."""
+    from specscope import events as ev
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 8)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:8])
+    with open_store(store_url) as store:
+        store.write([ev.RunStart(run_id="r", engine="e", engine_version="0", target_model="t", draft_model="d",
+                                 config={}, ts_wall=1.0),
+                     ev.RequestStart(run_id="r", request_id="old", rank=0, prompt_tokens=3, ts_wall=1.0),
+                     ev.VerifyStep(run_id="r", request_id="old", rank=0, step=0, proposed=4, accepted=2)])
+    engine = _engine(store_url)
+    with engine.begin() as conn:  # step 1 builds today's tables: take them back to version 8
+        for name in reversed(VIEWS):
+            conn.exec_driver_sql(f"DROP VIEW {name}")
+        conn.exec_driver_sql("DROP TABLE lossless_audit")
+        for column in ("sampling", "temperature", "top_p", "top_k", "prompt_key"):
+            conn.exec_driver_sql(f"ALTER TABLE requests DROP COLUMN {column}")
+        conn.exec_driver_sql("ALTER TABLE run_ranks DROP COLUMN error")
+    engine.dispose()
+    monkeypatch.undo()
+    with open_store(store_url) as store:
+        assert store.schema_version == 9
+        store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=3, temperature=0.0),
+                     ev.VerifyStep(run_id="r", request_id="new", rank=0, step=0, proposed=4, accepted=4),
+                     ev.LosslessAudit(run_id="r", rank=0, request_id="new", sampling="greedy", tokens=5)])
+        assert store.query("SELECT sampling, verify_steps, accepted FROM v_sampling_acceptance "
+                           "ORDER BY sampling")[1] == [("greedy", 1, 4), ("unknown", 1, 2)]
+        assert store.query("SELECT tokens_audited, verdict FROM v_lossless_audit")[1] == [(5, "passed")]
+    assert _versions(store_url)[-1] == (9, "sampling_and_audit")

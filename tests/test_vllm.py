@@ -26,11 +26,17 @@ if os.environ.get("SPECSCOPE_REQUIRE_VLLM") != "1":
 
 FAULTS = ("no-aux-capture", "aux-off-by-one", "d2t-absolute", "tied-target")
 PROMPTS = demo_prompts(3)
+# Runs of the losslessness audit, audited at every verify batch: T=0.8 requests alone, greedy and
+# T=0.8 requests in one batch, and greedy requests through a verifier that emits the draft's token.
+AUDITED = {"sampled": {"temperatures": (0.8,)}, "mixed": {"temperatures": (0.0, 0.8)},
+           "emit-draft-token": {"fault": "emit-draft-token"}}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[str, dict]:
-    """One store with a healthy vLLM run and one run per fault: ``(store path, {fault: VllmRun})``."""
+    """One store with a healthy vLLM run (greedy, audited at the plugin's default rate), one run per
+    fault and the audited runs: ``(store path, {fault or AUDITED name: VllmRun})``."""
+    from specscope.adapters.vllm import ENV_AUDIT_EVERY
     from specscope.engine import vllm_run
 
     folder = tmp_path_factory.mktemp("vllm")
@@ -39,6 +45,14 @@ def runs(tmp_path_factory) -> tuple[str, dict]:
     for fault in (None, *FAULTS):
         done[fault] = vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
                                    workdir=folder / f"work-{fault}")
+    os.environ[ENV_AUDIT_EVERY] = "1"
+    try:
+        for name, options in AUDITED.items():
+            prompts = demo_prompts(4) if name == "mixed" else PROMPTS
+            done[name] = vllm_run.run(db, prompts=prompts, max_new_tokens=32, workdir=folder / f"work-{name}",
+                                      **options)
+    finally:
+        del os.environ[ENV_AUDIT_EVERY]
     return db, done
 
 
@@ -87,6 +101,65 @@ def test_healthy_run_records_the_fused_width_and_no_error(runs):
     assert engine == [("vllm", "0.32.0")]
     severities = {code: f.severity for code, f in _findings(db, run_id).items()}
     assert "error" not in severities.values() and "warning" not in severities.values(), severities
+
+
+def test_healthy_greedy_run_is_audited_lossless(runs):
+    db, done = runs
+    with open_store(db, read_only=True) as store:
+        report = diagnose(store, done[None].run_id)
+        _, rows = store.query("SELECT sampling, tokens_audited, greedy_mismatches, verdict FROM v_lossless_audit "
+                              "WHERE run_id = :r", {"r": done[None].run_id})
+    ((sampling, tokens, mismatches, verdict),) = rows
+    # the default rate audits every 4th verify batch: some tokens, each the target's own
+    assert sampling == "greedy" and tokens >= 8 and mismatches == 0 and verdict == "passed"
+    assert "LOSSLESS_AUDITED" in report.codes() and "LOSSLESS_VIOLATION" not in report.codes()
+
+
+def _audit(db: str, run_id: str) -> dict[str, dict]:
+    with open_store(db, read_only=True) as store:
+        report = diagnose(store, run_id)
+    groups = {g["sampling"]: g for g in report.runs[0].lossless_audit}
+    violations = {f.evidence["sampling"]: f for f in report.findings if f.code == "LOSSLESS_VIOLATION"}
+    return {name: {**group, "finding": violations.get(name)} for name, group in groups.items()}
+
+
+def test_vllm_sampled_requests_are_not_the_targets_distribution(runs):
+    """vLLM 0.32's CPU build (measured here): T=0.8 requests emit tokens the target almost never writes."""
+    db, done = runs
+    assert done["sampled"].error is None
+    (group,) = _audit(db, done["sampled"].run_id).values()
+    assert group["sampling"] == "T=0.8" and group["tokens_audited"] >= 48
+    assert group["rare_observed"] >= group["rare_threshold"] > group["rare_expected"]
+    finding = group["finding"]
+    assert finding is not None and finding.severity == "error" and "distribution" in finding.message
+    assert finding.evidence["mean_p_emitted"] < finding.evidence["mean_p_expected"]
+
+
+def test_vllm_mixed_batch_judges_each_group_on_its_own_evidence(runs):
+    db, done = runs
+    audit = _audit(db, done["mixed"].run_id)
+    assert set(audit) == {"greedy", "T=0.8"}
+    greedy = audit["greedy"]
+    # greedy requests batched with sampled ones come back corrupted: not the target's argmax
+    assert greedy["greedy_mismatches"] > greedy["tokens_audited"] // 2 and greedy["finding"] is not None
+    assert "argmax" in greedy["finding"].message
+    sampled = audit["T=0.8"]
+    assert sampled["greedy_mismatches"] == 0 and sampled["tokens_audited"] > 0  # its own test, its own numbers
+    with open_store(db, read_only=True) as store:
+        _, groups = store.query("SELECT sampling, requests FROM v_sampling_acceptance WHERE run_id = :r "
+                                "ORDER BY sampling", {"r": done["mixed"].run_id})
+    assert [tuple(g) for g in groups] == [("T=0.8", 2), ("greedy", 2)]
+
+
+def test_vllm_verifier_emitting_draft_tokens_keeps_acceptance_and_is_named(runs):
+    db, done = runs
+    broken, healthy = done["emit-draft-token"], done[None]
+    assert broken.error is None and broken.texts != healthy.texts
+    audit = _audit(db, broken.run_id)["greedy"]
+    assert audit["greedy_mismatches"] > 0 and audit["finding"].severity == "error"
+    with open_store(db, read_only=True) as store:
+        codes = diagnose(store, broken.run_id).codes()
+    assert "ACCEPT_COLLAPSE" not in codes  # acceptance looks healthy: only the audit sees it
 
 
 @pytest.mark.parametrize(("fault", "code"), [
@@ -140,7 +213,7 @@ def test_dashboard_shows_the_vllm_runs(runs, monkeypatch):
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     assert not at.exception
     labels = at.sidebar.selectbox[0].options
-    assert len(labels) == 1 + len(FAULTS) and all("vllm" in label for label in labels)
+    assert len(labels) == 1 + len(FAULTS) + len(AUDITED) and all("vllm" in label for label in labels)
     for fault, code in (("aux-off-by-one", "AUX_LAYER_MISMATCH"), ("no-aux-capture", "AUX_CAPTURE_SILENT")):
         at.session_state["run_id"] = done[fault].run_id
         at.run()

@@ -117,6 +117,16 @@ class RunContext:
         return [float(row.acceptance) for row in self.rows(q.POSITION_ACCEPTANCE)]
 
     @cached_property
+    def sampling_acceptance(self) -> list[SimpleNamespace]:
+        """Acceptance per sampling group (``v_sampling_acceptance``)."""
+        return self.rows(q.SAMPLING_ACCEPTANCE)
+
+    @cached_property
+    def lossless_audit(self) -> list[SimpleNamespace]:
+        """The losslessness audit per sampling group (``v_lossless_audit``); empty when not audited."""
+        return self.rows(q.LOSSLESS_AUDIT)
+
+    @cached_property
     def rank_acceptance(self) -> list[SimpleNamespace]:
         """``(rank, verify_steps, mean_acceptance_length)`` per rank with verify steps."""
         return self.rows(q.RANK_ACCEPTANCE)

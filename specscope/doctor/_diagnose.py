@@ -22,6 +22,7 @@ from specscope.doctor._rules_health import (
     check_nonfinite,
     check_weights_dropped,
 )
+from specscope.doctor._rules_lossless import check_lossless, check_sampled_collapse
 from specscope.doctor._rules_observed import check_not_observed, check_skipped
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
 from specscope.errors import ConfigError
@@ -33,8 +34,8 @@ from specscope.storage.queries import fetch
 Rule = Callable[[RunContext], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
-    check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
-    check_collapse, check_saturated, check_position0, check_nonfinite, check_rank_acceptance,
+    check_lossless, check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
+    check_collapse, check_saturated, check_sampled_collapse, check_position0, check_nonfinite, check_rank_acceptance,
     check_rank_shapes, check_weights_dropped, check_events_dropped, check_hook_errors,
     check_graph_mode, check_not_observed, check_skipped,
 )
@@ -115,4 +116,5 @@ def _known_runs(conn: sa.Connection) -> str:
 def _summary(ctx: RunContext) -> RunSummary:
     acc = ctx.acceptance
     return RunSummary(ctx.run_id, ctx.engine, ctx.fault, acc.requests, acc.verify_steps,
-                      acc.mean_acceptance_length, acc.acceptance_rate, ctx.per_position)
+                      acc.mean_acceptance_length, acc.acceptance_rate, ctx.per_position,
+                      [vars(g) for g in ctx.sampling_acceptance], [vars(g) for g in ctx.lossless_audit])

@@ -4,7 +4,7 @@ on a CPU, with fault switches reproducing the silent failures of docs/design.md,
 from specscope.engine.checkpoint import DEFAULT_DRAFT_DIR, load_draft, save_draft
 from specscope.engine.core import ENGINE_NAME, ENGINE_VERSION, Engine, RequestResult
 from specscope.engine.draft import DraftConfig, Eagle3Draft
-from specscope.engine.faults import FAULTS
+from specscope.engine.faults import FAULTS, LOSSY_FAULTS
 from specscope.engine.prompts import demo_prompts, heldout_prompts
 from specscope.engine.target import load_target, target_folder
 
@@ -13,6 +13,7 @@ __all__ = [
     "ENGINE_NAME",
     "ENGINE_VERSION",
     "FAULTS",
+    "LOSSY_FAULTS",
     "DraftConfig",
     "Eagle3Draft",
     "Engine",

@@ -1,13 +1,17 @@
-"""The reference engine: chain speculative decoding with an EAGLE-3 draft, greedy and lossless.
+"""The reference engine: chain speculative decoding with an EAGLE-3 draft, lossless, greedy or sampled.
 
 Per verify step (k drafts), following SGLang's EAGLE worker (``python/sglang/srt/speculative/
 eagle_worker.py``) reduced to a chain of top-1 drafts:
 
 1. the draft proposes d_1..d_k: d_1 from its last target-fed call, each later d_j from a chained call
    that reads the draft's own previous hidden state;
-2. the target verifies ``[x_n, d_1..d_k]`` in one forward on its KV cache; the longest prefix with
-   ``d_i == argmax`` is accepted plus one bonus token (the target's own choice), so the output equals the
-   target's greedy decoding token for token;
+2. the target verifies ``[x_n, d_1..d_k]`` in one forward on its KV cache. Greedy (temperature 0): the
+   longest prefix with ``d_i == argmax`` is accepted plus one bonus token (the target's own choice), so
+   the output equals the target's greedy decoding token for token. Sampled: speculative sampling with
+   a deterministic (argmax) draft, as vLLM does: d_i is accepted with probability p(d_i) under the
+   target's distribution at temperature T; the first rejected position emits a token drawn from p with
+   d_i removed, and a fully accepted chain a bonus token drawn from p, so each emitted token is a draw
+   from the target's own distribution;
 3. both caches roll back: the target's drops the rejected positions, the draft's drops its chained
    entries and re-runs the accepted tokens with the target's aux hidden states ("draft extend").
 
@@ -30,7 +34,8 @@ from specscope.engine.draft import DraftCache
 from specscope.engine.faults import check_fault
 from specscope.engine.target import TARGET_MODEL_ID, load_target
 from specscope.errors import ConfigError
-from specscope.events import RunConfig
+from specscope.events import RunConfig, sampling_label
+from specscope.instrumentation import AuditSlot
 
 ENGINE_NAME = "specscope-reference"
 ENGINE_VERSION = "0.1.0"
@@ -117,25 +122,30 @@ class Engine:
         return torch.cat([hidden_states[i] for i in self.capture_ids], dim=-1)
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], max_new_tokens: int = 64, request_ids: list[str] | None = None
-                 ) -> list[RequestResult]:
+    def generate(self, prompts: list[str], max_new_tokens: int = 64, request_ids: list[str] | None = None,
+                 temperature: float = 0.0, seed: int = 0) -> list[RequestResult]:
         """Serve ``prompts`` one after another with speculative decoding.
 
         Returns one :class:`RequestResult` per prompt, in order; ``request_ids`` default to
-        ``req-<index>``.
+        ``req-<index>``. ``temperature`` 0 decodes greedily; above 0 each request samples from the
+        target's distribution at that temperature, with a generator seeded by ``seed`` and its index.
         """
         ids = request_ids or [f"req-{i}" for i in range(len(prompts))]
         if len(ids) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(ids)} request ids")
-        return [self._serve(rid, p, max_new_tokens) for rid, p in zip(ids, prompts)]
+        if not temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+        return [self._serve(rid, p, max_new_tokens, _Sampler(temperature, seed + i))
+                for i, (rid, p) in enumerate(zip(ids, prompts))]
 
-    def _serve(self, rid: str, prompt: str, max_new_tokens: int) -> RequestResult:
+    def _serve(self, rid: str, prompt: str, max_new_tokens: int, sampler: _Sampler) -> RequestResult:
         start = time.perf_counter()
         prompt_ids = self.encode(prompt)
         if self.tracer is not None:
-            self.tracer.start_request(rid, prompt_tokens=prompt_ids.shape[1])
+            self.tracer.start_request(rid, prompt_tokens=prompt_ids.shape[1], temperature=sampler.temperature,
+                                      prompt=prompt_ids[0].tolist())
         result = RequestResult(rid, prompt, prompt_ids.shape[1], [], "")
-        state = _State(self, prompt_ids)
+        state = _State(self, prompt_ids, sampler, rid)
         out = state.tokens[-1:]
         while len(out) < max_new_tokens and out[-1] != self.eos_id:
             t0 = time.perf_counter()
@@ -170,6 +180,46 @@ class Engine:
         return out
 
 
+class _Sampler:
+    """One request's token choice from the target's logits: argmax at temperature 0, else a draw at
+    ``temperature`` from a generator of its own (reproducible per request)."""
+
+    def __init__(self, temperature: float, seed: int) -> None:
+        self.temperature = float(temperature)
+        self.label = sampling_label(self.temperature)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """(..., V) the target's distribution at this temperature."""
+        return torch.softmax(logits / self.temperature, dim=-1)
+
+    def draw(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The next token from (V,) logits."""
+        return int(logits.argmax()) if self.temperature == 0 else self.draw(self.probs(logits))
+
+    def verify(self, drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
+        """``(accepted drafts m, the token emitted at position m)`` for drafts checked against the
+        target's (k+1, V) logits: the greedy prefix rule, or speculative sampling with a deterministic
+        draft (accept d_i with probability p_i(d_i); on rejection draw from p_i without d_i)."""
+        k = len(drafts)
+        if self.temperature == 0:
+            greedy = logits.argmax(-1).tolist()  # (k+1,) the target's choice after each prefix
+            m = 0
+            while m < k and drafts[m] == greedy[m]:
+                m += 1
+            return m, greedy[m]
+        probs = self.probs(logits)  # (k+1, V)
+        for m, token in enumerate(drafts):
+            if float(torch.rand((), generator=self.generator)) >= float(probs[m, token]):
+                residual = probs[m].clone()
+                residual[token] = 0.0
+                return m, self.draw(residual / residual.sum())
+        return k, self.draw(probs[k])
+
+
 def _truncate(new: list[int], room: int, eos: int) -> list[int]:
     new = new[:room]
     return new[: new.index(eos) + 1] if eos in new else new
@@ -179,12 +229,13 @@ class _State:
     """Caches and positions of one request. ``tokens`` holds every token so far; the target cache
     covers all but the last one; the draft cache holds one target-fed entry per position 1..n."""
 
-    def __init__(self, engine: Engine, prompt_ids: torch.Tensor) -> None:
+    def __init__(self, engine: Engine, prompt_ids: torch.Tensor, sampler: _Sampler, request_id: str) -> None:
         self.engine, self.target, self.draft = engine, engine.target, engine.draft
+        self.sampler, self.request_id = sampler, request_id
         self.cache = DynamicCache(config=self.target.config)
         self.dcache = DraftCache()
         out = self.target(prompt_ids, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
-        self.tokens = prompt_ids[0].tolist() + [int(out.logits[0, -1].argmax())]
+        self.tokens = prompt_ids[0].tolist() + [sampler.choose(out.logits[0, -1])]
         self._extend(self.tokens[1:], start=1, aux=engine._aux(out.hidden_states))
 
     def _extend(self, new_tokens: list[int], start: int, aux: torch.Tensor) -> None:
@@ -211,11 +262,15 @@ class _State:
         n, k = len(self.tokens) - 1, len(drafts)
         ids = torch.tensor([[self.tokens[-1], *drafts]])  # (1, k+1)
         out = self.target(ids, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
-        greedy = out.logits[0].argmax(-1).tolist()  # (k+1,) the target's choice after each prefix
-        m = 0
-        while m < k and drafts[m] == greedy[m]:
-            m += 1
-        new = drafts[:m] + [greedy[m]]
+        m, token = self.sampler.verify(drafts, out.logits[0])
+        if self.engine.fault == "emit-draft-token" and m < k:
+            token = drafts[m]  # the broken verifier: same acceptance, the draft's token instead of the target's
+        new = drafts[:m] + [token]
+        tracer = self.engine.tracer
+        if tracer is not None and tracer.audit_due():
+            slots = [AuditSlot(self.request_id, self.sampler.label, j) for j in range(m + 1)]
+            tracer.record_audit(out.logits[0, : m + 1], torch.tensor(new),
+                                torch.full((m + 1,), self.sampler.temperature), slots)
         if k - m:
             self.cache.crop(-(k - m))  # transformers 5: a negative count of tokens to drop
         self.dcache.crop(n)  # drop the chained entries; the accepted tokens are re-run target-fed

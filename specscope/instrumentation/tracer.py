@@ -7,7 +7,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from specscope.errors import ConfigError
 from specscope.events import (
@@ -20,7 +20,10 @@ from specscope.events import (
     RunStart,
     VerifyGroup,
     VerifyStep,
+    prompt_key,
 )
+from specscope.instrumentation._audit import DEFAULT_AUDIT_EVERY, Auditor
+from specscope.instrumentation._audit import Slot as AuditSlot
 from specscope.instrumentation._context import capture_probe, default_device, process_context
 from specscope.instrumentation._sampling import SamplingConfig
 from specscope.instrumentation._state import HookState
@@ -62,7 +65,8 @@ class Tracer:
     from ``torch.distributed`` at start, and again if it comes up later; give both where the engine
     numbers its ranks itself, e.g. vLLM's world group). The tracer does not own the sink: ``close``
     flushes it (waiting at most ``CLOSE_FLUSH_TIMEOUT_S``), its owner closes it; ``close`` also runs at
-    interpreter exit. Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together
+    interpreter exit. ``audit_every``: audit every n-th verify step's emitted tokens against the
+    target (:meth:`record_audit`; 0 = off). Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together
     with a sampling keyword, a ``step_sample`` outside 0..1, or a bad rank.
 
     ``hook_state`` is what the hooks share on the hot path (counters, sampling, request tags);
@@ -76,7 +80,7 @@ class Tracer:
                  value_stats: bool | None = None, provenance_every: int | None = None,
                  status_interval_s: float = 5.0, device: str | None = None,
                  step_sample: float = 1.0, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, audit_every: int = DEFAULT_AUDIT_EVERY) -> None:
         self.sink = sink
         self.run_id = run_id or uuid.uuid4().hex
         self.config = config
@@ -94,6 +98,7 @@ class Tracer:
             raise ConfigError(f"give rank and world_size together, 0 <= rank < world_size; got {rank}, {world_size}")
         self._given_rank = None if rank is None else (int(rank), int(world_size))
         self.hook_state = HookState(sink, self.run_id, 0, self.sampling, capture_probe())
+        self.auditor = Auditor(self._emit, self.run_id, 0, audit_every)
         self._resolve_context()
         self._started = self._closed = False
         self._status_interval_s = status_interval_s
@@ -118,7 +123,7 @@ class Tracer:
             context.host, context.pid, context.rank, context.world_size)
         if self._given_rank is not None:  # the engine's own numbering (e.g. vLLM's world group)
             self.rank, self.world_size = self._given_rank
-        self.hook_state.rank = self.rank
+        self.hook_state.rank = self.auditor.rank = self.rank
 
     def _announce(self) -> None:
         self._emit(RankStart(self.run_id, self.rank, self.world_size, self.host, self.pid,
@@ -137,6 +142,10 @@ class Tracer:
         self.hook_state.remove()
         self._closed = True
         self._flush_groups()
+        try:
+            self.auditor.drain(wait=True)
+        except Exception as exc:  # noqa: BLE001 - observing must not break the engine's shutdown
+            self._hook_failed("audit", exc)
         self.status(finished=True)
         try:
             self.sink.flush(CLOSE_FLUSH_TIMEOUT_S)
@@ -192,14 +201,40 @@ class Tracer:
 
     # -- requests and verify steps (CPU-side values only, never a device sync) -----------------
 
-    def start_request(self, request_id: str, prompt_tokens: int) -> None:
-        """A request entered the engine; its prompt length in tokens. Without target hooks, the next draft
-        call counts as target-fed."""
+    def start_request(self, request_id: str, prompt_tokens: int, *, temperature: float | None = None,
+                      top_p: float | None = None, top_k: int | None = None,
+                      prompt: str | Sequence[int] | None = None) -> None:
+        """A request entered the engine; its prompt length in tokens, its sampling settings as the
+        engine applies them (``temperature`` 0 = greedy; None = not known) and optionally the prompt
+        (token ids or text; only its :func:`~specscope.events.prompt_key` is stored, so runs over the
+        same prompts compare request by request). Without target hooks, the next draft call counts
+        as target-fed."""
         self.start()
         request_id = str(request_id)
         self._steps[request_id] = 0
         self.hook_state.new_step(request_id, 0)
-        self._emit(RequestStart(self.run_id, request_id, self.rank, int(prompt_tokens)))
+        self._emit(RequestStart(self.run_id, request_id, self.rank, int(prompt_tokens),
+                                _number(temperature, float), _number(top_p, float), _number(top_k, int),
+                                None if prompt is None else prompt_key(prompt)))
+
+    # -- losslessness audit (docs/design.md, "Losslessness audit") -----------------------------
+
+    def audit_due(self) -> bool:
+        """Count one verify step (or verify batch); True when the engine should hand this one to
+        :meth:`record_audit` (every ``audit_every``-th; never when 0)."""
+        return self.auditor.due()
+
+    def record_audit(self, logits: Any, emitted: Any, temperature: Any, slots: Sequence[AuditSlot],
+                     top_k: Any = None, top_p: Any = None) -> None:
+        """Audit one verify step's emitted tokens against the target (tensors on the engine's device:
+        ``logits`` (N, V) at each slot's position before temperature, ``emitted`` (N,) with -1 for an
+        empty slot, ``temperature`` (N,), optional ``top_k`` / ``top_p`` (N,); ``slots`` names each
+        row's request, sampling group and position). Computed on the device, copied asynchronously,
+        stored as :class:`~specscope.events.LosslessAudit` events; never raises into the engine."""
+        try:
+            self.auditor.submit(logits, emitted, temperature, slots, top_k, top_p)
+        except Exception as exc:  # noqa: BLE001 - observing must not change what the engine does
+            self._hook_failed("record_audit", exc)
 
     def record_verify(self, request_id: str, proposed: int, accepted: int,
                       accepted_mask: str | Sequence[int | bool] | None = None,
@@ -275,6 +310,11 @@ class Tracer:
 
     def _hook_failed(self, point: str, exc: Exception) -> None:
         self.hook_state.failed(point, exc)
+
+
+def _number(value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` (a tensor or numpy scalar too), None kept."""
+    return None if value is None else kind(value)
 
 
 def _sampling(sampling: SamplingConfig | None, **fields: int | bool | None) -> SamplingConfig:

@@ -20,7 +20,7 @@ Counters = Mapping[tuple[str, int], tuple[int, int]]
 # Statements in the order one transaction runs them: parents (runs, ranks, request starts) first, so
 # the updates of the same batch find their rows.
 STATEMENTS = ("runs", "rank_start", "rank_status", "request_start", "request_end", "verify_steps",
-              "tensor_events", "provenance", "load_reports", "findings", "counters")
+              "tensor_events", "provenance", "load_reports", "lossless_audit", "findings", "counters")
 
 
 def _json(value: Any) -> str:
@@ -65,12 +65,13 @@ def _rank_status(e: ev.RankStatus) -> Row:
     return {**_UNKNOWN_RANK, "run_id": e.run_id, "rank": e.rank, "started_wall": e.ts_wall,
             "hook_calls": e.hook_calls,
             "hook_errors": e.hook_errors, "graph_mode": e.graph_mode, "last_seen_wall": e.ts_wall,
-            "ended_wall": e.ts_wall if e.finished else None}
+            "ended_wall": e.ts_wall if e.finished else None, "error": e.error if e.finished else None}
 
 
 def _request_start(e: ev.RequestStart) -> Row:
     return {"run_id": e.run_id, "request_id": e.request_id, "rank": e.rank,
-            "prompt_tokens": e.prompt_tokens, "started_wall": e.ts_wall}
+            "prompt_tokens": e.prompt_tokens, "started_wall": e.ts_wall, "sampling": e.sampling,
+            "temperature": e.temperature, "top_p": e.top_p, "top_k": e.top_k, "prompt_key": e.prompt_key}
 
 
 def _request_end(e: ev.RequestEnd) -> Row:
@@ -91,6 +92,8 @@ INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
                    "request_id", "step", "ts_wall"),
     "load_reports": ("run_id", "rank", "module", "source", "strict", "loaded", "missing", "unexpected",
                      "renamed", "ts_wall"),
+    "lossless_audit": ("run_id", "rank", "request_id", "sampling", "tokens", "mismatches", "rare",
+                       "rare_expected", "p_sum", "p2_sum", "epsilon", "example", "ts_wall"),
     "findings": ("run_id", "source", "code", "severity", "message", "evidence", "fix", "ts_wall"),
 }
 
@@ -127,6 +130,11 @@ def _load_report(e: ev.LoadReport) -> tuple:
             _json(e.unexpected), _json(e.renamed), e.ts_wall)
 
 
+def _lossless_audit(e: ev.LosslessAudit) -> tuple:
+    return (e.run_id, e.rank, e.request_id, e.sampling, e.tokens, e.mismatches, e.rare, e.rare_expected,
+            e.p_sum, e.p2_sum, e.epsilon, None if e.example is None else _json(e.example), e.ts_wall)
+
+
 def _finding(e: ev.Finding) -> tuple:
     return (e.run_id, e.source, e.code, e.severity, e.message, _json(e.evidence), e.fix, e.ts_wall)
 
@@ -142,6 +150,7 @@ ROUTES: dict[str, tuple[str, Callable[[Any], Row | tuple]]] = {
     ev.TensorEvent.kind: ("tensor_events", _tensor),
     ev.ProvenanceEvent.kind: ("provenance", _provenance),
     ev.LoadReport.kind: ("load_reports", _load_report),
+    ev.LosslessAudit.kind: ("lossless_audit", _lossless_audit),
     ev.Finding.kind: ("findings", _finding),
 }
 

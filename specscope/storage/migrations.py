@@ -95,6 +95,22 @@ def summary_tables(conn: Connection) -> None:
     _summaries.rebuild(conn)
 
 
+def sampling_and_audit(conn: Connection) -> None:
+    """Version 9: each request's sampling settings and prompt key (``requests.sampling``,
+    ``temperature``, ``top_p``, ``top_k``, ``prompt_key``), the error a rank stopped on
+    (``run_ranks.error``), and the losslessness audit's table ``lossless_audit``; the views are
+    recreated after the step (``v_lossless_audit``, ``v_sampling_acceptance``)."""
+    for table, names in ((schema.requests, ("sampling", "temperature", "top_p", "top_k", "prompt_key")),
+                         (schema.run_ranks, ("error",))):
+        present = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+        for name in names:
+            if name not in present:
+                column = table.c[name]
+                kind = column.type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}")
+    schema.metadata.create_all(conn, tables=[schema.lossless_audit])
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
@@ -104,6 +120,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "weighted_verify_steps", weighted_verify_steps),
     Migration(7, "mixed_graph_mode_view", mixed_graph_mode_view),
     Migration(8, "summary_tables", summary_tables),
+    Migration(9, "sampling_and_audit", sampling_and_audit),
 )
 
 

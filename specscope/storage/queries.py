@@ -210,6 +210,24 @@ PROVENANCE = Query("provenance", """
 lists; null = no layer matched, ``num_target_layers`` = the final norm), ``matches``, ``width``,
 ``checks`` (sampled draft calls), first / last wall time."""
 
+# -- sampling groups and the losslessness audit ------------------------------------------------------
+
+SAMPLING_ACCEPTANCE = Query("sampling_acceptance", """
+    SELECT sampling, requests, verify_steps, proposed, accepted, mean_acceptance_length, acceptance_rate
+    FROM v_sampling_acceptance WHERE run_id = :run_id ORDER BY sampling""")
+"""Acceptance per sampling group of a run (``'greedy'``, ``'T=0.8'``, ..., ``'unknown'``)."""
+
+LOSSLESS_AUDIT = Query("lossless_audit", """
+    SELECT sampling, requests, tokens_audited, greedy_mismatches, rare_observed, rare_expected,
+           rare_threshold, mean_p_emitted, mean_p_expected, epsilon, verdict
+    FROM v_lossless_audit WHERE run_id = :run_id ORDER BY sampling""")
+"""The losslessness audit of a run per sampling group, with its verdict."""
+
+AUDIT_EXAMPLES = Query("audit_examples", """
+    SELECT sampling, request_id, example FROM lossless_audit
+    WHERE run_id = :run_id AND example IS NOT NULL ORDER BY ts_wall, id LIMIT :limit""")
+"""The first violating tokens of a run's audit (``example`` JSON: position, tokens, probability)."""
+
 # -- findings and checkpoint loading -------------------------------------------------------------
 
 # events.SEVERITIES order (errors first), as events.by_severity sorts in Python
@@ -268,6 +286,10 @@ EXAMPLES = {
                                "WHERE run_id = '{run_id}' ORDER BY position",
     "Acceptance per rank": "SELECT rank, verify_steps, mean_acceptance_length, tokens_per_s\n"
                            "FROM v_rank_acceptance WHERE run_id = '{run_id}' ORDER BY rank",
+    "Losslessness audit": "SELECT sampling, tokens_audited, greedy_mismatches, rare_observed, rare_threshold,\n"
+                          "       verdict FROM v_lossless_audit WHERE run_id = '{run_id}'",
+    "Acceptance per sampling group": "SELECT sampling, requests, verify_steps, mean_acceptance_length\n"
+                                     "FROM v_sampling_acceptance WHERE run_id = '{run_id}'",
     "Findings": "SELECT source, code, severity, message FROM findings WHERE run_id = '{run_id}'",
 }
 """Starting points for users' own SQL (the dashboard's SQL page; ``{run_id}``: the selected run)."""

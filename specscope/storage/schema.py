@@ -31,7 +31,7 @@ from sqlalchemy import (
     text,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 metadata = MetaData()
 
@@ -72,6 +72,7 @@ run_ranks = Table(
     Column("hook_calls", Integer, nullable=False, default=0),
     Column("hook_errors", Integer, nullable=False, default=0),
     Column("graph_mode", String(16), nullable=False, default="eager"),
+    Column("error", Text),  # the error the rank stopped on (set with ended_wall: it crashed)
 )
 
 requests = Table(
@@ -85,6 +86,13 @@ requests = Table(
     Column("text", Text),
     Column("started_wall", Float, nullable=False),
     Column("finished_wall", Float),
+    # sampling settings as the engine applied them (NULL: not reported); ``sampling`` is their label
+    # (``events.sampling_label``), the group acceptance and the losslessness audit are split by
+    Column("sampling", String(64)),
+    Column("temperature", Float),
+    Column("top_p", Float),
+    Column("top_k", Integer),
+    Column("prompt_key", String(64)),  # events.prompt_key: the same prompt, the same key in every run
 )
 
 verify_steps = Table(
@@ -222,6 +230,25 @@ positions = Table(  # 0..MAX_POSITIONS-1: lets per-position views stay plain, po
     Column("pos", Integer, primary_key=True, autoincrement=False),
 )
 MAX_POSITIONS = 64
+
+lossless_audit = Table(  # one row per request and audited batch of verify steps (events.LosslessAudit)
+    "lossless_audit", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("request_id", String(128), nullable=False),
+    Column("sampling", String(64), nullable=False),
+    Column("tokens", Integer, nullable=False),
+    Column("mismatches", Integer, nullable=False),
+    Column("rare", Integer, nullable=False),
+    Column("rare_expected", Float, nullable=False),
+    Column("p_sum", Float, nullable=False),
+    Column("p2_sum", Float, nullable=False),
+    Column("epsilon", Float, nullable=False),
+    Column("example", Text),  # JSON object: the first violating token, NULL when none
+    Column("ts_wall", Float, nullable=False),
+    Index("ix_lossless_audit_run", "run_id", "sampling"),
+)
 
 findings = Table(
     "findings", metadata,

@@ -353,7 +353,8 @@ def _write_statements(dialect: str) -> dict[str, sa.Executable]:
         "hook_errors": rank_status.excluded.hook_errors,
         "graph_mode": rank_status.excluded.graph_mode,
         "last_seen_wall": rank_status.excluded.last_seen_wall,
-        "ended_wall": sa.func.coalesce(rank_status.excluded.ended_wall, ranks.c.ended_wall)})
+        "ended_wall": sa.func.coalesce(rank_status.excluded.ended_wall, ranks.c.ended_wall),
+        "error": sa.func.coalesce(rank_status.excluded.error, ranks.c.error)})
     counters = insert(ranks)
     counters = counters.on_conflict_do_update(index_elements=key, set_={
         "events_written": ranks.c.events_written + counters.excluded.events_written,

@@ -20,9 +20,27 @@ into one grouping level, not through a join with a grouped subquery).
 | ``v_request_position_acceptance`` | run, request, position | p_i of one request |
 | ``v_tensor_contract`` | run, rank, hook point, shape | calls, observed vs expected width |
 | ``v_run_summary`` | run | run metadata and config, status, counters, acceptance, stored findings |
+| ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate of each sampling group |
+| ``v_lossless_audit`` | run, sampling group | tokens audited, greedy mismatches, rare tokens vs the bound |
 """
 
 from __future__ import annotations
+
+import math
+
+LOSSLESS_ALPHA = 1e-3
+"""False-alarm bound of the sampled losslessness test, per run and sampling group (docs/design.md,
+"Losslessness audit")."""
+
+
+def rare_threshold(expected: str) -> str:
+    """SQL of the count of rare emitted tokens (target probability below epsilon) a lossless engine
+    exceeds with probability at most :data:`LOSSLESS_ALPHA`, given ``expected`` (the SQL sum of the
+    target's mass below epsilon at the audited positions): Freedman's (martingale Bernstein) bound
+    P(X - mu >= t) <= exp(-t^2 / (2 (mu + t / 3))) solved for t, X >= mu + L/3 + sqrt((L/3)^2 + 2 L mu),
+    L = ln(1 / alpha)."""
+    third = math.log(1 / LOSSLESS_ALPHA) / 3
+    return f"({expected} + {third!r} + SQRT({third * third!r} + {6 * third!r} * {expected}))"
 
 
 def mean_acceptance_length(accepted: str, steps: str) -> str:
@@ -134,12 +152,33 @@ SELECT run_id, rank, hook_point, shape, width, dtype, device, NULLIF(expected_sh
        nonfinite
 FROM tensor_shapes
 """,
+    # Acceptance per sampling group: the requests' steps grouped by the requests' label.
+    "v_sampling_acceptance": f"""
+SELECT v.run_id, COALESCE(q.sampling, 'unknown') AS sampling, COUNT(DISTINCT v.request_id) AS requests,
+       {_from_steps("v.")}
+FROM verify_steps v
+JOIN requests q ON q.run_id = v.run_id AND q.request_id = v.request_id
+GROUP BY v.run_id, COALESCE(q.sampling, 'unknown')
+""",
+    "v_lossless_audit": f"""
+SELECT run_id, sampling, COUNT(DISTINCT request_id) AS requests, SUM(tokens) AS tokens_audited,
+       SUM(mismatches) AS greedy_mismatches, SUM(rare) AS rare_observed,
+       SUM(rare_expected) AS rare_expected, {rare_threshold("SUM(rare_expected)")} AS rare_threshold,
+       CAST(SUM(p_sum) AS DOUBLE PRECISION) / SUM(tokens) AS mean_p_emitted,
+       CAST(SUM(p2_sum) AS DOUBLE PRECISION) / SUM(tokens) AS mean_p_expected,
+       MAX(epsilon) AS epsilon,
+       CASE WHEN SUM(mismatches) > 0 OR SUM(rare) >= {rare_threshold("SUM(rare_expected)")}
+            THEN 'violation' ELSE 'passed' END AS verdict
+FROM lossless_audit
+GROUP BY run_id, sampling
+""",
     # Runs joined to their acceptance summary rows, grouped by the run's columns.
     "v_run_summary": f"""
 SELECT r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
        r.world_size, r.host, r.started_wall, k.ended_wall,
-       CASE WHEN k.ranks_ended >= r.world_size THEN 'finished' ELSE 'running' END AS status,
-       k.last_seen_wall,
+       CASE WHEN k.ranks_crashed > 0 THEN 'crashed'
+            WHEN k.ranks_ended >= r.world_size THEN 'finished' ELSE 'running' END AS status,
+       k.last_seen_wall, k.error,
        (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.run_id) AS requests,
        {_summed("m.")},
        COALESCE(k.events_written, 0) AS events_written, COALESCE(k.events_dropped, 0) AS events_dropped,
@@ -149,12 +188,14 @@ SELECT r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fa
 FROM runs r
 LEFT JOIN acceptance_masks m ON m.run_id = r.run_id
 LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
+                  COUNT(error) AS ranks_crashed, MAX(error) AS error,
                   MAX(last_seen_wall) AS last_seen_wall, SUM(events_written) AS events_written,
                   SUM(events_dropped) AS events_dropped, SUM(hook_errors) AS hook_errors,
                   {RUN_GRAPH_MODE} AS graph_mode
            FROM run_ranks GROUP BY run_id) k ON k.run_id = r.run_id
 GROUP BY r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
-         r.world_size, r.host, r.started_wall, k.ended_wall, k.ranks_ended, k.last_seen_wall,
+         r.world_size, r.host, r.started_wall, k.ended_wall, k.ranks_ended, k.ranks_crashed, k.error,
+         k.last_seen_wall,
          k.events_written, k.events_dropped, k.hook_errors, k.graph_mode
 """,
 }

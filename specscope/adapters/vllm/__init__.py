@@ -10,13 +10,16 @@ without specscope. With it (a SQLite path or any SQLAlchemy URL), every process 
   ``fc``, ``draft.model.fc:input``, vs n_aux x target hidden), the draft's input ids, positions and
   output shapes, the target's capture layers as vLLM resolved them, with provenance fingerprints on
   sampled steps, and the checkpoint inspector's findings for the draft vLLM loaded;
-- the EngineCore holding the scheduler: each request, and each verify step's proposed / accepted draft
+- the verifier (``RejectionSampler``): the losslessness audit of what each request emits;
+- the EngineCore holding the scheduler: each request with its sampling settings, and each verify step's proposed / accepted draft
   tokens, from the very values vLLM's ``SpecDecodingStats`` aggregates (so specscope's acceptance
   equals ``vllm:spec_decode_*`` exactly, with no device sync).
 
 Environment: ``SPECSCOPE_DB`` (required to activate), ``SPECSCOPE_RUN_ID`` (default: a new id, shared
 with the processes vLLM starts), ``SPECSCOPE_PROVENANCE_EVERY`` (default 16: fingerprint every 16th
-fused draft input, one device sync each time; 0 turns it off), ``SPECSCOPE_LABEL`` (a label shown
+fused draft input, one device sync each time; 0 turns it off), ``SPECSCOPE_AUDIT_EVERY`` (default
+4: audit every 4th verify batch's emitted tokens against the target's distribution at vLLM's
+verifier, no device sync; 0 turns it off), ``SPECSCOPE_LABEL`` (a label shown
 with the run, stored in its ``fault`` column). Supported: vLLM 0.32 (the attach points
 are listed in :mod:`specscope.adapters.vllm._patches`); on another version whatever cannot attach is
 logged once and counted in the run, and vLLM serves as usual.
@@ -31,6 +34,7 @@ ENV_DB = "SPECSCOPE_DB"
 ENV_RUN_ID = "SPECSCOPE_RUN_ID"
 ENV_PROVENANCE_EVERY = "SPECSCOPE_PROVENANCE_EVERY"
 ENV_LABEL = "SPECSCOPE_LABEL"
+ENV_AUDIT_EVERY = "SPECSCOPE_AUDIT_EVERY"
 
 logger = logging.getLogger("specscope")
 

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specscope.adapters.vllm import _session
+from specscope.adapters.vllm import _session, _verifier
 
 logger = logging.getLogger("specscope")
 
@@ -127,7 +127,11 @@ def _after_add_request(call: dict[str, Any]) -> None:
     tracer = getattr(call["self"], _TRACER, None)
     if tracer is not None:
         request = call["request"]
-        tracer.start_request(request.request_id, prompt_tokens=request.num_prompt_tokens)
+        params = request.sampling_params
+        settings = {} if params is None else {
+            "temperature": _verifier.greedy_zero(params.temperature), "top_p": params.top_p, "top_k": params.top_k}
+        tracer.start_request(request.request_id, prompt_tokens=request.num_prompt_tokens,
+                             prompt=request.prompt_token_ids, **settings)
 
 
 def _after_spec_stats(call: dict[str, Any]) -> None:
@@ -166,6 +170,7 @@ def _after_load_model(call: dict[str, Any]) -> None:
     session = _session.session(config, has_model=True,
                                active=_active_capture(runner.model) if eagle3 else None)
     session.tracer.start()
+    session.on_close(_verifier.attach(runner, session.tracer))
     if not eagle3:
         logger.info("specscope: speculative method %s: acceptance only (tensor hooks are for eagle3)",
                     spec.method)

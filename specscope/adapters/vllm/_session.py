@@ -15,9 +15,10 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from specscope.adapters.vllm import ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
+from specscope.adapters.vllm import ENV_AUDIT_EVERY, ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
 from specscope.events import Event, RankStart, RankStatus, RunConfig, RunStart
 
 logger = logging.getLogger("specscope")
@@ -125,18 +126,21 @@ class Session:
         sink = self.collector if has_model else _SchedulerOnlySink(self.collector)
         spec = vllm_config.speculative_config
         every = int(os.environ.get(ENV_PROVENANCE_EVERY, DEFAULT_PROVENANCE_EVERY))
+        audit = os.environ.get(ENV_AUDIT_EVERY)  # unset: the tracer's default
+        audit_every = {} if audit is None else {"audit_every": int(audit)}
         rank, world_size = _rank(vllm_config, has_model)
         self.tracer = Tracer(sink, engine=ENGINE, engine_version=vllm.__version__, rank=rank,
                              world_size=world_size,
                              target_model=str(vllm_config.model_config.model),
                              draft_model=str(spec.model), config=run_config(vllm_config, active),
-                             run_id=self.run_id, provenance_every=every,
+                             run_id=self.run_id, provenance_every=every, **audit_every,
                              fault=os.environ.get(ENV_LABEL) or None)
         # under vLLM's own logger tree, so the line appears in the server log at INFO like vLLM's
         logging.getLogger("vllm.specscope").info("specscope: recording this vLLM %s into %s as run %s",
                        "worker" if has_model else "scheduler", self.collector_target, self.run_id)
 
         self._stop = threading.Event()
+        self._removers: list[Callable[[], None]] = []
         if has_model:
             # The worker reports no verify step (the scheduler, elsewhere, does), so nothing on the
             # engine thread would send the periodic rank status: a daemon thread does. vLLM may
@@ -147,9 +151,15 @@ class Session:
         while not self._stop.wait(STATUS_INTERVAL_S):
             self.tracer.status()
 
+    def on_close(self, remove: Callable[[], None]) -> None:
+        """Run ``remove`` (taking a wrapper out of vLLM) when the session closes."""
+        self._removers.append(remove)
+
     def close(self) -> None:
         """Remove the hooks, send the final status, flush and close the collector."""
         self._stop.set()
+        for remove in self._removers:
+            remove()
         self.tracer.close()
         self.collector.close()
 

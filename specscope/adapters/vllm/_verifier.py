@@ -1,0 +1,106 @@
+"""The losslessness audit at vLLM's verifier (docs/design.md, "Losslessness audit").
+
+vLLM 0.32 verifies drafts in ``RejectionSampler.forward(metadata, draft_probs, logits,
+sampling_metadata)`` (``vllm/v1/sample/rejection_sampler.py``), a module the model runner calls
+eagerly whether the models are compiled or replayed from CUDA graphs. ``logits`` holds the target's
+rows for every draft position (``metadata.target_logits_indices``) and every bonus position
+(``metadata.bonus_logits_indices``); the result's ``sampled_token_ids`` (batch, max_spec_len + 1)
+holds what each request emits, -1 in the slots it leaves empty. On an audited step specscope gathers
+the rows of every slot before vLLM runs (vLLM may update ``logits`` in place), lets vLLM verify, then
+hands rows, emitted tokens and each request's temperature / top-k / top-p to the tracer's audit: all
+on the device, nothing read back on the engine thread.
+
+A batch whose verifier applies more than temperature / top-k / top-p to the target's logits
+(penalties, allowed or bad token lists) is not audited: the audit would judge it against another
+distribution than the one vLLM samples from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from specscope.events import sampling_label
+from specscope.instrumentation import AuditSlot, Tracer
+
+GREEDY_BELOW = 1e-5
+"""vLLM's greedy requests carry temperature 0 in the batch (``gpu_input_batch.py``); anything below
+this counts as greedy, as vLLM's own ``_SAMPLING_EPS``."""
+
+
+def attach(runner: Any, tracer: Tracer) -> Callable[[], None]:
+    """Wrap ``runner.rejection_sampler``'s forward (the instance's, not the class's); returns the
+    function that removes the wrapper again."""
+    verifier = runner.rejection_sampler
+    original = verifier.forward
+
+    def forward(metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
+        audit = None
+        try:
+            if tracer.audit_due() and _plain_sampling(sampling_metadata):
+                audit = _gather(runner, metadata, logits, sampling_metadata)
+        except Exception as exc:  # noqa: BLE001 - observing must not change what vLLM does
+            tracer.hook_state.failed("vllm verifier audit", exc)
+        output = original(metadata, draft_probs, logits, sampling_metadata)
+        if audit is not None:
+            rows, temperature, top_k, top_p, slots = audit
+            tracer.record_audit(rows, output.sampled_token_ids.reshape(-1), temperature, slots, top_k, top_p)
+        return output
+
+    verifier.forward = forward
+
+    def remove() -> None:
+        if verifier.__dict__.get("forward") is forward:
+            del verifier.forward
+
+    return remove
+
+
+def _plain_sampling(sampling_metadata: Any) -> bool:
+    """The verifier's distribution is the target's logits under temperature / top-k / top-p only."""
+    return (sampling_metadata.no_penalties and sampling_metadata.allowed_token_ids_mask is None
+            and not sampling_metadata.bad_words_token_ids)
+
+
+def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> tuple:
+    """``(rows, temperature, top_k, top_p, slots)`` of every emitted-token slot of the batch, slot
+    (i, j) = request i's position j: rows (B * W, V) copied from ``logits``; per-slot settings on the
+    device; slot names from host-side values (the runner's request states)."""
+    num_draft = list(metadata.num_draft_tokens)
+    width = metadata.max_spec_len + 1
+    device = logits.device
+    starts, flat, is_draft, owner, slots = 0, [], [], [], []
+    req_ids = runner.input_batch.req_ids
+    for i, n in enumerate(num_draft):
+        params = runner.requests[req_ids[i]].sampling_params
+        label = sampling_label(greedy_zero(params.temperature), params.top_p, params.top_k)
+        for j in range(width):
+            flat.append(starts + min(j, max(n - 1, 0)))
+            is_draft.append(j < n)
+            owner.append(i)
+            slots.append(AuditSlot(req_ids[i], label, j))
+        starts += n
+    flat = [min(f, max(starts - 1, 0)) for f in flat]  # a last request without drafts reads its bonus row
+    owner_t = torch.tensor(owner).to(device, non_blocking=True)
+    target_rows = metadata.target_logits_indices
+    if target_rows.numel():
+        draft_rows = target_rows[torch.tensor(flat).to(device, non_blocking=True)]
+    else:  # no request drafted this step: every slot reads its bonus row
+        draft_rows = metadata.bonus_logits_indices[owner_t]
+    index = torch.where(torch.tensor(is_draft).to(device, non_blocking=True), draft_rows,
+                        metadata.bonus_logits_indices[owner_t])
+    rows = logits[index].float()  # a copy: vLLM may change ``logits`` in place
+    temperature = sampling_metadata.temperature
+    if sampling_metadata.all_greedy or temperature is None:
+        temperature = torch.zeros(len(num_draft), device=device)
+    temperature = torch.where(temperature < GREEDY_BELOW, torch.zeros_like(temperature), temperature)
+    top_k = None if sampling_metadata.top_k is None else sampling_metadata.top_k[owner_t]
+    top_p = None if sampling_metadata.top_p is None else sampling_metadata.top_p[owner_t]
+    return rows, temperature[owner_t], top_k, top_p, slots
+
+
+def greedy_zero(temperature: float) -> float:
+    """A request's temperature as specscope records it: 0 for vLLM's greedy requests."""
+    return 0.0 if temperature < GREEDY_BELOW else float(temperature)

@@ -1,0 +1,104 @@
+"""Rules on what the engine emitted: the losslessness audit (docs/design.md, "Losslessness audit")
+and acceptance per sampling group. Verdicts come from ``v_lossless_audit``, where the sampled test's
+bound is written once in SQL (``storage/views.py``, ``rare_threshold``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from specscope.doctor._codes import finding
+from specscope.doctor._context import RunContext, parse_json
+from specscope.doctor._rules_accept import COLLAPSE_AL, MIN_VERIFY_STEPS
+from specscope.events import Finding
+from specscope.storage import queries as q
+
+_EXAMPLES = 3
+
+_GREEDY_FIX = ("The verifier emitted tokens the target does not choose at temperature 0. Likely causes, "
+               "most likely first: the verifier emits the draft's token where it should emit its own "
+               "(a rejected position), greedy requests batched with sampled ones are verified with the "
+               "sampled requests' settings (per-request temperature lost in the batch), or the target "
+               "logits are read at the wrong positions. Reproduce with greedy requests alone and in a "
+               "mixed batch; until fixed, serve without speculative decoding.")
+_SAMPLED_FIX = ("The emitted tokens are not draws from the target's distribution at this request's "
+                "settings. Likely causes: the draft and target sample with different settings (a draft "
+                "sampler that ignores temperature, or one request's settings applied to the whole "
+                "batch), a wrong recovered-token distribution (must be max(p - q, 0) normalised, q the "
+                "draft's probabilities, one-hot for an argmax draft), or uniform draws reused across "
+                "requests. Compare the same requests served without speculative decoding; until fixed, "
+                "serve sampled traffic without it.")
+
+
+def _evidence(group: SimpleNamespace) -> dict:
+    return {"sampling": group.sampling, "requests": int(group.requests),
+            "tokens_audited": int(group.tokens_audited), "greedy_mismatches": int(group.greedy_mismatches),
+            "rare_observed": int(group.rare_observed), "rare_expected": float(group.rare_expected),
+            "rare_threshold": float(group.rare_threshold), "epsilon": float(group.epsilon),
+            "mean_p_emitted": group.mean_p_emitted, "mean_p_expected": group.mean_p_expected}
+
+
+def check_lossless(ctx: RunContext) -> list[Finding]:
+    """LOSSLESS_VIOLATION [error], per sampling group whose audit failed: a greedy token that is not
+    the target's argmax, or more rare tokens than a lossless engine emits but with probability 1e-3.
+    LOSSLESS_AUDITED [info] when every audited group passed (a run that was checked says so)."""
+    groups = ctx.lossless_audit
+    failed = [g for g in groups if g.verdict == "violation"]
+    examples: dict[str, list] = {}
+    if failed:
+        for row in ctx.rows(q.AUDIT_EXAMPLES, limit=_EXAMPLES * len(failed) * 4):
+            kept = examples.setdefault(row.sampling, [])
+            if len(kept) < _EXAMPLES:
+                kept.append({"request_id": row.request_id,
+                             **parse_json(row.example, "lossless_audit.example", ctx.run_id)})
+    out = []
+    for g in failed:
+        evidence = {**_evidence(g), "examples": examples.get(g.sampling, [])}
+        if g.greedy_mismatches:
+            message = (f"output is not the target's: {g.greedy_mismatches} of {g.tokens_audited} audited "
+                       f"greedy tokens ({g.sampling}) are not the target's argmax")
+            fix = _GREEDY_FIX
+        else:
+            message = (f"output is not the target's distribution ({g.sampling}): {g.rare_observed} of "
+                       f"{g.tokens_audited} audited tokens had target probability < {g.epsilon:g}, where "
+                       f"a lossless engine emits {g.rare_expected:.1f} on average and more than "
+                       f"{g.rare_threshold:.1f} with probability under 1e-3")
+            fix = _SAMPLED_FIX
+        out.append(finding("LOSSLESS_VIOLATION", ctx.run_id, message, evidence, fix))
+    if groups and not failed:
+        tokens = sum(int(g.tokens_audited) for g in groups)
+        out.append(finding(
+            "LOSSLESS_AUDITED", ctx.run_id,
+            f"output audited against the target: {tokens} tokens in {len(groups)} sampling group(s) "
+            f"({', '.join(g.sampling for g in groups)}), no violation",
+            {"groups": [_evidence(g) for g in groups]},
+            "Nothing to fix. The audit checks a sample of verify steps (SPECSCOPE_AUDIT_EVERY / "
+            "Tracer(audit_every=)); audit every step to check every token."))
+    return out
+
+
+def check_sampled_collapse(ctx: RunContext) -> list[Finding]:
+    """ACCEPT_COLLAPSE_SAMPLED [warning]: acceptance collapsed (AL <= COLLAPSE_AL over >=
+    MIN_VERIFY_STEPS steps) in a sampled group while the greedy group of the same run accepts."""
+    groups = {g.sampling: g for g in ctx.sampling_acceptance}
+    greedy = groups.get("greedy")
+    if greedy is None or int(greedy.verify_steps) < MIN_VERIFY_STEPS or greedy.mean_acceptance_length <= COLLAPSE_AL:
+        return []
+    out = []
+    for name, g in groups.items():
+        if name in ("greedy", "unknown") or int(g.verify_steps) < MIN_VERIFY_STEPS:
+            continue
+        if g.mean_acceptance_length > COLLAPSE_AL:
+            continue
+        out.append(finding(
+            "ACCEPT_COLLAPSE_SAMPLED", ctx.run_id,
+            f"acceptance collapsed for sampled requests only: {name} AL {g.mean_acceptance_length:.3f} over "
+            f"{g.verify_steps} verify steps, greedy AL {greedy.mean_acceptance_length:.3f} over "
+            f"{greedy.verify_steps}",
+            {"sampling": name, "mean_acceptance_length": g.mean_acceptance_length,
+             "verify_steps": int(g.verify_steps), "greedy_mean_acceptance_length": greedy.mean_acceptance_length,
+             "greedy_verify_steps": int(greedy.verify_steps), "threshold": COLLAPSE_AL},
+            "The draft works (greedy requests accept it), so look at the sampled path: the verifier's "
+            "acceptance rule and recovered-token sampling, and whether the draft and target sample with "
+            "the same settings. Some fall is by design (an argmax draft is accepted with the target's "
+            "probability of its token), a collapse to AL ~1 is not; check LOSSLESS_VIOLATION for this run."))
+    return out

@@ -1,0 +1,179 @@
+"""The losslessness audit (docs/design.md, "Losslessness audit"): is each emitted token one the target
+itself would emit?
+
+On an audited verify step the engine hands over, for every emitted-token slot, the target's logits at
+that position (what its verifier reads, before temperature), the token it emitted there (-1 for a slot
+left empty) and the request's sampling settings. :func:`token_stats` judges every slot on the device
+in one batch; the few numbers per slot are copied to the host asynchronously and summed per request
+later (:class:`Auditor`), so the engine thread never waits on the device:
+
+- greedy slots (temperature 0): a mismatch when the emitted token's logit is below the row's maximum
+  (the target would have emitted another token; ties are no mismatch);
+- sampled slots: the emitted token's probability under the target's processed distribution
+  (temperature, then top-k / top-p), whether it is below ``epsilon`` ("rare"), the target's total mass
+  below ``epsilon`` (how often a lossless engine emits a rare token there) and the row's sum of squared
+  probabilities (the expected probability of a token drawn from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specscope.errors import ConfigError
+from specscope.events import LosslessAudit
+
+DEFAULT_AUDIT_EVERY = 4
+"""Audit every n-th verify step (or verify batch) by default: 0 turns the audit off."""
+DEFAULT_EPSILON = 1e-4
+"""Target probability under which an emitted token counts as rare."""
+
+# Columns of token_stats' result.
+_VALID, _GREEDY, _MISMATCH, _P, _RARE, _RARE_MASS, _P2, _EMITTED, _TARGET = range(9)
+
+
+def truncate(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` (N, V) with the tokens outside each row's top-k and top-p set to -inf.
+
+    ``top_k`` (N,): tokens whose logit is below the k-th largest are dropped (ties with it kept), 0 or
+    less for none; then ``top_p`` (N,): over an ascending sort of the remaining distribution, tokens
+    whose cumulative mass is at most 1 - p are dropped, the most probable token always kept. The
+    rule, and its arithmetic order, of vLLM's own sampler (``apply_top_k_top_p``), so the audit judges
+    by the distribution the engine samples from.
+    """
+    if top_k is None and top_p is None:
+        return logits
+    ordered, order = logits.sort(dim=-1, descending=False)  # (N, V) ascending
+    vocab = ordered.shape[-1]
+    if top_k is not None:
+        k = top_k.to(logits.device).long()
+        k = torch.where(k > 0, k.clamp(max=vocab), torch.full_like(k, vocab))
+        kth = ordered.gather(-1, (vocab - k)[:, None])  # (N, 1)
+        ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    if top_p is not None:
+        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - top_p.to(logits.device).float()[:, None]
+        drop[:, -1] = False
+        ordered = ordered.masked_fill(drop, float("-inf"))
+    return logits.scatter(-1, order, ordered)
+
+
+def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
+                top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
+                epsilon: float = DEFAULT_EPSILON) -> torch.Tensor:
+    """Judge each emitted-token slot against the target (float32 (N, 9), on the logits' device).
+
+    Args:
+        logits: (N, V) the target's logits at each slot's position, before temperature.
+        emitted: (N,) the token the engine emitted there, -1 (or any negative id) for an empty slot.
+        temperature: (N,) the request's temperature, 0 for greedy.
+        top_k, top_p: (N,) per-slot truncation, or None (see :func:`truncate`).
+        epsilon: the target probability under which a token counts as rare.
+    """
+    logits = logits.float()
+    emitted = emitted.to(logits.device).long()
+    temperature = temperature.to(logits.device).float()
+    valid = emitted >= 0
+    token = emitted.clamp(min=0)[:, None]  # (N, 1)
+    greedy = temperature == 0
+    target = logits.argmax(dim=-1)
+    mismatch = greedy & valid & (logits.gather(-1, token)[:, 0] < logits.max(dim=-1).values)
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    probs = truncate(scaled, top_k, top_p).softmax(dim=-1)  # (N, V)
+    p = probs.gather(-1, token)[:, 0]
+    sampled = (~greedy & valid).float()
+    rare = (p < epsilon).float() * sampled
+    rare_mass = probs.masked_fill(probs >= epsilon, 0).sum(dim=-1) * sampled
+    p2 = probs.square().sum(dim=-1) * sampled
+    return torch.stack([valid.float(), greedy.float(), mismatch.float(), p * sampled, rare, rare_mass, p2,
+                        emitted.float(), target.float()], dim=-1)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Who an emitted-token slot belongs to: request, its sampling group, position in the step."""
+
+    request_id: str
+    sampling: str
+    position: int
+
+
+class Auditor:
+    """Counts verify steps, says which are audited, and turns judged slots into
+    :class:`~specscope.events.LosslessAudit` events, one per request and audited step.
+
+    ``emit`` sends an event; ``every``: audit every n-th call of :meth:`due` (0: never);
+    ``epsilon``: see :func:`token_stats`. The host copy of a batch is read once the device finished it
+    (CUDA: an event queried without blocking; CPU: at once), at the next :meth:`submit` or at
+    :meth:`drain` with ``wait=True`` (close).
+    """
+
+    def __init__(self, emit: Callable[[LosslessAudit], None], run_id: str, rank: int,
+                 every: int = DEFAULT_AUDIT_EVERY, epsilon: float = DEFAULT_EPSILON) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            raise ConfigError(f"audit_every must be an int >= 0 (0 turns the audit off), got {every!r}")
+        if not 0 < epsilon < 1:
+            raise ConfigError(f"audit epsilon must be between 0 and 1, got {epsilon!r}")
+        self._emit, self.run_id, self.rank = emit, run_id, rank
+        self.every, self.epsilon = every, epsilon
+        self._calls = 0
+        self._pending: list[tuple[torch.Tensor, object, Sequence[Slot]]] = []
+
+    def due(self) -> bool:
+        """Count one verify step (or batch); True when this one is to be audited."""
+        if not self.every:
+            return False
+        self._calls += 1
+        return self._calls % self.every == 0
+
+    def submit(self, logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
+               slots: Sequence[Slot], top_k: torch.Tensor | None = None,
+               top_p: torch.Tensor | None = None) -> None:
+        """Judge one audited step's slots (arguments of :func:`token_stats`, ``slots`` naming each row)
+        on the device and queue the asynchronous copy of the result."""
+        stats = token_stats(logits, emitted, temperature, top_k, top_p, self.epsilon)
+        ready = None
+        if stats.is_cuda:
+            host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            host.copy_(stats, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host = stats
+        self._pending.append((host, ready, tuple(slots)))
+        self.drain()
+
+    def drain(self, wait: bool = False) -> None:
+        """Emit the audits whose copies are done (all of them, waiting, with ``wait``)."""
+        while self._pending:
+            host, ready, slots = self._pending[0]
+            if ready is not None and not ready.query():
+                if not wait:
+                    return
+                ready.synchronize()
+            self._pending.pop(0)
+            self._report(host.tolist(), slots)
+
+    def _report(self, rows: list[list[float]], slots: Sequence[Slot]) -> None:
+        per_request: dict[tuple[str, str], dict] = {}
+        for row, slot in zip(rows, slots):
+            if not row[_VALID]:
+                continue
+            total = per_request.setdefault((slot.request_id, slot.sampling), {
+                "tokens": 0, "mismatches": 0, "rare": 0, "rare_expected": 0.0, "p_sum": 0.0, "p2_sum": 0.0,
+                "example": None})
+            total["tokens"] += 1
+            total["mismatches"] += int(row[_MISMATCH])
+            total["rare"] += int(row[_RARE])
+            total["rare_expected"] += row[_RARE_MASS]
+            total["p_sum"] += row[_P]
+            total["p2_sum"] += row[_P2]
+            if total["example"] is None and (row[_MISMATCH] or row[_RARE]):
+                total["example"] = {"position": slot.position, "emitted_token": int(row[_EMITTED]),
+                                    "target_argmax": int(row[_TARGET]),
+                                    "target_probability": None if row[_GREEDY] else row[_P]}
+        for (request_id, sampling), total in per_request.items():
+            self._emit(LosslessAudit(self.run_id, self.rank, request_id, sampling, epsilon=self.epsilon,
+                                     **total))
