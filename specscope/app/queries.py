@@ -24,10 +24,11 @@ Row = dict[str, Any]
 
 
 def run_state(status: str, last_seen_wall: float | None, now: float | None = None) -> str:
-    """``'finished'`` (every rank ended), ``'running'``, or ``'stale'``: running in ``v_run_summary``
-    but not heard from for more than :data:`STALE_AFTER_S` seconds (a crashed or killed engine)."""
-    if status == "finished":
-        return "finished"
+    """``'finished'`` (every rank ended), ``'crashed'`` (a rank stopped on an error), ``'running'``, or
+    ``'stale'``: running in ``v_run_summary`` but not heard from for more than :data:`STALE_AFTER_S`
+    seconds (a killed engine that could not say so)."""
+    if status != "running":
+        return status
     now = time.time() if now is None else now
     if last_seen_wall is None or now - last_seen_wall > STALE_AFTER_S:
         return "stale"

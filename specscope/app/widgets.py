@@ -29,7 +29,8 @@ RUN_KEY = "run_id"
 PICKER_KEY = "run_picker"  # the select box's own state
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
-STATE_LABEL = {"running": "live", "finished": "finished", "stale": "stale (no event for > 60 s)"}
+STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed",
+               "stale": "stale (no event for > 60 s)"}
 
 
 def db_url() -> str:
@@ -84,7 +85,7 @@ def _cached_finished(url: str, name: str, args: tuple) -> Any:
 
 def _finished(run_id: Any) -> bool:
     runs = _cached(db_url(), "runs", ())
-    return any(run["run_id"] == run_id and run["state"] == "finished" for run in runs)
+    return any(run["run_id"] == run_id and run["state"] in ("finished", "crashed") for run in runs)
 
 
 def query(name: str, *args: Any) -> Any:
@@ -211,8 +212,8 @@ def live(body: Callable[[], None], state: str) -> None:
 
 
 def state_badge(state: str) -> None:
-    """A coloured badge for a run's state: live (green), finished (grey), stale (orange)."""
-    color = {"running": "green", "finished": "gray", "stale": "orange"}[state]
+    """A coloured badge for a run's state: live (green), finished (grey), crashed (red), stale (orange)."""
+    color = {"running": "green", "finished": "gray", "crashed": "red", "stale": "orange"}[state]
     st.badge(STATE_LABEL[state], color=color)
 
 

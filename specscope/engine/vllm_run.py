@@ -10,6 +10,8 @@ Faults (each only plumbing; vLLM starts and serves, or fails, exactly as it woul
 - ``d2t-absolute``: the draft's ``d2t`` holds absolute target ids (converted twice); vLLM loads it.
 - ``tied-target``: the target folder stores its tied embedding only as ``lm_head.weight`` (no
   ``model.embed_tokens.weight``, no ``architectures``); vLLM leaves the embedding uninitialised.
+- ``unknown-key``: the draft checkpoint carries a tensor vLLM's EAGLE-3 loader does not map
+  (``midlayer.mlp.extra_proj.weight``); vLLM refuses it at load (KeyError).
 - ``emit-draft-token``: the verifier emits the draft's token at the first rejected position instead of
   the target's (vLLM's ``RejectionSampler`` wrapped in this process): acceptance is untouched, the text
   is no longer the target's.
@@ -34,9 +36,11 @@ VLLM_FAULTS: dict[str, str] = {
     "aux-off-by-one": "the target model class captures every aux layer one later than configured",
     "d2t-absolute": "the draft's d2t holds absolute target ids; vLLM adds the index again",
     "tied-target": "the target folder has its tied embedding only as lm_head.weight, no architectures",
+    "unknown-key": "the draft checkpoint has a tensor vLLM's loader does not map: vLLM refuses it at load",
     "emit-draft-token": "the verifier emits the draft's token where it rejects: same acceptance, not the target's text",
 }
 
+UNKNOWN_KEY = "midlayer.mlp.extra_proj.weight"
 _WRAPPERS = {"no-aux-capture": "NoAuxCaptureLlamaForCausalLM", "aux-off-by-one": "AuxOffByOneLlamaForCausalLM"}
 
 
@@ -75,7 +79,22 @@ def prepare(fault: str | None, workdir: Path) -> tuple[Path, Path]:
                               lambda config: {**config, "architectures": [_WRAPPERS[fault]]})
     elif fault == "tied-target":
         target = _tied_only_target(target, workdir / "target-tied")
+    elif fault == "unknown-key":
+        draft = _draft_with_extra_key(draft, workdir / "draft-unknown-key")
     return target, draft
+
+
+def _draft_with_extra_key(source: Path, dest: Path) -> Path:
+    """The draft with one more tensor, under a name no EAGLE-3 loader maps."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "config.json", dest / "config.json")
+    state = load_file(str(source / "model.safetensors"))
+    state[UNKNOWN_KEY] = torch.zeros(4, 4)
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
 
 
 def _target_copy(source: Path, dest: Path, edit) -> Path:

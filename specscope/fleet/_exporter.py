@@ -40,6 +40,7 @@ from specscope.storage import Store
 from specscope.storage import queries as q
 
 ALL = "all"
+ENDED = ("finished", "crashed")  # v_run_summary statuses after which a run's verdict no longer changes
 _RUN = ["run_id", "rank", "model_name", "engine_name"]
 _CONTRACT = ["run_id", "rank", "hook_point", "expected_width"]
 
@@ -154,7 +155,7 @@ class StoreCollector(Collector):
         if run_id in self._finished_findings:
             return self._finished_findings[run_id]
         found = diagnose(self.store, run_id).findings
-        if status == "finished":
+        if status in ENDED:
             self._finished_findings[run_id] = found
         return found
 

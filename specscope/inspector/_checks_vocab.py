@@ -114,8 +114,15 @@ def check_t2d(ctx: CheckContext, d2t_findings: list[Finding]) -> list[Finding]:
             problems.append(f"{mismatched} of {draft} ids of nonzero(t2d) differ from arange + d2t")
     if not problems:
         return []
-    fix = "Derive t2d from d2t (t2d[arange + d2t] = True over a target-vocabulary-sized zero tensor)."
-    return [finding("VOCAB_MAP_MISMATCH", "; ".join(problems), evidence, fix)]
+    if any(f.code == "D2T_IDENTITY_WITH_PRUNED_VOCAB" for f in d2t_findings):
+        # a zeroed d2t beside a t2d that marks draft_vocab ids: t2d is the map that survived
+        fix = ("d2t is the broken map (all zeros): rebuild it from t2d, d2t = nonzero(t2d) - "
+               "arange(draft_vocab_size); t2d already marks the draft's tokens.")
+    else:
+        fix = "Derive t2d from d2t (t2d[arange + d2t] = True over a target-vocabulary-sized zero tensor)."
+    message = ("; ".join(problems) + ". Serving is unaffected: vLLM 0.32 and SGLang never read t2d (their "
+               "loaders skip it); tools that rebuild d2t from t2d would spread the error")
+    return [finding("VOCAB_MAP_MISMATCH", message, evidence, fix)]
 
 
 def check_vocab_maps(ctx: CheckContext) -> list[Finding]:

@@ -132,9 +132,10 @@ class Tracer:
         self._emit(RunStart(self.run_id, config=config, world_size=self.world_size,
                             host=self.host, rank=self.rank, **self._run))
 
-    def close(self) -> None:
-        """Remove every hook, send the final :class:`RankStatus` (``finished=True``), flush the sink
-        (waiting at most :data:`CLOSE_FLUSH_TIMEOUT_S`). Idempotent; never raises."""
+    def close(self, error: str | None = None) -> None:
+        """Remove every hook, send the final :class:`RankStatus` (``finished=True``; with ``error``, the
+        error the engine stopped on: the rank crashed), flush the sink (waiting at most
+        :data:`CLOSE_FLUSH_TIMEOUT_S`). Idempotent; never raises."""
         if self._closed:
             return
         self.start()
@@ -146,7 +147,7 @@ class Tracer:
             self.auditor.drain(wait=True)
         except Exception as exc:  # noqa: BLE001 - observing must not break the engine's shutdown
             self._hook_failed("audit", exc)
-        self.status(finished=True)
+        self.status(finished=True, error=error)
         try:
             self.sink.flush(CLOSE_FLUSH_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - observing must not break the engine's shutdown
@@ -186,16 +187,16 @@ class Tracer:
             return "eager"
         return "capture_only" if captured == self.hook_calls else "mixed"
 
-    def status(self, finished: bool = False) -> RankStatus:
+    def status(self, finished: bool = False, error: str | None = None) -> RankStatus:
         """Emit and return the current :class:`RankStatus` (after a new :class:`RankStart` when
-        ``torch.distributed`` came up since the rank was read)."""
+        ``torch.distributed`` came up since the rank was read); ``error`` only with ``finished``."""
         if self.world_size == 1 and self._started:
             before = (self.rank, self.world_size)
             self._resolve_context()
             if (self.rank, self.world_size) != before:
                 self._announce()
         event = RankStatus(self.run_id, self.rank, self.hook_calls, self.hook_errors,
-                           self.graph_mode, finished)
+                           self.graph_mode, finished, error if finished else None)
         self._emit(event)
         return event
 

@@ -10,6 +10,8 @@ Scheduler (EngineCore process), ``vllm/v1/core/sched/scheduler.py`` ``Scheduler`
   accepted count; vLLM's rejection sampler accepts a prefix, so the per-position mask is the chain
   prefix). Plain Python ints: no device sync.
 - ``_free_request(request)``: the request finished (``request.num_output_tokens``).
+- ``add_request`` also records each request's sampling settings (``request.sampling_params``:
+  temperature, top-p, top-k) and prompt key (``request.prompt_token_ids``).
 - ``shutdown()``: the run's part in this process ends (also ``WorkerWrapperBase.shutdown`` in
   ``vllm/v1/worker/worker_base.py`` for worker processes, and at interpreter exit).
 
@@ -27,8 +29,14 @@ specscope hooks:
   ``model.norm``. Hooks on the ``LlamaModel`` modules themselves would never fire
   (``@support_torch_compile`` calls their forward directly).
 
+and the model runner's ``rejection_sampler`` instance: the losslessness audit (``_verifier.py``).
+
+Lifecycle: when ``load_model`` raises, the run is recorded anyway, with the draft's inspection and its
+rank ended 'crashed' with vLLM's error; when ``execute_model`` or ``sample_tokens`` raises, the rank
+ends 'crashed' when vLLM shuts down (or at interpreter exit).
+
 Every wrapper calls vLLM's own method first and unchanged, then records; a failure while recording is
-logged once and counted, never raised.
+logged once and counted, never raised; vLLM's own exceptions go on unchanged.
 """
 
 from __future__ import annotations
@@ -73,9 +81,11 @@ def install() -> None:
             ("vllm.v1.core.sched.scheduler", "Scheduler", "shutdown", _end_run),
             ("vllm.v1.worker.worker_base", "WorkerWrapperBase", "shutdown", _end_run),
             ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "load_model", _after_load_model),
-            ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "load_model", _after_load_model)):
+            ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "load_model", _after_load_model),
+            ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model", None),
+            ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens", None)):
         try:
-            _wrap(getattr(importlib.import_module(module), cls), name, after)
+            _wrap(getattr(importlib.import_module(module), cls), name, after, _FAILED.get(name))
         except Exception as exc:  # noqa: BLE001 - an attach point vLLM moved: say which, go on
             logger.warning("specscope: cannot attach to vLLM %s.%s.%s (%s: %s); what it records is "
                            "missing from the run", module, cls, name, type(exc).__name__, exc)
@@ -88,11 +98,14 @@ def _once(what: str, exc: BaseException) -> None:
                        what, type(exc).__name__, exc)
 
 
-def _wrap(cls: type, name: str, after: Callable[..., None]) -> None:
+def _wrap(cls: type, name: str, after: Callable[..., None] | None,
+          failed: Callable[[Any, BaseException], None] | None = None) -> None:
     """Replace ``cls.name`` (its own attribute) with a wrapper that calls it, then ``after(bound)``.
 
     ``bound`` is the call's ``inspect.BoundArguments`` (``self`` included, defaults applied), so
     positional and keyword calls read the same. ``after`` runs guarded: it never raises into vLLM.
+    When vLLM's method raises, ``failed(self, exc)`` records it (guarded) and the exception goes on
+    unchanged.
     """
     original = cls.__dict__[name]
     signature = inspect.signature(original)
@@ -100,7 +113,17 @@ def _wrap(cls: type, name: str, after: Callable[..., None]) -> None:
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            if failed is not None:
+                try:
+                    failed(args[0], exc)
+                except Exception as inner:  # noqa: BLE001 - observing must not change what vLLM does
+                    _once(f"recording the failure of {label}", inner)
+            raise
+        if after is None:
+            return result
         try:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -185,6 +208,31 @@ def _after_load_model(call: dict[str, Any]) -> None:
         threading.Thread(target=_inspect_draft, args=(session, spec, config.model_config.model),
                          name="specscope-inspect",
                          daemon=True).start()
+
+
+def _load_failed(runner: Any, exc: BaseException) -> None:
+    """vLLM could not load the models: the run still starts, with the draft's inspection (what names
+    the cause, e.g. a refused checkpoint) and the rank ended 'crashed' with vLLM's error."""
+    config = runner.vllm_config
+    spec = config.speculative_config
+    if spec is None or not _session.enabled():
+        return
+    session = _session.session(config, has_model=True)
+    session.tracer.start()
+    if session.tracer.rank == 0:
+        _inspect_draft(session, spec, config.model_config.model)
+    session.crashed(exc)
+    _session.close_all()
+
+
+def _step_failed(runner: Any, exc: BaseException) -> None:
+    """A forward of the serving loop raised: the rank ends 'crashed' when vLLM shuts down."""
+    session = _session.current()
+    if session is not None:
+        session.crashed(exc)
+
+
+_FAILED = {"load_model": _load_failed, "execute_model": _step_failed, "sample_tokens": _step_failed}
 
 
 def _active_capture(target: Any) -> tuple[int, ...] | None:

@@ -26,6 +26,7 @@ logger = logging.getLogger("specscope")
 ENGINE = "vllm"
 DEFAULT_PROVENANCE_EVERY = 16
 STATUS_INTERVAL_S = 5.0
+ERROR_CHARS = 2000  # of a crash's text kept with the run
 
 
 def enabled() -> bool:
@@ -141,6 +142,7 @@ class Session:
 
         self._stop = threading.Event()
         self._removers: list[Callable[[], None]] = []
+        self.error: str | None = None
         if has_model:
             # The worker reports no verify step (the scheduler, elsewhere, does), so nothing on the
             # engine thread would send the periodic rank status: a daemon thread does. vLLM may
@@ -151,6 +153,10 @@ class Session:
         while not self._stop.wait(STATUS_INTERVAL_S):
             self.tracer.status()
 
+    def crashed(self, exc: BaseException) -> None:
+        """vLLM failed with ``exc`` in this process: the run's rank ends 'crashed' with its text."""
+        self.error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
+
     def on_close(self, remove: Callable[[], None]) -> None:
         """Run ``remove`` (taking a wrapper out of vLLM) when the session closes."""
         self._removers.append(remove)
@@ -160,7 +166,7 @@ class Session:
         self._stop.set()
         for remove in self._removers:
             remove()
-        self.tracer.close()
+        self.tracer.close(error=self.error)
         self.collector.close()
 
 
@@ -184,6 +190,12 @@ def session(vllm_config: Any, *, has_model: bool, active: tuple[int, ...] | None
             # handlers run last-in first-out, so the final status is written before it closes.
             atexit.register(close_all)
         return current
+
+
+def current() -> Session | None:
+    """This process's session for the current ``SPECSCOPE_DB`` / run, if one was made."""
+    with _lock:
+        return _sessions.get((os.environ.get(ENV_DB, ""), run_id()))
 
 
 def close_all() -> None:
