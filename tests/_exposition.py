@@ -19,13 +19,15 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 class MetricsServer:
     """``/metrics`` on 127.0.0.1: answers ``body`` (text or bytes) with ``status`` and extra ``headers``
     (set them between scrapes); ``trickle_s`` > 0 sends the body one byte per ``trickle_s`` seconds, as a
-    hostile or stuck server would."""
+    hostile or stuck server would. A POST to any path gets the same answer; its body is kept in
+    ``posted``."""
 
     def __init__(self) -> None:
         self.body: str | bytes = ""
         self.status = 200
         self.headers: dict[str, str] = {}
         self.trickle_s = 0.0
+        self.posted: list[bytes] = []
         self._closed = threading.Event()
         server = self
 
@@ -51,6 +53,10 @@ class MetricsServer:
                         self.wfile.flush()
                     except OSError:  # the scraper gave up
                         return
+
+            def do_POST(self) -> None:  # noqa: N802 - a completion endpoint answering the crafted body
+                server.posted.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                self.do_GET()
 
             def log_message(self, *args) -> None:  # keep test output clean
                 pass

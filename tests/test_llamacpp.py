@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specscope.adapters.llamacpp import LlamaCppServer, engine_version
+from specscope.adapters.llamacpp import ONE_SHOT, LlamaCppServer, engine_version
 from specscope.adapters.recorder import ResponseRecorder
 from specscope.collector import Collector
 from specscope.fleet import Watcher
@@ -66,7 +66,8 @@ def plus(a: dict, b: dict) -> dict:
 def complete(url: str, prompt: str, *, tokens: int = 24, temperature: float = 1.0, stream: bool = False,
              client: httpx.Client | None = None) -> None:
     body = {"prompt": prompt, "n_predict": tokens, "seed": 7, "temperature": temperature, "stream": stream}
-    with (client or httpx.Client(timeout=120)).stream("POST", f"{url}/completion", json=body) as response:
+    with (client or httpx.Client(timeout=120, headers=ONE_SHOT)).stream("POST", f"{url}/completion",
+                                                                       json=body) as response:
         response.raise_for_status()
         response.read()
 
@@ -141,7 +142,7 @@ def test_recorded_streamed_requests_equal_the_counters(mode, draft_server, ngram
     with Collector(db) as collector:
         recorder = ResponseRecorder(collector, engine="llama.cpp", engine_version=engine_version(),
                                     draft_model=server.draft_model, k=K)
-        with httpx.Client(transport=recorder, timeout=120) as client:
+        with httpx.Client(transport=recorder, timeout=120, headers=ONE_SHOT) as client:
             prompt = PROMPTS[0] if mode == "draft" else NGRAM_PROMPT
             complete(server.url, prompt, stream=True, client=client, temperature=1.0 if mode == "draft" else 0.0)
             chat = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", http_client=client)
@@ -165,7 +166,7 @@ def test_recorded_plain_requests_keep_the_exact_token_counts(draft_server, tmp_p
     before = counters(draft_server.url)
     with Collector(db) as collector:
         recorder = ResponseRecorder(collector, k=K)
-        with httpx.Client(transport=recorder, timeout=120) as client:
+        with httpx.Client(transport=recorder, timeout=120, headers=ONE_SHOT) as client:
             for prompt in PROMPTS:
                 complete(draft_server.url, prompt, client=client)
         recorder.close()
@@ -175,3 +176,32 @@ def test_recorded_plain_requests_keep_the_exact_token_counts(draft_server, tmp_p
         row = store.query("SELECT (SELECT COUNT(*) FROM requests), proposed, accepted FROM v_run_acceptance")[1]
         (positions,) = store.query("SELECT COUNT(*) FROM v_position_acceptance")[1]
     assert tuple(row[0]) == (2, truth["proposed"], truth["accepted"]) and positions == (0,)
+
+
+def test_demo_stores_a_llamacpp_run_the_doctor_and_the_pages_read(tmp_path, monkeypatch, capsys) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from specscope.app import DB_ENV, ENTRY
+    from specscope.cli import main
+
+    db = str(tmp_path / "demo.db")
+    assert main(["demo", "--engine", "llama.cpp", "--no-dashboard", "--requests", "2", "--max-new-tokens", "16",
+                 "--k", str(K), "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "[llama.cpp]: 2 request(s)" in out and "0 error(s)" in out
+    with open_store(db, read_only=True) as store:
+        run = store.query("SELECT engine, engine_version, draft_model FROM runs")[1]
+        (steps,) = store.query("SELECT COUNT(*) FROM verify_steps WHERE step >= 0")[1]
+    assert run == [("llama.cpp", engine_version(), draft_model_of("draft"))] and steps[0] > 0
+    monkeypatch.setenv(DB_ENV, db)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    for page in ("requests", "gpus", "findings"):
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
+
+
+def draft_model_of(mode: str) -> str:
+    from specscope.engine.target import TARGET_MODEL_ID
+
+    return TARGET_MODEL_ID if mode == "draft" else "ngram-simple (n=2)"

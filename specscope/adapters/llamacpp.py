@@ -14,12 +14,17 @@ each other and run about ten times slower. With a seed, its counters are the sam
 from __future__ import annotations
 
 import gc
+import uuid
+from collections.abc import Sequence
 from types import TracebackType
 
 from specscope.engine.target import TARGET_MODEL_ID, gguf_path
 from specscope.errors import ConfigError
 
 MODES = ("draft", "ngram")
+ONE_SHOT = {"Connection": "close"}
+"""Headers for clients of a llama.cpp server: it may close a kept-alive connection after a streamed
+answer, which the next request on that connection meets as "Server disconnected"."""
 ENGINE = "llama.cpp"
 
 
@@ -53,6 +58,7 @@ class LlamaCppServer:
         params.model.path = model
         params.n_ctx, params.n_parallel, params.port = n_ctx, 1, port
         params.endpoint_metrics = True
+        params.verbosity = -1  # llama.cpp's per-load and per-request log lines off; errors still print
         params.sampling.seed = seed
         for cpu in (params.cpuparams, params.cpuparams_batch):
             cpu.n_threads = threads
@@ -84,3 +90,33 @@ class LlamaCppServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def serve_recorded(db: str, mode: str, prompts: Sequence[str], *, max_new_tokens: int = 48, k: int = 3,
+                   seed: int = 1, temperature: float = 1.0) -> str:
+    """Serve ``prompts`` (as chat messages, streamed) through a fresh :class:`LlamaCppServer` in
+    ``mode``, each request recorded into the store ``db`` by a
+    :class:`~specscope.adapters.recorder.ResponseRecorder` (per-draft verify steps); return the run id.
+    The run's engine is ``llama.cpp``, its version the xllamacpp release.
+
+    Raises: what :class:`LlamaCppServer` raises; StoreError when ``db`` cannot be written.
+    """
+    import httpx
+
+    from specscope.adapters.recorder import ResponseRecorder
+    from specscope.collector import Collector
+
+    run_id = f"llamacpp-{mode}-{uuid.uuid4().hex[:8]}"
+    with LlamaCppServer(mode, k=k, seed=seed) as server, Collector(db) as collector:
+        recorder = ResponseRecorder(collector, run_id=run_id, engine=ENGINE, engine_version=engine_version(),
+                                    target_model=server.target_model, draft_model=server.draft_model, k=k)
+        with httpx.Client(base_url=server.url, transport=recorder, timeout=300, headers=ONE_SHOT) as client:
+            for prompt in prompts:
+                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_new_tokens,
+                        "seed": seed, "temperature": temperature, "stream": True}
+                with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    response.raise_for_status()
+                    response.read()
+        recorder.close()
+        collector.flush()
+    return run_id
