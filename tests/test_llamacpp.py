@@ -160,6 +160,23 @@ def test_recorded_streamed_requests_equal_the_counters(mode, draft_server, ngram
     assert requests == [(2,)] and run == [("llama.cpp", engine_version())]
 
 
+def test_the_reference_eagle3_head_serves_in_llamacpp_and_is_recorded_exactly(tmp_path) -> None:
+    """draft-eagle3 with the shipped head converted to GGUF: it drafts and is accepted (its first
+    position well above nothing), and the recorder's steps equal the server's counters."""
+    db = str(tmp_path / "e.db")
+    with LlamaCppServer("eagle3", k=K) as server, Collector(db) as collector:
+        recorder = ResponseRecorder(collector, k=K)
+        with httpx.Client(transport=recorder, timeout=120, headers=ONE_SHOT) as client:
+            for prompt in PROMPTS:
+                complete(server.url, prompt, stream=True, temperature=0.0, client=client)
+        recorder.close()
+        assert collector.flush()
+        truth = counters(server.url)
+    with open_store(db, read_only=True) as store:
+        assert_stored(store, recorder.run_id, truth)
+    assert truth["pos"][0] / truth["steps"] > 0.2
+
+
 def test_recorded_plain_requests_keep_the_exact_token_counts(draft_server, tmp_path) -> None:
     """Not streamed, llama.cpp returns totals only: proposed and accepted equal the counters exactly."""
     db = str(tmp_path / "r.db")

@@ -5,8 +5,10 @@ response recorder to the server's own counters.
 
 Facts this relies on (docs/design.md, "Where the engines let us in"): speculation is switched on by
 type (``speculative.types``); a draft model path alone loads the draft and speculates nothing. Modes
-here: ``draft`` (draft-simple, the same GGUF as its own draft, at most ``k`` tokens per draft) and
-``ngram`` (ngram-simple: a 2-token match in the context drafts the ``k`` tokens that followed it).
+here: ``draft`` (draft-simple, the same GGUF as its own draft, at most ``k`` tokens per draft),
+``ngram`` (ngram-simple: a 2-token match in the context drafts the ``k`` tokens that followed it) and
+``eagle3`` (draft-eagle3: the reference engine's EAGLE-3 head, converted once to a cached GGUF by
+:mod:`specscope.adapters.eagle3_gguf`).
 llama.cpp's threads are set to ``threads`` (default 1): on a busy small host more threads spin against
 each other and run about ten times slower. With a seed, its counters are the same run to run.
 """
@@ -16,12 +18,14 @@ from __future__ import annotations
 import gc
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 
-from specscope.engine.target import TARGET_MODEL_ID, gguf_path
+from specscope.engine.checkpoint import DEFAULT_DRAFT_DIR, DRAFT_MODEL_ID
+from specscope.engine.target import TARGET_MODEL_ID, cache_dir, gguf_path
 from specscope.errors import ConfigError
 
-MODES = ("draft", "ngram")
+MODES = ("draft", "ngram", "eagle3")
 ONE_SHOT = {"Connection": "close"}
 """Headers for clients of a llama.cpp server: it may close a kept-alive connection after a streamed
 answer, which the next request on that connection meets as "Server disconnected"."""
@@ -33,6 +37,21 @@ def engine_version() -> str:
     import xllamacpp
 
     return f"xllamacpp {xllamacpp.__version__}"
+
+
+def eagle3_draft_gguf() -> Path:
+    """The reference EAGLE-3 head as llama.cpp's GGUF, converted on first use (and again when the
+    shipped head is newer) into the cache next to the dequantized target."""
+    from specscope.adapters.eagle3_gguf import write_eagle3_gguf
+
+    out = cache_dir().parent / "eagle3-smollm2-135m.gguf"
+    source = DEFAULT_DRAFT_DIR / "model.safetensors"
+    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
+        write_eagle3_gguf(DEFAULT_DRAFT_DIR, gguf_path(), partial)
+        partial.replace(out)  # atomic: a concurrent reader sees the old file or the whole new one
+    return out
 
 
 class LlamaCppServer:
@@ -63,9 +82,10 @@ class LlamaCppServer:
         for cpu in (params.cpuparams, params.cpuparams_batch):
             cpu.n_threads = threads
         spec = params.speculative
-        if mode == "draft":
-            spec.types = [kinds.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
-            spec.draft.mparams.path = model
+        if mode in ("draft", "eagle3"):
+            spec.types = [kinds.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE if mode == "draft"
+                          else kinds.COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3]
+            spec.draft.mparams.path = model if mode == "draft" else str(eagle3_draft_gguf())
             spec.draft.n_max = k
             for cpu in (spec.draft.cpuparams, spec.draft.cpuparams_batch):
                 cpu.n_threads = threads
@@ -74,7 +94,7 @@ class LlamaCppServer:
             spec.ngram_simple.size_n, spec.ngram_simple.size_m, spec.ngram_simple.min_hits = 2, k, 1
         self.mode, self.k = mode, k
         self.target_model = TARGET_MODEL_ID
-        self.draft_model = TARGET_MODEL_ID if mode == "draft" else "ngram-simple (n=2)"
+        self.draft_model = {"draft": TARGET_MODEL_ID, "ngram": "ngram-simple (n=2)", "eagle3": DRAFT_MODEL_ID}[mode]
         self._server = xllamacpp.Server(params)
         self.url: str = self._server.listening_address
         self.port = int(self.url.rsplit(":", 1)[1])

@@ -5,9 +5,10 @@ Without ``--no-dashboard`` it serves three runs into one store: healthy, faulty 
 ``1:no-aux-capture``, a few requests), saves the doctor's findings, then serves the dashboard on it.
 ``--engine vllm`` serves the healthy and the faulty run through real vLLM instead
 (:mod:`specscope.engine.vllm_run`, the specscope plugin recording), one rank. ``--engine llama.cpp``
-serves the prompts through a real llama.cpp server in process (xllamacpp), once with draft-model and
-once with n-gram speculation (``--no-dashboard``: draft-model only), each request recorded from the
-server's responses (:mod:`specscope.adapters.llamacpp`); llama.cpp knows no fault switches.
+serves the prompts through a real llama.cpp server in process (xllamacpp) with draft-model, n-gram and
+EAGLE-3 speculation (the reference head converted to GGUF), one run each (``--no-dashboard``:
+draft-model only), each request recorded from the server's responses
+(:mod:`specscope.adapters.llamacpp`); llama.cpp knows no fault switches.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=int, default=8, help="requests per run (default 8)")
     p.add_argument("--engine", choices=("reference", "vllm", "llama.cpp"), default="reference",
                    help="the reference engine (default), real vLLM with the specscope plugin, or a real "
-                        "llama.cpp server (draft-model and n-gram speculation) recorded from its responses")
+                        "llama.cpp server (draft-model, n-gram and EAGLE-3 speculation) recorded from its responses")
     p.add_argument("--fault", choices=sorted(set(FAULTS) | set(VLLM_FAULTS)), default=None,
                    help="fault switch; with the dashboard, the faulty run beside the healthy one "
                         "(default no-aux-capture); vLLM knows " + ", ".join(VLLM_FAULTS))
@@ -107,7 +108,7 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
 
 
 def _run_llamacpp(args: argparse.Namespace) -> list[str]:
-    """A draft-model run and an n-gram run (``--no-dashboard``: the draft-model run) through llama.cpp."""
+    """Draft-model, n-gram and EAGLE-3 runs (``--no-dashboard``: the draft-model run) through llama.cpp."""
     import importlib.util
 
     from specscope.adapters.llamacpp import serve_recorded
@@ -122,7 +123,7 @@ def _run_llamacpp(args: argparse.Namespace) -> list[str]:
         raise ConfigError("xllamacpp is not installed: pip install xllamacpp (make demo / make test install it)")
     prompts = demo_prompts(args.requests)
     run_ids = []
-    for mode in ["draft"] if args.no_dashboard else ["draft", "ngram"]:
+    for mode in ["draft"] if args.no_dashboard else ["draft", "ngram", "eagle3"]:
         print(f"specscope demo: serving {args.requests} requests through llama.cpp, {mode} speculation "
               f"-> {args.db}", flush=True)
         run_ids.append(serve_recorded(args.db, mode, prompts, max_new_tokens=args.max_new_tokens, k=args.k))
