@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     until = parser.add_mutually_exclusive_group()
     until.add_argument("--count", type=positive_int, help="stop after N scrapes (the first is the baseline)")
     until.add_argument("--duration", type=seconds, help="stop after this long (e.g. 10m)")
-    parser.add_argument("--timeout", type=seconds, default=5.0, help="HTTP timeout per scrape (default 5s)")
+    parser.add_argument("--timeout", type=seconds, default=5.0,
+                        help="time limit of one endpoint's scrape, connect to last byte (default 5s)")
     parser.set_defaults(func=run)
 
 
