@@ -106,7 +106,7 @@ class Watcher:
     def scrape(self) -> list[ScrapeResult]:
         """Scrape every endpoint once (concurrently) and write what changed since the previous scrape
         (one store transaction per endpoint). Never raises for an endpoint that is down, slow or
-        answers garbage.
+        answers garbage. Runs its own event loop: call it from synchronous code.
 
         Raises:
             StoreError: the store refused the write; nothing of that endpoint's scrape is stored or
