@@ -17,21 +17,46 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 
 class MetricsServer:
-    """``/metrics`` on 127.0.0.1: answers ``body`` with ``status`` (set them between scrapes)."""
+    """``/metrics`` on 127.0.0.1: answers ``body`` (text or bytes) with ``status`` and extra ``headers``
+    (set them between scrapes); ``trickle_s`` > 0 sends the body one byte per ``trickle_s`` seconds, as a
+    hostile or stuck server would. A POST to any path gets the same answer; its body is kept in
+    ``posted``."""
 
     def __init__(self) -> None:
-        self.body = ""
+        self.body: str | bytes = ""
         self.status = 200
+        self.headers: dict[str, str] = {}
+        self.trickle_s = 0.0
+        self.posted: list[bytes] = []
+        self._closed = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                data = server.body.encode()
+                body = server.body
+                data = body.encode() if isinstance(body, str) else body
                 self.send_response(server.status)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
+                if not server.trickle_s:
+                    self.send_header("Content-Length", str(len(data)))
+                for name, value in server.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(data)
+                if not server.trickle_s:
+                    self.wfile.write(data)
+                    return
+                for i in range(len(data)):
+                    if server._closed.wait(server.trickle_s):
+                        return
+                    try:
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                    except OSError:  # the scraper gave up
+                        return
+
+            def do_POST(self) -> None:  # noqa: N802 - a completion endpoint answering the crafted body
+                server.posted.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                self.do_GET()
 
             def log_message(self, *args) -> None:  # keep test output clean
                 pass
@@ -42,6 +67,7 @@ class MetricsServer:
         self._thread.start()
 
     def close(self) -> None:
+        self._closed.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 

@@ -19,7 +19,7 @@ from _exposition import (
 from specscope import metrics
 from specscope.cli import main
 from specscope.doctor import diagnose
-from specscope.fleet import Watcher, counter_increase, normalize_endpoint, parse_exposition
+from specscope.fleet import Reading, Watcher, is_reset, normalize_endpoint, parse_exposition, window
 from specscope.storage import open_store
 
 K = 3
@@ -175,10 +175,19 @@ def test_unreachable_endpoint_is_a_gap(tmp_path) -> None:
     assert not result.ok and result.endpoint == "http://127.0.0.1:9/metrics"
 
 
-def test_counter_increase_follows_prometheus_rate() -> None:
-    assert counter_increase(None, 10) == 0  # the first sample is the baseline
-    assert counter_increase(10, 15) == 5
-    assert counter_increase(15, 4) == 4  # a reset: the process restarted from 0
+def test_window_counts_new_counters_from_zero_and_a_reset_from_zero() -> None:
+    def reading(steps: float, accepted: float, positions: dict[int, float]) -> Reading:
+        return Reading("llama.cpp", "", (), {"steps": steps, "proposed": 3 * steps, "accepted": accepted},
+                       {"accepted_pos": positions})
+
+    before, later = reading(10, 6, {}), reading(15, 9, {0: 2, 1: 1})
+    assert window(None, before).steps == 0  # the first sample is the baseline
+    assert window(before, later).accepted_pos == (2, 1)  # created after the baseline: from 0
+    assert window(reading(10, 6, {0: 4, 1: 2}), reading(13, 9, {0: 6, 1: 3})).accepted_pos == (2, 1)
+    restarted = reading(20, 12, {0: 1})  # more steps than before, yet position 1 is gone: a restart
+    assert is_reset(reading(15, 9, {0: 2, 1: 1}), restarted)
+    assert window(later, restarted).steps == 20
+    assert window(later, reading(4, 1, {0: 1})).steps == 4  # a counter went down: from 0, never negative
 
 
 def test_parse_rejects_text_that_is_not_an_exposition() -> None:

@@ -5,4 +5,8 @@
   is set in the server's environment.
 - :mod:`specscope.adapters.hf_assisted`: Hugging Face transformers assisted generation (prompt lookup,
   assistant models, early exit) observed through its candidate-generator interface.
+- :mod:`specscope.adapters.recorder`: an ``httpx`` transport recording each request's acceptance from
+  what a server returns (llama.cpp ``timings``, SGLang ``meta_info``), for servers we cannot hook.
+- :mod:`specscope.adapters.llamacpp`: a real llama.cpp server in process (``xllamacpp``) serving the
+  reference target with draft-model or n-gram speculation.
 """

@@ -4,7 +4,11 @@ Without ``--no-dashboard`` it serves three runs into one store: healthy, faulty 
 ``no-aux-capture``) and a two-rank run in which one rank misbehaves (``--rank-fault``, default
 ``1:no-aux-capture``, a few requests), saves the doctor's findings, then serves the dashboard on it.
 ``--engine vllm`` serves the healthy and the faulty run through real vLLM instead
-(:mod:`specscope.engine.vllm_run`, the specscope plugin recording), one rank.
+(:mod:`specscope.engine.vllm_run`, the specscope plugin recording), one rank. ``--engine llama.cpp``
+serves the prompts through a real llama.cpp server in process (xllamacpp) with draft-model, n-gram and
+EAGLE-3 speculation (the reference head converted to GGUF), one run each (``--no-dashboard``:
+draft-model only), each request recorded from the server's responses
+(:mod:`specscope.adapters.llamacpp`); llama.cpp knows no fault switches.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "summary, or run healthy + faulty and open the dashboard.")
     p.add_argument("--db", default=DEFAULT_DB, help=f"store path or SQLAlchemy URL (default {DEFAULT_DB})")
     p.add_argument("--requests", type=int, default=8, help="requests per run (default 8)")
-    p.add_argument("--engine", choices=("reference", "vllm"), default="reference",
-                   help="the reference engine (default) or real vLLM with the specscope plugin")
+    p.add_argument("--engine", choices=("reference", "vllm", "llama.cpp"), default="reference",
+                   help="the reference engine (default), real vLLM with the specscope plugin, or a real "
+                        "llama.cpp server (draft-model, n-gram and EAGLE-3 speculation) recorded from its responses")
     p.add_argument("--fault", choices=sorted(set(FAULTS) | set(VLLM_FAULTS)), default=None,
                    help="fault switch; with the dashboard, the faulty run beside the healthy one "
                         "(default no-aux-capture); vLLM knows " + ", ".join(VLLM_FAULTS))
@@ -55,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from specscope.doctor import checkpoint_findings, diagnose, render_text, save_findings
     from specscope.storage import open_store
 
-    run_ids = _run_vllm(args) if args.engine == "vllm" else _run_reference(args)
+    runners = {"vllm": _run_vllm, "llama.cpp": _run_llamacpp, "reference": _run_reference}
+    run_ids = runners[args.engine](args)
     with open_store(args.db) as store:
         reports = [diagnose(store, run_id) for run_id in run_ids]
         for report in reports:
@@ -98,6 +104,29 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
         if done.error:
             print(f"specscope demo: vLLM stopped: {done.error}", flush=True)
         run_ids.append(done.run_id)
+    return run_ids
+
+
+def _run_llamacpp(args: argparse.Namespace) -> list[str]:
+    """Draft-model, n-gram and EAGLE-3 runs (``--no-dashboard``: the draft-model run) through llama.cpp."""
+    import importlib.util
+
+    from specscope.adapters.llamacpp import serve_recorded
+    from specscope.engine import demo_prompts
+
+    if args.ranks != 1 or args.rank_fault is not None or args.fault is not None:
+        raise ConfigError("--engine llama.cpp serves one rank without fault switches: drop --ranks / "
+                          "--rank-fault / --fault")
+    if args.requests < 1 or args.max_new_tokens < 1 or args.k < 1:
+        raise ConfigError("--requests, --max-new-tokens and --k must be at least 1")
+    if importlib.util.find_spec("xllamacpp") is None:
+        raise ConfigError("xllamacpp is not installed: pip install xllamacpp (make demo / make test install it)")
+    prompts = demo_prompts(args.requests)
+    run_ids = []
+    for mode in ["draft"] if args.no_dashboard else ["draft", "ngram", "eagle3"]:
+        print(f"specscope demo: serving {args.requests} requests through llama.cpp, {mode} speculation "
+              f"-> {args.db}", flush=True)
+        run_ids.append(serve_recorded(args.db, mode, prompts, max_new_tokens=args.max_new_tokens, k=args.k))
     return run_ids
 
 

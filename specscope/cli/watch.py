@@ -2,8 +2,9 @@
 acceptance of servers you cannot instrument, from their Prometheus endpoints (vLLM, SGLang,
 TensorRT-LLM, llama.cpp; see :mod:`specscope.fleet`).
 
-Runs until ``--count`` scrapes or ``--duration`` have passed, or Ctrl-C; then prints one line per
-watched run. An endpoint that is down or answers garbage is a gap (one warning line), never an exit.
+Runs until ``--count`` scrapes or ``--duration`` have passed, or Ctrl-C or SIGTERM (both end the watch
+the same way: every rank marked finished, the store flushed); then prints one line per watched run.
+httpx's per-request log lines stay off (a line per scrape drowns the gap warnings). An endpoint that is down or answers garbage is a gap (one warning line), never an exit.
 Exit status 0; 2 for bad arguments or an unusable store.
 """
 
@@ -12,6 +13,10 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from specscope.cli._types import add_db_argument, positive_int
 from specscope.errors import ConfigError
@@ -48,17 +53,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     until = parser.add_mutually_exclusive_group()
     until.add_argument("--count", type=positive_int, help="stop after N scrapes (the first is the baseline)")
     until.add_argument("--duration", type=seconds, help="stop after this long (e.g. 10m)")
-    parser.add_argument("--timeout", type=seconds, default=5.0, help="HTTP timeout per scrape (default 5s)")
+    parser.add_argument("--timeout", type=seconds, default=5.0,
+                        help="time limit of one endpoint's scrape, connect to last byte (default 5s)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Watch, then print one line per watched run; 0 (errors: exit 2 via the CLI shell)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with open_store(args.db) as store:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    with open_store(args.db) as store, _stopped_by_sigterm() as stop:
         try:
             run_ids = watch(store, args.endpoints, interval_s=args.interval, count=args.count,
-                            duration_s=args.duration, timeout_s=args.timeout)
+                            duration_s=args.duration, timeout_s=args.timeout, stop=stop)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         for row in store.fetch(queries.RUNS):
@@ -67,6 +74,21 @@ def run(args: argparse.Namespace) -> int:
                 print(f"run {row['run_id']} [{row['engine']} {row['target_model']}]: "
                       f"{row['verify_steps']} verify step(s), AL {_fmt(al, '.2f')}, rate {_fmt(rate, '.1%')}")
     return 0
+
+
+@contextmanager
+def _stopped_by_sigterm() -> Iterator[threading.Event]:
+    """An event SIGTERM sets while the watch runs (a service manager's stop ends it as Ctrl-C does);
+    the previous handler is restored after. Off the main thread (tests) signals cannot be handled."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -12,12 +12,13 @@ from specscope.fleet._conventions import (
     CONVENTIONS,
     Reading,
     Window,
-    counter_increase,
+    check_reading,
+    is_reset,
     parse_exposition,
     window,
 )
 from specscope.fleet._exporter import StoreCollector, serve_exporter
 from specscope.fleet._watch import ScrapeResult, Watcher, normalize_endpoint, watch
 
-__all__ = ["CONVENTIONS", "Reading", "ScrapeResult", "StoreCollector", "Watcher", "Window", "counter_increase",
-           "normalize_endpoint", "parse_exposition", "serve_exporter", "watch", "window"]
+__all__ = ["CONVENTIONS", "Reading", "ScrapeResult", "StoreCollector", "Watcher", "Window", "check_reading",
+           "is_reset", "normalize_endpoint", "parse_exposition", "serve_exporter", "watch", "window"]

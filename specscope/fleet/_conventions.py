@@ -32,6 +32,7 @@ Engines and their conventions (metric names from each engine's source):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -45,6 +46,10 @@ from specscope.metrics import chain_mask
 COUNTER_ROLES = ("steps", "proposed", "accepted")
 POSITION_ROLES = ("accepted_pos", "drafted_pos")
 GAUGE_ROLES = ("accept_length", "accept_rate")
+
+MAX_VALUE = float(2**53)
+"""Largest value a reading may hold: above it a float no longer counts whole tokens, and the store's
+64-bit integers are in reach of a crafted exposition."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ def parse_exposition(text: str) -> list[Reading]:
             if name not in by_name:
                 continue
             conv, role = by_name[name]
-            labels = dict(sample.labels)
+            labels = {_printable(k): _printable(v) for k, v in sample.labels.items()}
             model = labels.pop(conv.model_label, "") if conv.model_label else ""
             position = labels.pop(conv.position_label, None) if role in POSITION_ROLES else None
             key = (conv.engine, model, tuple(sorted(labels.items())))
@@ -134,17 +139,28 @@ def parse_exposition(text: str) -> list[Reading]:
     return list(readings.values())
 
 
+def _printable(text: str) -> str:
+    """Label text as stored: what a scraped server sends reaches the store, and PostgreSQL refuses
+    NUL in text; control characters and NUL become U+FFFD."""
+    return "".join(ch if ch.isprintable() else "\ufffd" for ch in text)
+
+
+def check_reading(reading: Reading) -> None:
+    """Refuse a reading no engine produces: a value that is not finite, negative, or above
+    :data:`MAX_VALUE`.
+
+    Raises:
+        ValueError: names the first such value.
+    """
+    named = [*reading.values.items(),
+             *((f"{role}[{i}]", v) for role, values in reading.positions.items() for i, v in values.items())]
+    for name, value in named:
+        if not (math.isfinite(value) and 0.0 <= value <= MAX_VALUE):
+            raise ValueError(f"{reading.engine} {name} = {value!r} is not a count (finite, 0 to 2**53)")
+
+
 def _position_order(position: str) -> tuple[int, str]:
     return (int(position), "") if position.lstrip("-").isdigit() else (1 << 30, position)
-
-
-def counter_increase(previous: float | None, current: float) -> float:
-    """Increase of a cumulative counter between two scrapes, as Prometheus ``rate()`` counts it: a
-    value below the previous one is a reset (the process restarted from 0), so the increase is the
-    new value itself. No previous value: 0 (the first scrape is the baseline)."""
-    if previous is None:
-        return 0.0
-    return current - previous if current >= previous else current
 
 
 @dataclass(frozen=True)
@@ -159,20 +175,40 @@ class Window:
     accepted_pos: tuple[int, ...] = ()
 
 
+def is_reset(previous: Reading, current: Reading) -> bool:
+    """Whether the series restarted between two readings: one of its counters went down, or a
+    per-position counter it had is gone (a restarted llama.cpp server creates them at its first
+    draft). A restart resets every counter of the series, so the whole window counts from 0."""
+    counters = [(previous.values.get(role), current.values.get(role)) for role in COUNTER_ROLES]
+    for role in POSITION_ROLES:
+        now = current.positions.get(role, {})
+        counters += [(before, now.get(i, -1.0)) for i, before in previous.positions.get(role, {}).items()]
+    return any(before is not None and after is not None and after < before for before, after in counters)
+
+
 def window(previous: Reading | None, current: Reading) -> Window:
     """The :class:`Window` between two readings of one series (``previous`` None: the baseline scrape,
-    an empty window). Counter resets count as Prometheus ``rate()`` counts them."""
+    an empty window). A counter that ``previous`` lacks was created since, at 0 (llama.cpp creates its
+    per-position counters at the first draft); a reset (:func:`is_reset`) counts every counter of the
+    series from 0, as Prometheus ``rate()`` counts a reset.
+
+    Raises:
+        ValueError: the window is not one an engine produces (more accepted than proposed tokens, or a
+            position accepted more often than there were steps).
+    """
     if previous is None:
         return Window(0, 0, 0)
+    if is_reset(previous, current):
+        previous = Reading(current.engine, current.model, current.labels)
 
     def delta(role: str) -> float | None:
         if role not in current.values:
             return None
-        return counter_increase(previous.values.get(role), current.values[role])
+        return current.values[role] - previous.values.get(role, 0.0)
 
     def deltas(role: str) -> tuple[float, ...]:
         now, before = current.positions.get(role, {}), previous.positions.get(role, {})
-        return tuple(counter_increase(before.get(i), now[i]) for i in sorted(now))
+        return tuple(now[i] - before.get(i, 0.0) for i in sorted(now))
 
     accepted_pos, drafted_pos = deltas("accepted_pos"), deltas("drafted_pos")
     steps, proposed, accepted = delta("steps"), delta("proposed"), delta("accepted")
@@ -185,8 +221,12 @@ def window(previous: Reading | None, current: Reading) -> Window:
         steps = accepted / (length - 1.0)
     if proposed is None and accepted is not None and rate:
         proposed = accepted / rate
-    return Window(round(steps or 0), round(proposed or 0), round(accepted or 0),
-                  tuple(round(a) for a in accepted_pos))
+    result = Window(round(steps or 0), round(proposed or 0), round(accepted or 0),
+                    tuple(round(a) for a in accepted_pos))
+    if (proposed is not None and result.accepted > result.proposed) or any(
+            a > result.steps for a in result.accepted_pos if steps is not None):
+        raise ValueError(f"{current.engine} window is not an engine's: {result}")
+    return result
 
 
 def window_groups(w: Window, *, run_id: str, request_id: str, rank: int, ts_wall: float) -> list[VerifyGroup]:

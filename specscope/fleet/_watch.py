@@ -10,20 +10,30 @@ RANK_DIVERGENCE, ACCEPT_SATURATED) read a watched server exactly as an instrumen
 - One run per endpoint, engine and model label, per watch session (``run_id`` derived from them and
   the session's start); one rank per distinct rank label set (vLLM ``engine``, SGLang ``tp_rank`` /
   ``pp_rank`` / ``dp_rank``), numbered in order of appearance; its labels are the rank's ``device``.
-- The first scrape of a series is its baseline (no rows), as Prometheus ``rate()`` needs two samples;
-  a counter below its previous value is a reset (server restart) and counts from 0.
+- An endpoint's first answer is its baseline (no rows), as Prometheus ``rate()`` needs two samples; a
+  series or a per-position counter that appears after it was created since, at 0 (llama.cpp creates
+  its per-position counters at the first draft), so its first window counts whole. A counter below
+  its previous value, or one that vanished, is a reset (server restart): the series counts from 0.
 - An endpoint that is down or answers garbage is a gap: one warning line when the gap starts, no rows
   while it lasts, a counter increase spanning the gap once it answers again (cumulative counters lose
   nothing unless the server also restarted during the gap).
+- What a server sends is untrusted: endpoints are fetched concurrently, each within ``timeout_s`` in
+  all (connect, headers and body: a server trickling bytes cannot hold a scrape), with its body capped
+  at ``max_bytes`` as sent and as decompressed (the decoder inflates one network read at a time, so
+  a compressed bomb costs at most one read's inflation before it is refused). A series with a value
+  that is not a count (:func:`~specscope.fleet.check_reading`) or a window no engine produces is
+  skipped alone (one warning line per series), the endpoint's other series are stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -31,10 +41,14 @@ import httpx
 
 from specscope.errors import StoreError
 from specscope.events import Event, RankStart, RankStatus, RunStart
-from specscope.fleet._conventions import Reading, parse_exposition, window, window_groups
+from specscope.fleet._conventions import Reading, check_reading, parse_exposition, window, window_groups
 from specscope.storage import Store
 
 logger = logging.getLogger("specscope.fleet")
+
+MAX_BYTES = 16 << 20
+"""Default cap of one scrape's body (bytes, as sent and as decompressed); vLLM's exposition with its
+histograms is a few hundred KB."""
 
 WATCH_REQUEST_ID = "watch"
 """``verify_steps.request_id`` of watched rows: a server's counters do not name requests."""
@@ -65,38 +79,44 @@ class Watcher:
     """Scrapes Prometheus endpoints and stores their acceptance as runs of ``store``.
 
     Call :meth:`scrape` once per interval (the first call is the baseline) and :meth:`close` at the
-    end (marks every watched rank finished). ``client``: an ``httpx.Client`` to use (default: one of
-    its own with ``timeout_s``). The lead's real-vLLM check: scrape, serve requests, scrape, compare
+    end (marks every watched rank finished). ``timeout_s`` bounds one endpoint's whole scrape;
+    ``max_bytes`` caps its body. The lead's real-vLLM check: scrape, serve requests, scrape, compare
     ``v_run_acceptance`` of :attr:`run_ids` with vLLM's own counter increases.
 
-    Raises (constructor): ValueError for an endpoint without a host.
+    Raises (constructor): ValueError for an endpoint without a host, or limits that are not positive.
     """
 
     def __init__(self, store: Store, endpoints: Sequence[str], *, timeout_s: float = 5.0,
-                 client: httpx.Client | None = None) -> None:
+                 max_bytes: int = MAX_BYTES) -> None:
+        if not (timeout_s > 0 and max_bytes > 0):
+            raise ValueError(f"watch needs timeout > 0 and max_bytes > 0, got {timeout_s}, {max_bytes}")
         self.store = store
         self.endpoints = [normalize_endpoint(e) for e in endpoints]
-        self._client = client or httpx.Client(timeout=timeout_s)
-        self._own_client = client is None
+        self._timeout_s = timeout_s
+        self._max_bytes = max_bytes
         self._session = f"{time.time():.6f}"
         self._previous: dict[tuple, Reading] = {}
+        self._answered: set[str] = set()  # endpoints past their baseline
         self._ranks: dict[str, dict[tuple, int]] = {}  # run id -> rank labels -> rank
         self._down: set[str] = set()
+        self._bad_series: set[tuple] = set()  # series skipped since their last good window
         self._closed = False
         self.run_ids: list[str] = []
 
     def scrape(self) -> list[ScrapeResult]:
-        """Scrape every endpoint once and write what changed since the previous scrape (one store
-        transaction per endpoint). Never raises for an endpoint that is down or answers garbage.
+        """Scrape every endpoint once (concurrently) and write what changed since the previous scrape
+        (one store transaction per endpoint). Never raises for an endpoint that is down, slow or
+        answers garbage. Runs its own event loop: call it from synchronous code.
 
         Raises:
             StoreError: the store refused the write; nothing of that endpoint's scrape is stored or
                 remembered, so the next call stores the whole increase.
         """
-        return [self._scrape(endpoint) for endpoint in self.endpoints]
+        bodies = asyncio.run(self._fetch_all())
+        return [self._scrape(endpoint, body) for endpoint, body in zip(self.endpoints, bodies)]
 
     def close(self) -> None:
-        """Mark every watched rank finished and close the HTTP client (idempotent)."""
+        """Mark every watched rank finished (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -104,8 +124,6 @@ class Watcher:
                                for run_id, ranks in self._ranks.items() for rank in ranks.values()]
         if events:
             self.store.write(events)
-        if self._own_client:
-            self._client.close()
 
     def __enter__(self) -> Watcher:
         return self
@@ -113,19 +131,47 @@ class Watcher:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _scrape(self, endpoint: str) -> ScrapeResult:
-        try:
-            response = self._client.get(endpoint)
+    async def _fetch_all(self) -> list[str | Exception]:
+        async with httpx.AsyncClient(timeout=self._timeout_s) as client:
+            return await asyncio.gather(*(asyncio.wait_for(self._fetch(client, e), self._timeout_s)
+                                          for e in self.endpoints), return_exceptions=True)
+
+    async def _fetch(self, client: httpx.AsyncClient, endpoint: str) -> str:
+        """One endpoint's body as text, within ``max_bytes`` (the caller bounds its time).
+
+        Raises:
+            httpx.HTTPError, ValueError: no usable answer (a gap).
+        """
+        async with client.stream("GET", endpoint) as response:
             response.raise_for_status()
-            readings = parse_exposition(response.text)
-        except (httpx.HTTPError, ValueError) as exc:
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            if endpoint not in self._down:
-                logger.warning("watch: %s gives no metrics (%s); recording a gap until it answers", endpoint,
-                               error)
-                self._down.add(endpoint)
-            return ScrapeResult(endpoint, False, error=error)
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self._max_bytes:
+                raise ValueError(f"body of {declared} bytes is over the {self._max_bytes}-byte cap")
+            chunks, size = [], 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > self._max_bytes or response.num_bytes_downloaded > self._max_bytes:
+                    raise ValueError(f"body over the {self._max_bytes}-byte cap")
+                chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace")
+
+    def _gap(self, endpoint: str, exc: BaseException) -> ScrapeResult:
+        detail = str(exc).splitlines()[0] if str(exc) else "no answer within the timeout"
+        error = f"{type(exc).__name__}: {detail}"
+        if endpoint not in self._down:
+            logger.warning("watch: %s gives no metrics (%s); recording a gap until it answers", endpoint, error)
+            self._down.add(endpoint)
+        return ScrapeResult(endpoint, False, error=error)
+
+    def _scrape(self, endpoint: str, body: str | Exception) -> ScrapeResult:
+        if isinstance(body, Exception):
+            return self._gap(endpoint, body)
+        try:
+            readings = parse_exposition(body)
+        except Exception as exc:  # noqa: BLE001 - a crafted body may trip the parser any way: a gap
+            return self._gap(endpoint, exc)
         self._down.discard(endpoint)
+        baseline = endpoint not in self._answered
         now = time.time()
         known = ({run_id: dict(ranks) for run_id, ranks in self._ranks.items()}, list(self.run_ids))
         events: list[Event] = []
@@ -133,12 +179,22 @@ class Watcher:
         steps, runs = 0, []
         world = Counter((r.engine, r.model) for r in readings)  # rank label sets per run in this scrape
         for reading in readings:
+            key = (endpoint, reading.engine, reading.model, reading.labels)
+            previous = None if baseline else self._previous.get(key, Reading(reading.engine, reading.model,
+                                                                              reading.labels))
+            try:
+                check_reading(reading)
+                counted = window(previous, reading)
+            except ValueError as exc:
+                if key not in self._bad_series:
+                    logger.warning("watch: %s: skipping a series (%s)", endpoint, exc)
+                    self._bad_series.add(key)
+                continue
+            self._bad_series.discard(key)
             size = world[(reading.engine, reading.model)]
             run_id = self._run(endpoint, reading, size, events, now)
             rank = self._rank(run_id, endpoint, reading, size, events, now)
-            key = (endpoint, reading.engine, reading.model, reading.labels)
-            groups = window_groups(window(self._previous.get(key), reading), run_id=run_id,
-                                   request_id=WATCH_REQUEST_ID, rank=rank, ts_wall=now)
+            groups = window_groups(counted, run_id=run_id, request_id=WATCH_REQUEST_ID, rank=rank, ts_wall=now)
             updates[key] = reading
             events.extend(groups)
             events.append(RankStatus(run_id, rank, 0, 0, "eager", finished=False, ts_wall=now))
@@ -151,6 +207,7 @@ class Watcher:
             self._ranks, self.run_ids = known
             raise
         self._previous.update(updates)
+        self._answered.add(endpoint)
         return ScrapeResult(endpoint, True, steps, tuple(runs))
 
     def _run(self, endpoint: str, reading: Reading, world_size: int, events: list[Event], now: float) -> str:
@@ -179,11 +236,11 @@ class Watcher:
 
 def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, count: int | None = None,
           duration_s: float | None = None, timeout_s: float = 5.0,
-          sleep: Callable[[float], None] = time.sleep) -> list[str]:
+          stop: threading.Event | None = None) -> list[str]:
     """Scrape ``endpoints`` every ``interval_s`` seconds into ``store`` until ``count`` scrapes or
-    ``duration_s`` seconds have passed (neither: until Ctrl-C, which ends the watch normally);
-    return the watched run ids.
-    ``timeout_s``: HTTP timeout of one scrape (seconds).
+    ``duration_s`` seconds have passed, or ``stop`` is set (neither: until Ctrl-C or ``stop``, which
+    end the watch normally: every rank marked finished); return the watched run ids.
+    ``timeout_s``: time limit of one endpoint's scrape (seconds).
 
     Raises:
         ValueError: a bad endpoint, or ``interval_s`` / ``count`` / ``duration_s`` not positive.
@@ -192,18 +249,19 @@ def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, co
     if interval_s <= 0 or (count is not None and count < 1) or (duration_s is not None and duration_s <= 0):
         raise ValueError(f"watch needs interval > 0 and count / duration >= 1 / > 0, got interval "
                          f"{interval_s}, count {count}, duration {duration_s}")
+    stop = stop or threading.Event()
     deadline = None if duration_s is None else time.monotonic() + duration_s
     with Watcher(store, endpoints, timeout_s=timeout_s) as watcher:
         done = 0
         try:
-            while True:
+            while not stop.is_set():
                 started = time.monotonic()
                 watcher.scrape()
                 done += 1
                 if (count is not None and done >= count) or (
                         deadline is not None and time.monotonic() + interval_s > deadline):
                     break
-                sleep(max(0.0, interval_s - (time.monotonic() - started)))
+                stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
         except KeyboardInterrupt:  # Ctrl-C ends an open-ended watch; what was scraped is stored
             pass
         return list(watcher.run_ids)

@@ -1,0 +1,176 @@
+"""`specscope watch` against servers that answer what no engine would (issue 23's attacks): each one
+costs only its own series or endpoint, never the watch, the other endpoints or the store. Real HTTP
+servers on 127.0.0.1 serve the crafted bodies; a real `specscope watch` process takes SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _exposition import ChainCounters, MetricsServer, llamacpp_exposition, vllm_exposition
+
+from specscope.cli import main
+from specscope.errors import StoreError
+from specscope.fleet import Watcher
+from specscope.storage import open_store
+
+K = 3
+
+
+@pytest.fixture
+def servers():
+    made: list[MetricsServer] = []
+
+    def make(body: str | bytes = "") -> MetricsServer:
+        made.append(srv := MetricsServer())
+        srv.body = body
+        return srv
+
+    yield make
+    for srv in made:
+        srv.close()
+
+
+def _counters(*steps: int) -> ChainCounters:
+    c = ChainCounters(K)
+    c.add(steps)
+    return c
+
+
+def _stored(store, run_ids) -> list[tuple]:
+    return [tuple(r) for r in store.query(
+        "SELECT verify_steps, proposed, accepted FROM v_run_acceptance WHERE run_id IN "
+        f"({', '.join(repr(r) for r in run_ids)}) ORDER BY verify_steps")[1]]
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "1e300", "-5000"])
+def test_a_value_that_is_not_a_count_costs_only_its_series(servers, tmp_path, caplog, value: str) -> None:
+    """vLLM engine 1 reports an impossible accepted count; engine 0's window is stored exactly, and a
+    second good server in the same watch is untouched."""
+    bad, good = servers(), servers(llamacpp_exposition(_counters()))
+    engines = {"0": _counters(), "1": _counters()}
+    bad.body = vllm_exposition("m", engines)
+    caplog.set_level(logging.WARNING, logger="specscope.fleet")
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [bad.url, good.url]) as watcher:
+        watcher.scrape()
+        engines["0"].add([1, 2, 3])
+        engines["1"].add([1, 1])
+        bad.body = vllm_exposition("m", engines).replace(
+            'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 2.0',
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="1",model_name="m"}} {value}')
+        assert value in bad.body
+        good.body = llamacpp_exposition(_counters(2, 2))
+        results = watcher.scrape()
+        assert [r.ok for r in results] == [True, True] and [r.verify_steps for r in results] == [3, 2]
+        bad_run = results[0].runs[0]
+        ranks = store.query(f"SELECT rank, verify_steps, accepted FROM v_rank_acceptance "
+                            f"WHERE run_id = '{bad_run}' ORDER BY rank")[1]
+        assert [tuple(r) for r in ranks] == [(0, 3, 6)]  # engine 1 skipped, never negative or huge
+        watcher.scrape()  # still bad: no second warning line
+    skipped = [r for r in caplog.records if "skipping a series" in r.getMessage()]
+    assert len(skipped) == 1 and "not a count" in skipped[0].getMessage()
+
+
+def test_a_counter_that_goes_down_is_a_reset_never_a_negative_window(servers, tmp_path) -> None:
+    srv = servers(llamacpp_exposition(_counters(3, 3, 3, 3)))
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [srv.url]) as watcher:
+        watcher.scrape()
+        c = _counters(3, 3, 3, 3, 0)
+        c.accepted, c.per_pos = 2, [1, 1, 0]  # fewer accepted than before, one more step
+        srv.body = llamacpp_exposition(c)
+        (result,) = watcher.scrape()
+        rows = store.query("SELECT MIN(accepted), MIN(proposed), MIN(steps) FROM verify_steps")[1]
+    assert result.verify_steps == 5 and min(rows[0]) >= 0
+    assert _stored(store, [result.runs[0]]) == [(5, 15, 2)]
+
+
+def test_a_window_no_engine_produces_is_skipped(servers, tmp_path) -> None:
+    srv = servers(llamacpp_exposition(_counters()))
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [srv.url]) as watcher:
+        watcher.scrape()
+        c = _counters(1)
+        c.accepted, c.per_pos = 50, [50, 0, 0]  # 50 accepted of 3 proposed in 1 step
+        srv.body = llamacpp_exposition(c)
+        (result,) = watcher.scrape()
+    assert result.ok and result.verify_steps == 0
+
+
+def test_nul_and_control_characters_in_labels_reach_the_store_replaced(servers, store) -> None:
+    """PostgreSQL refuses NUL in text: a model name carrying one must not abort the watch there."""
+    srv = servers(vllm_exposition("m\x00odel\x1b[31m", {"0": _counters()}))
+    with Watcher(store, [srv.url]) as watcher:
+        watcher.scrape()
+        srv.body = vllm_exposition("m\x00odel\x1b[31m", {"0": _counters(2)})
+        (result,) = watcher.scrape()
+    assert result.verify_steps == 1
+    assert store.query("SELECT target_model FROM runs")[1] == [("m\ufffdodel\ufffd[31m",)]
+
+
+def test_a_compressed_bomb_and_an_oversized_body_are_refused(servers, tmp_path) -> None:
+    exposition = llamacpp_exposition(_counters(1))
+    bomb = servers(gzip.compress(exposition.encode() + b"#" * (64 << 20), compresslevel=9))
+    bomb.headers = {"Content-Encoding": "gzip"}
+    big = servers(exposition + "#" * (2 << 20))
+    small = servers(gzip.compress(exposition.encode()))
+    small.headers = {"Content-Encoding": "gzip"}
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [bomb.url, big.url, small.url],
+                                                               max_bytes=1 << 20) as watcher:
+        results = watcher.scrape()
+    assert len(bomb.body) < 1 << 20 and "cap" in results[0].error and "cap" in results[1].error
+    assert [r.ok for r in results] == [False, False, True]
+
+
+def test_a_trickling_server_cannot_hold_the_scrape_and_the_others_are_stored(servers, tmp_path) -> None:
+    """One byte every 2 s keeps every read within httpx's own timeout; the scrape's total limit ends
+    it, and the fast server's window is stored in the same scrape."""
+    slow, fast = servers(llamacpp_exposition(_counters())), servers(llamacpp_exposition(_counters()))
+    slow.trickle_s = 2.0
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [slow.url, fast.url],
+                                                               timeout_s=2.5) as watcher:
+        watcher.scrape()
+        fast.body = llamacpp_exposition(_counters(1, 2))
+        results = watcher.scrape()
+    assert [r.ok for r in results] == [False, True] and results[1].verify_steps == 2
+    assert "TimeoutError" in results[0].error
+
+
+def test_watch_logs_no_line_per_scrape(servers, tmp_path, caplog) -> None:
+    srv = servers(llamacpp_exposition(_counters()))
+    caplog.set_level(logging.DEBUG)
+    assert main(["watch", "--db", str(tmp_path / "w.db"), "--interval", "10ms", "--count", "3", srv.url]) == 0
+    assert not [r for r in caplog.records if "HTTP Request" in r.getMessage()]
+
+
+def test_sigterm_ends_the_watch_like_ctrl_c(servers, tmp_path) -> None:
+    """A real `specscope watch` process, stopped by SIGTERM (what systemd or Kubernetes sends): its
+    ranks are marked finished (ended_wall set) and it exits 0 with its summary line."""
+    srv = servers(llamacpp_exposition(_counters()))
+    db = tmp_path / "w.db"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen([sys.executable, "-m", "specscope", "watch", "--db", str(db), "--interval",
+                                "100ms", srv.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
+    try:
+        while True:  # until the watch has stored its run (pytest-timeout bounds this loop)
+            with contextlib.suppress(StoreError), open_store(str(db), read_only=True) as store:
+                if store.query("SELECT COUNT(*) FROM run_ranks")[1] == [(1,)]:
+                    break
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert "llama.cpp" in out
+    with open_store(str(db), read_only=True) as store:
+        assert store.query("SELECT COUNT(*) FROM run_ranks WHERE ended_wall IS NOT NULL")[1] == [(1,)]
