@@ -62,13 +62,17 @@ def test_llamacpp_stream_is_asked_for_per_token_timings_and_passed_through(serve
     server.body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
     server.headers = {"Content-Type": "text/event-stream"}
     db = str(tmp_path / "r.db")
-    response, run_id, recorded = _record(server, db, "/completion", {"prompt": "x", "stream": True})
+    response, run_id, recorded = _record(server, db, "/completion",
+                                         {"prompt": "x", "stream": True, "temperature": 0.8, "top_k": 40})
     assert response.text == server.body and recorded == 1
     assert json.loads(server.posted[0])["timings_per_token"] is True
     with open_store(db, read_only=True) as store:
         steps = store.query("SELECT step, proposed, accepted, accepted_mask FROM verify_steps ORDER BY step")[1]
         request = store.query("SELECT prompt_tokens, output_tokens, verify_steps FROM requests")[1]
+        sampling = store.query("SELECT sampling, temperature, top_p, top_k, prompt_key IS NOT NULL FROM requests")[1]
     assert [tuple(s) for s in steps] == [(0, 3, 1, "100"), (1, 3, 3, "111")] and request == [(4, 5, 2)]
+    # the request's own settings (top_p left to the server's default: unknown)
+    assert [tuple(r) for r in sampling] == [("T=0.8 top_k=40", 0.8, None, 40, 1)]
 
 
 @pytest.mark.parametrize(("path", "status", "body"), [

@@ -50,6 +50,7 @@ from specscope.events import (
     RunStart,
     VerifyGroup,
     VerifyStep,
+    prompt_key,
 )
 from specscope.metrics import chain_mask
 
@@ -72,6 +73,7 @@ class _Seen:
     line: bytearray = field(default_factory=bytearray)
     drafts: list[tuple[int, int]] = field(default_factory=list)  # cumulative (proposed, accepted) per change
     last: dict[str, Any] = field(default_factory=dict)  # merged top-level fields of the chunks
+    request: dict[str, Any] = field(default_factory=dict)  # the request's body as sent
 
     def take(self, obj: object) -> None:
         if not isinstance(obj, dict):
@@ -158,7 +160,7 @@ class ResponseRecorder(httpx.BaseTransport):
         streamed = bool(body.get("stream"))
         if streamed and not body.get("timings_per_token"):
             request = _with_body(request, {**body, "timings_per_token": True})
-        seen = _Seen(time.time(), streamed)
+        seen = _Seen(time.time(), streamed, request=body)
         response = self._transport.handle_request(request)
         if response.status_code != 200:
             return response
@@ -225,8 +227,21 @@ class ResponseRecorder(httpx.BaseTransport):
         else:
             return []
         verify_steps = sum(getattr(s, "steps", 1) for s in steps)
-        return [RequestStart(self.run_id, rid, 0, prompt, ts_wall=seen.started), *steps,
+        return [RequestStart(self.run_id, rid, 0, prompt, *_sampling(seen.request), ts_wall=seen.started), *steps,
                 RequestEnd(self.run_id, rid, 0, output, verify_steps, ts_wall=now)]
+
+
+def _sampling(body: dict[str, Any]) -> tuple[float | None, float | None, int | None, str | None]:
+    """``(temperature, top_p, top_k, prompt key)`` as the request asked (None where it left the server's
+    default: the recorder cannot know it); the key from the messages or prompt as sent."""
+    def number(name: str, kind: type) -> Any:
+        value = body.get(name)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return kind(value) if ok else None
+
+    prompt = body.get("messages", body.get("prompt", body.get("text")))
+    key = None if prompt is None else prompt_key(json.dumps(prompt, sort_keys=True, ensure_ascii=False))
+    return number("temperature", float), number("top_p", float), number("top_k", int), key
 
 
 def _first(*values: object) -> int:
