@@ -19,7 +19,8 @@ Facts come from the engines' own loaders:
   adds +1 to explicit ids and captures before layer i.
 - vLLM ``vllm/model_executor/models/llama_eagle3.py`` (``LlamaModel.load_weights`` and
   ``Eagle3LlamaForCausalLM.load_weights``): renames ``midlayer.`` -> ``layers.0.``, ``d2t`` ->
-  ``draft_id_to_target_id``, skips ``t2d``; a key matching no parameter raises ``KeyError`` at load.
+  ``draft_id_to_target_id``, skips ``t2d``; a key matching no parameter fails the load (vLLM 0.32:
+  ``ValueError: There is no module or parameter named ...``, served in ``tests/test_vllm.py``).
   Aux ids are used as given (``set_aux_hidden_state_layers``), captured before layer i.
 - speculators ``src/speculators/models/eagle3.py``: the draft layer is ``layers.0``; ``d2t`` / ``t2d``
   are registered buffers; loading goes through HF ``from_pretrained``, which logs unexpected keys and

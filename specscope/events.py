@@ -147,7 +147,8 @@ class RankStart:
 class RankStatus:
     """Counters the tracer owns, sent periodically and at close (``finished=True``).
 
-    ``graph_mode``: ``"eager"`` (hooks saw every call), ``"capture_only"`` (hooks fired only while a
+    ``graph_mode``: ``"eager"`` (hooks saw every call), ``"compiled"`` (the models ran through
+    torch.compile: hooks inside compiled regions never fired), ``"capture_only"`` (hooks fired only while a
     CUDA graph was captured, replays are invisible) or ``"mixed"``. ``hook_calls`` counts hook
     invocations, ``hook_errors`` exceptions caught inside hooks (never raised into the engine).
     ``error``: with ``finished``, the engine stopped on this error (the rank crashed) instead of

@@ -20,6 +20,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specscope.cli import main
+from specscope.events import LosslessAudit
 from specscope.fleet import CONVENTIONS, serve_exporter
 from specscope.storage import open_store
 
@@ -32,11 +33,13 @@ PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 @pytest.fixture
 def exporter(tmp_path):
     """An exporter over a store with a healthy run and a no-aux-capture run (AUX_NOT_FUSED,
-    ACCEPT_COLLAPSE), on a free loopback port. Yields ``(url, registry)``."""
+    ACCEPT_COLLAPSE, and an audit that caught greedy tokens off the target's argmax:
+    LOSSLESS_VIOLATION), on a free loopback port. Yields ``(url, registry)``."""
     path = str(tmp_path / "s.db")
     with open_store(path) as store:
         _traces.healthy().write(store)
         _traces.no_aux_capture().write(store)
+        store.write([LosslessAudit("no-aux", 0, "no-aux-r0", "greedy", tokens=8, mismatches=3)])
     with open_store(path, create=False, read_only=True) as store:
         server, _, registry = serve_exporter(store, port=0)
         try:

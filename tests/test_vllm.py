@@ -192,7 +192,8 @@ def test_what_vllm_does_next_is_recorded(runs):
         # a draft vLLM refuses at load still leaves its run: crashed, vLLM's error, the inspection
         ((status, error),) = _rows(store, "SELECT status, error FROM v_run_summary WHERE run_id = :r",
                                    done["unknown-key"].run_id)
-    assert "KeyError" in done["unknown-key"].error and status == "crashed" and "KeyError" in error
+    refused = "There is no module or parameter named 'layers.0.mlp.extra_proj'"
+    assert refused in done["unknown-key"].error and status == "crashed" and refused in error
     assert "extra_proj" in json.dumps(_findings(runs[0], done["unknown-key"].run_id)["KEYS_DROPPED"].evidence)
     off_by_one = _findings(runs[0], done["aux-off-by-one"].run_id)["AUX_LAYER_MISMATCH"].evidence
     assert off_by_one["configured"] == [2, 15, 27] and off_by_one["active"] == [3, 16, 28]

@@ -114,11 +114,22 @@ def _counter_finding(ctx: RunContext, code: str, bad: str, total: str, expected_
 
 
 def check_graph_mode(ctx: RunContext) -> list[Finding]:
-    """GRAPH_MODE_BLIND [info]: hooks saw CUDA-graph capture, not (all of) its replays."""
+    """GRAPH_MODE_BLIND [info]: the models ran compiled (hooks inside torch.compile regions never
+    fire), or hooks saw CUDA-graph capture, not (all of) its replays."""
     ranks = [r for r in ctx.rank_status if r.graph_mode != "eager"]
     if not ranks:
         return []
     modes = [r.graph_mode for r in ranks]
+    if set(modes) == {"compiled"}:
+        return [finding(
+            "GRAPH_MODE_BLIND", ctx.run_id,
+            f"the models ran compiled (torch.compile) on rank(s) {[r.rank for r in ranks]}: the target's "
+            "capture layers run inside the compiled graph, so whether they fire and which layers reach the "
+            "draft (provenance) are not observed; acceptance, the losslessness audit and the draft's "
+            "input widths (its fc input) are",
+            {"graph_mode": "compiled", "expected_graph_mode": "eager", "ranks": [r.rank for r in ranks],
+             "modes": modes, "not_observed": ["capture layers firing", "provenance"]},
+            _compiled_fix(ctx.engine))]
     return [finding(
         "GRAPH_MODE_BLIND", ctx.run_id,
         f"hooks ran under CUDA-graph capture on rank(s) {[r.rank for r in ranks]} ({', '.join(sorted(set(modes)))}): "
@@ -127,3 +138,13 @@ def check_graph_mode(ctx: RunContext) -> list[Finding]:
          "modes": modes},
         "For per-step values run a canary with eager decode (SGLang `--disable-cuda-graph`, vLLM "
         "`enforce_eager=True`); acceptance figures and shapes stay valid either way.")]
+
+
+def _compiled_fix(engine: str) -> str:
+    """How to get the evidence a compiled run lacks, for the way the run was recorded."""
+    if engine == "vllm":
+        return ("For the capture-layer evidence, serve a diagnostic replica eagerly: `--enforce-eager` "
+                "(`LLM(..., enforce_eager=True)`), with the plugin as it is; compare its findings with this "
+                "run's acceptance.")
+    return ("For the capture-layer evidence, run a diagnostic pass with the target not compiled "
+            "(hooks inside torch.compile regions do not fire).")

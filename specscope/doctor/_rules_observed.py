@@ -84,12 +84,15 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
     skipped = []
     if reason is not None:
         skipped.append(_skipped("draft input contract", list(CONTRACT_CODES), reason))
-    elif not ctx.provenance:
+    compiled = any(r.graph_mode == "compiled" for r in ctx.rank_status)
+    if reason is None and not ctx.provenance:
         skipped.append(_skipped("layers received by the draft (fingerprints)", ["AUX_LAYER_MISMATCH"],
-                                "no provenance sample (Tracer provenance_every=0)"))
+                                "the target ran compiled: its layers are not fingerprinted" if compiled
+                                else "no provenance sample (provenance turned off)"))
     if reason is None and not ctx.target_observed:
         skipped.append(_skipped("capture layers firing", ["AUX_CAPTURE_PARTIAL"],
-                                "no target capture layer hooked (instrument() without target=)"))
+                                "the target ran compiled: its capture layers' hooks do not fire" if compiled
+                                else "no target capture layer hooked"))
     if steps < MIN_VERIFY_STEPS:
         skipped.append(_skipped("acceptance", ["ACCEPT_COLLAPSE", "ACCEPT_SATURATED", "POSITION0_LOW"],
                                 f"{steps} verify steps, fewer than the {MIN_VERIFY_STEPS} judged"))
@@ -99,6 +102,16 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
         "CHECKS_SKIPPED", ctx.run_id,
         "not checked: " + "; ".join(f"{s['check']} ({s['reason']})" for s in skipped),
         {"verify_steps": steps, "not_checked": skipped},
-        "Record the missing evidence: `Tracer(provenance_every=16)` verifies the received layers by "
-        "fingerprint, `instrument(..., target=target_model)` hooks the capture layers, and acceptance "
-        f"is judged from {MIN_VERIFY_STEPS} verify steps on.")]
+        _evidence_fix(ctx.engine, compiled))]
+
+
+def _evidence_fix(engine: str, compiled: bool) -> str:
+    """How to record the missing evidence, for the way the run was recorded."""
+    judged = f"acceptance is judged from {MIN_VERIFY_STEPS} verify steps on."
+    if engine == "vllm":
+        eager = ("serve a diagnostic replica with `--enforce-eager` (the plugin then hooks the capture "
+                 "layers and fingerprints them); " if compiled else "")
+        return (f"With the vLLM plugin: {eager}keep `SPECSCOPE_PROVENANCE_EVERY` above 0 (default 16: "
+                f"every 16th fused draft input is fingerprinted); {judged}")
+    return ("Embedded API: `Tracer(provenance_every=16)` verifies the received layers by fingerprint, "
+            f"`instrument(..., target=target_model)` hooks the capture layers; {judged}")

@@ -11,7 +11,8 @@ Faults (each only plumbing; vLLM starts and serves, or fails, exactly as it woul
 - ``tied-target``: the target folder stores its tied embedding only as ``lm_head.weight`` (no
   ``model.embed_tokens.weight``, no ``architectures``); vLLM leaves the embedding uninitialised.
 - ``unknown-key``: the draft checkpoint carries a tensor vLLM's EAGLE-3 loader does not map
-  (``midlayer.mlp.extra_proj.weight``); vLLM refuses it at load (KeyError).
+  (``midlayer.mlp.extra_proj.weight``); vLLM refuses it at load (``ValueError``: no module or
+  parameter named ...).
 - ``emit-draft-token``: the verifier emits the draft's token at the first rejected position instead of
   the target's (vLLM's ``RejectionSampler`` wrapped in this process): acceptance is untouched, the text
   is no longer the target's.

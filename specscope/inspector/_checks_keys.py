@@ -31,7 +31,7 @@ def check_keys_dropped(ctx: CheckContext) -> list[Finding]:
                if not (k == "lm_head.weight" and ctx.config.tie_word_embeddings)]
     if not dropped:
         return []
-    how = "fails the load (KeyError)" if ctx.plan.strict else "drops them silently"
+    how = "refuses the load" if ctx.plan.strict else "drops them silently"
     nbytes = sum(ctx.reader.tensors[k].nbytes for k in dropped)
     message = (f"the {ctx.engine} loader maps {len(dropped)} of {len(ctx.reader.tensors)} checkpoint keys "
                f"to no parameter and {how}, e.g. {dropped[0]}")

@@ -66,7 +66,9 @@ class Tracer:
     numbers its ranks itself, e.g. vLLM's world group). The tracer does not own the sink: ``close``
     flushes it (waiting at most ``CLOSE_FLUSH_TIMEOUT_S``), its owner closes it; ``close`` also runs at
     interpreter exit. ``audit_every``: audit every n-th verify step's emitted tokens against the
-    target (:meth:`record_audit`; 0 = off). Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together
+    target (:meth:`record_audit`; 0 = off). ``compiled``: the engine runs the models compiled
+    (torch.compile), so hooks inside compiled regions never fire; the run says so (``graph_mode``
+    ``"compiled"``) instead of claiming every call was seen. Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together
     with a sampling keyword, a ``step_sample`` outside 0..1, or a bad rank.
 
     ``hook_state`` is what the hooks share on the hot path (counters, sampling, request tags);
@@ -80,7 +82,8 @@ class Tracer:
                  value_stats: bool | None = None, provenance_every: int | None = None,
                  status_interval_s: float = 5.0, device: str | None = None,
                  step_sample: float = 1.0, rank: int | None = None,
-                 world_size: int | None = None, audit_every: int = DEFAULT_AUDIT_EVERY) -> None:
+                 world_size: int | None = None, audit_every: int = DEFAULT_AUDIT_EVERY,
+                 compiled: bool = False) -> None:
         self.sink = sink
         self.run_id = run_id or uuid.uuid4().hex
         self.config = config
@@ -99,6 +102,7 @@ class Tracer:
         self._given_rank = None if rank is None else (int(rank), int(world_size))
         self.hook_state = HookState(sink, self.run_id, 0, self.sampling, capture_probe())
         self.auditor = Auditor(self._emit, self.run_id, 0, audit_every)
+        self.compiled = compiled
         self._resolve_context()
         self._started = self._closed = False
         self._status_interval_s = status_interval_s
@@ -181,10 +185,12 @@ class Tracer:
 
     @property
     def graph_mode(self) -> str:
-        """``"eager"``, ``"capture_only"`` (hooks only fired under CUDA-graph capture) or ``"mixed"``."""
+        """``"eager"``, ``"compiled"`` (the engine runs its models through torch.compile: hooks inside
+        the compiled regions never fire), ``"capture_only"`` (hooks only fired under CUDA-graph
+        capture) or ``"mixed"``."""
         captured = self.hook_state.capture_calls
         if captured == 0:
-            return "eager"
+            return "compiled" if self.compiled else "eager"
         return "capture_only" if captured == self.hook_calls else "mixed"
 
     def status(self, finished: bool = False, error: str | None = None) -> RankStatus:

@@ -44,6 +44,18 @@ def run_id() -> str:
     return current
 
 
+def compiled(vllm_config: Any) -> bool:
+    """vLLM runs the models through torch.compile: not ``enforce_eager`` and a compilation mode
+    other than none (0; vLLM 0.32 ``CompilationConfig.mode``, older ``level``)."""
+    if vllm_config.model_config.enforce_eager:
+        return False
+    compilation = vllm_config.compilation_config
+    mode = getattr(compilation, "mode", None)
+    if mode is None:
+        mode = getattr(compilation, "level", 0)
+    return int(mode or 0) > 0
+
+
 def aux_layer_ids(vllm_config: Any) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """``(resolved, configured)`` EAGLE-3 capture layers, as vLLM 0.32 resolves them.
 
@@ -135,6 +147,7 @@ class Session:
                              target_model=str(vllm_config.model_config.model),
                              draft_model=str(spec.model), config=run_config(vllm_config, active),
                              run_id=self.run_id, provenance_every=every, **audit_every,
+                             compiled=has_model and compiled(vllm_config),
                              fault=os.environ.get(ENV_LABEL) or None)
         # under vLLM's own logger tree, so the line appears in the server log at INFO like vLLM's
         logging.getLogger("vllm.specscope").info("specscope: recording this vLLM %s into %s as run %s",
