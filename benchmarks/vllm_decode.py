@@ -1,11 +1,15 @@
 """vLLM decode with the specscope plugin vs without it, side by side.
 
-Run: ``python -m benchmarks.vllm_decode [--pairs P] [--max-new-tokens T]``.
+Run: ``python -m benchmarks.vllm_decode [--pairs P] [--max-new-tokens T] [--compiled]
+[--baseline bare|audit-off]``.
 
 Two real vLLM OpenAI-compatible servers (``vllm.entrypoints.openai.api_server``) serve the reference
 target with the shipped EAGLE-3 draft on loopback at the same time: one bare (``SPECSCOPE_DB`` unset:
 the plugin is installed but inert), one with the plugin recording into a temporary SQLite store
-(default settings: shape sampling, provenance every 16th fused input). Each of ``pairs`` held-out
+(default settings: shape sampling, provenance every 16th fused input, the losslessness audit every
+4th verify batch). ``--baseline audit-off`` compares against the plugin with the audit off instead of
+a bare server (the audit's own cost); ``--compiled`` serves vLLM's default compiled mode instead of
+``--enforce-eager``. Each of ``pairs`` held-out
 prompts is sent to both, back to back, in alternating order (one server is busy at a time, so
 machine-load drift hits both halves of a pair alike); the figure is the median of the per-pair
 slowdowns (bare tokens/s / plugin tokens/s - 1) with its interquartile range. Speed-ups from
@@ -36,12 +40,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(target: Path, draft: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(target: Path, draft: Path, env: dict[str, str], log: Path, compiled: bool = False
+                 ) -> tuple[subprocess.Popen, str]:
     """A vLLM OpenAI-compatible server on a free loopback port; returns (process, base URL) once
     ``/health`` answers. Raises RuntimeError if it exits or takes over 5 minutes."""
     port = _free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
-               "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--host", "127.0.0.1",
+               "--dtype", "float32", "--max-model-len", "1024", *(() if compiled else ("--enforce-eager",)),
+               "--host", "127.0.0.1",
                "--port", str(port), "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0",
                "--speculative-config",
                f'{{"method": "eagle3", "model": "{draft}", "num_speculative_tokens": 4}}']
@@ -77,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--compiled", action="store_true", help="vLLM's default compiled mode")
+    parser.add_argument("--baseline", choices=("bare", "audit-off"), default="bare")
     args = parser.parse_args(argv)
     target, draft = target_folder(), Path(DEFAULT_DRAFT_DIR)
     prompts = heldout_prompts()
@@ -86,8 +94,10 @@ def main(argv: list[str] | None = None) -> None:
         db = str(Path(tmp) / "plugin.db")
         servers = {}
         try:
-            for name, env in (("bare", base), ("plugin", {**base, "SPECSCOPE_DB": db})):
-                servers[name] = start_server(target, draft, env, Path(tmp) / f"{name}.log")
+            baseline = base if args.baseline == "bare" else {
+                **base, "SPECSCOPE_DB": str(Path(tmp) / "audit-off.db"), "SPECSCOPE_AUDIT_EVERY": "0"}
+            for name, env in (("bare", baseline), ("plugin", {**base, "SPECSCOPE_DB": db})):
+                servers[name] = start_server(target, draft, env, Path(tmp) / f"{name}.log", args.compiled)
             ratios = []
             for i in range(args.pairs):
                 prompt = prompts[i % len(prompts)]
@@ -108,8 +118,9 @@ def main(argv: list[str] | None = None) -> None:
         with open_store(db, read_only=True) as store:
             _, rows = store.query("SELECT run_id, verify_steps, mean_acceptance_length FROM v_run_acceptance")
             codes = diagnose(store, rows[0][0]).codes()
-    print(f"vLLM decode with the plugin vs bare ({args.pairs} paired requests, {args.max_new_tokens} "
-          f"tokens): overhead median {median:+.2f}% (interquartile {q1:+.2f}% .. {q3:+.2f}%)")
+    mode = "compiled" if args.compiled else "eager"
+    print(f"vLLM decode ({mode}) with the plugin vs {args.baseline} ({args.pairs} paired requests, "
+          f"{args.max_new_tokens} tokens): overhead median {median:+.2f}% (interquartile {q1:+.2f}% .. {q3:+.2f}%)")
     print(f"plugin run: {rows[0][1]} verify steps, AL {rows[0][2]:.3f}; doctor: {codes or 'no findings'}")
 
 

@@ -256,11 +256,13 @@ def test_plugin_without_specscope_db_leaves_vllm_untouched(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0 and "untouched" in out.stdout, out.stderr[-2000:]
     # the same check sees the patch once specscope is enabled: it asks the question, not a path
-    enabled = {**env, "SPECSCOPE_DB": str(tmp_path / "on.db")}
+    enabled = {**env, "SPECSCOPE_DB": str(tmp_path / "on.db"), "VLLM_USE_V2_MODEL_RUNNER": "1"}
     out = subprocess.run([sys.executable, "-c", script.replace("'specscope.adapters.vllm._patches' not in",
                                                              "'specscope.adapters.vllm._patches' in")],
                          capture_output=True, text=True, env=enabled, timeout=300)
     assert out.returncode != 0 and "AssertionError" in out.stderr and "make_spec_decoding_stats" in out.stderr
+    # model runner v2 has none of the worker attach points: one line says what is not recorded
+    assert "model runner v2 (VLLM_USE_V2_MODEL_RUNNER) is not supported" in out.stderr
 
 
 def test_demo_engine_vllm_names_the_fault(tmp_path):

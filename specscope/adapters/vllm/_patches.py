@@ -45,6 +45,7 @@ import functools
 import importlib
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +74,11 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").lower() not in ("", "0", "false"):
+        # vllm/v1/worker/gpu/model_runner.py: none of the worker attach points below exist there
+        logger.warning("specscope: vLLM model runner v2 (VLLM_USE_V2_MODEL_RUNNER) is not supported: "
+                       "the draft-input widths, capture layers, provenance and the losslessness audit "
+                       "are not recorded; acceptance from the scheduler is")
     for module, cls, name, after in (
             ("vllm.v1.core.sched.scheduler", "Scheduler", "__init__", _after_scheduler_init),
             ("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", _after_add_request),
