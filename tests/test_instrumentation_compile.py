@@ -9,6 +9,7 @@ from torch import nn
 
 from _list_sink import ListSink
 from specscope import RunConfig, Tracer, instrument
+from specscope.events import ProvenanceEvent, TensorEvent
 
 
 class Layer(nn.Module):
@@ -58,3 +59,32 @@ def test_fullgraph_compile_of_a_hooked_model_runs_without_the_hooks():
     target(x)  # eager calls are still observed
     assert tracer.hook_calls > before
     tracer.close()
+
+
+def test_a_compiled_target_still_reports_its_capture_layers_and_provenance():
+    """vLLM's default: the target compiled. The capture-layer hooks put one ``specscope::observe`` op
+    into the graph, which hands the layer's value back on every compiled run: the layers' events and
+    the fingerprints that name which layers reached the draft are recorded as in eager mode."""
+    config = RunConfig(aux_layer_ids_resolved=(0, 1, 2), target_hidden_size=8, expected_fused_width=24,
+                       k=2, num_target_layers=4)
+    sink = ListSink()
+    tracer = Tracer(sink, engine="compiled", engine_version="0", target_model="t", draft_model="d",
+                    config=config, provenance_every=1, compiled=True)
+    target, draft = Target(), Draft()
+    instrument(tracer, draft=draft, target=target, draft_hidden_size=8)
+    compiled = torch.compile(target, fullgraph=True, backend="aot_eager", dynamic=True)
+    for rows in (3, 5):
+        x = torch.randn(rows, 8)
+        compiled(x)
+        with torch.no_grad():  # what the engine captured: the hidden states entering layers 0, 1, 2
+            entering = [x, Layer.forward(target.layers[0], x)]  # the class's forward: no hook fires
+            entering.append(Layer.forward(target.layers[1], entering[1]))
+        calls_before = tracer.hook_calls
+        draft(torch.zeros(rows, dtype=torch.long), torch.cat(entering, dim=-1))
+        assert tracer.hook_calls > calls_before
+    tracer.close()
+    assert tracer.hook_errors == 0 and tracer.graph_mode == "compiled"
+    layers = {e.hook_point for e in sink.of(TensorEvent) if e.hook_point.startswith("target.layers.")}
+    assert layers == {"target.layers.0:input", "target.layers.1:input", "target.layers.2:input"}
+    received = [e.received for e in sink.of(ProvenanceEvent)]
+    assert received and all(r == (0, 1, 2) for r in received), received

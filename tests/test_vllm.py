@@ -30,6 +30,10 @@ PROMPTS = demo_prompts(3)
 # T=0.8 requests in one batch, and greedy requests through a verifier that emits the draft's token.
 AUDITED = {"sampled": {"temperatures": (0.8,)}, "mixed": {"temperatures": (0.0, 0.8)},
            "emit-draft-token": {"fault": "emit-draft-token"}}
+# vLLM's default mode (torch.compile): healthy, and two targets that capture the right layer ids but
+# the wrong value (the sublayer output without the residual; the first layer's value three times).
+COMPILED = {"compiled": None, "compiled-aux-no-residual": "aux-no-residual",
+            "compiled-aux-first-repeated": "aux-first-repeated"}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +57,9 @@ def runs(tmp_path_factory) -> tuple[str, dict]:
                                       **options)
     finally:
         del os.environ[ENV_AUDIT_EVERY]
+    for name, fault in COMPILED.items():
+        done[name] = vllm_run.run(db, fault=fault, prompts=PROMPTS[:2], max_new_tokens=24, compiled=True,
+                                  workdir=folder / f"work-{name}")
     return db, done
 
 
@@ -226,7 +233,8 @@ def test_dashboard_shows_the_vllm_runs(runs, monkeypatch):
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     assert not at.exception
     labels = at.sidebar.selectbox[0].options
-    assert len(labels) == 1 + len(FAULTS) + len(AUDITED) and all("vllm" in label for label in labels)
+    assert len(labels) == 1 + len(FAULTS) + len(AUDITED) + len(COMPILED)
+    assert all("vllm" in label for label in labels)
     for fault, code in (("aux-off-by-one", "AUX_LAYER_MISMATCH"), ("no-aux-capture", "AUX_CAPTURE_SILENT")):
         at.session_state["run_id"] = done[fault].run_id
         at.run()
@@ -327,3 +335,34 @@ def test_openai_server_plugin_and_watch_equal_vllms_counters(tmp_path):
     # the server served only these requests: vLLM's totals are the window's increase
     assert tuple(plugin[0]) == expected
     assert [w[0] for w in widths] == [1728]
+
+
+def test_compiled_vllm_still_shows_its_capture_layers(runs):
+    """The target compiled by torch.compile: its capture layers reach specscope through the
+    ``specscope::observe`` op inside the compiled graph, so provenance matches the configured layers."""
+    db, done = runs
+    run_id = done["compiled"].run_id
+    assert done["compiled"].error is None
+    with open_store(db, read_only=True) as store:
+        modes = _rows(store, "SELECT graph_mode FROM run_ranks WHERE run_id = :r", run_id)
+        received = _rows(store, "SELECT DISTINCT received FROM provenance WHERE run_id = :r", run_id)
+        layers = _rows(store, "SELECT DISTINCT hook_point FROM v_tensor_contract WHERE run_id = :r "
+                              "AND hook_point LIKE 'target.layers.%'", run_id)
+    assert modes == [("compiled",)]
+    assert [json.loads(r[0]) for r in received] == [[2, 15, 27]]
+    assert {r[0] for r in layers} == {"target.layers.2:input", "target.layers.15:input", "target.layers.27:input"}
+    severities = {code: f.severity for code, f in _findings(db, run_id).items()}
+    assert "error" not in severities.values() and "warning" not in severities.values(), severities
+
+
+@pytest.mark.parametrize(("name", "code", "received"), [
+    ("compiled-aux-no-residual", "AUX_CAPTURE_SILENT", [None, None, None]),
+    ("compiled-aux-first-repeated", "AUX_CAPTURE_PARTIAL", [2, 2, 2]),
+])
+def test_compiled_vllm_names_a_wrong_captured_value_by_its_cause(runs, name, code, received):
+    db, done = runs
+    found = _findings(db, done[name].run_id)
+    assert code in found and found[code].severity == "error", sorted(found)
+    with open_store(db, read_only=True) as store:
+        seen = _rows(store, "SELECT DISTINCT received FROM provenance WHERE run_id = :r", done[name].run_id)
+    assert [json.loads(r[0]) for r in seen] == [received]

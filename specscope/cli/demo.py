@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"the per-rank run's fault (default {DEFAULT_RANK_FAULT})")
     p.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
     p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--compiled", action="store_true",
+                   help="--engine vllm: serve vLLM's default compiled mode (torch.compile) instead of eager")
     p.add_argument("--no-dashboard", action="store_true", help="run once and print the doctor summary")
     p.add_argument("--port", type=int, default=8501, help="dashboard port")
     p.add_argument("--host", default="127.0.0.1", help="dashboard address")
@@ -98,9 +100,10 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
     prompts = demo_prompts(args.requests)
     run_ids = []
     for each in faults:
-        print(f"specscope demo: serving {args.requests} requests through vLLM, fault={each or 'none'} "
-              f"-> {args.db}", flush=True)
-        done = vllm_run(args.db, fault=each, prompts=prompts, max_new_tokens=args.max_new_tokens, k=args.k)
+        print(f"specscope demo: serving {args.requests} requests through vLLM "
+              f"({'compiled' if args.compiled else 'eager'}), fault={each or 'none'} -> {args.db}", flush=True)
+        done = vllm_run(args.db, fault=each, prompts=prompts, max_new_tokens=args.max_new_tokens, k=args.k,
+                        compiled=args.compiled)
         if done.error:
             print(f"specscope demo: vLLM stopped: {done.error}", flush=True)
         run_ids.append(done.run_id)

@@ -114,13 +114,15 @@ def _counter_finding(ctx: RunContext, code: str, bad: str, total: str, expected_
 
 
 def check_graph_mode(ctx: RunContext) -> list[Finding]:
-    """GRAPH_MODE_BLIND [info]: the models ran compiled (hooks inside torch.compile regions never
-    fire), or hooks saw CUDA-graph capture, not (all of) its replays."""
+    """GRAPH_MODE_BLIND [info]: the models ran compiled and the capture layers were not observed
+    through the compiled graph, or hooks saw CUDA-graph capture, not (all of) its replays."""
     ranks = [r for r in ctx.rank_status if r.graph_mode != "eager"]
     if not ranks:
         return []
     modes = [r.graph_mode for r in ranks]
     if set(modes) == {"compiled"}:
+        if ctx.target_observed and ctx.provenance:
+            return []  # observed through the compiled graph (specscope::observe): nothing is blind
         return [finding(
             "GRAPH_MODE_BLIND", ctx.run_id,
             f"the models ran compiled (torch.compile) on rank(s) {[r.rank for r in ranks]}: the target's "

@@ -7,6 +7,9 @@ Faults (each only plumbing; vLLM starts and serves, or fails, exactly as it woul
   (a wrapper class that forgot it, the failure of the design notes' story): vLLM activates no capture.
 - ``aux-off-by-one``: the target's model class shifts the capture ids by +1 (SGLang's "output of layer
   i" convention ported into a vLLM model): the draft receives layers it was not trained on.
+- ``aux-no-residual``, ``aux-first-repeated``: right layer ids, wrong value captured: the target's
+  model captures each configured layer's sublayer output without the residual stream (a port that
+  forgot ``hidden_states + residual``), or hands the first capture layer's value for every one.
 - ``d2t-absolute``: the draft's ``d2t`` holds absolute target ids (converted twice); vLLM loads it.
 - ``tied-target``: the target folder stores its tied embedding only as ``lm_head.weight`` (no
   ``model.embed_tokens.weight``, no ``architectures``); vLLM leaves the embedding uninitialised.
@@ -35,6 +38,8 @@ from specscope.errors import ConfigError
 VLLM_FAULTS: dict[str, str] = {
     "no-aux-capture": "the target model class drops set_aux_hidden_state_layers: no aux capture is active",
     "aux-off-by-one": "the target model class captures every aux layer one later than configured",
+    "aux-no-residual": "the target model class captures the right layers without the residual stream",
+    "aux-first-repeated": "the target model class hands the first capture layer's value for all three",
     "d2t-absolute": "the draft's d2t holds absolute target ids; vLLM adds the index again",
     "tied-target": "the target folder has its tied embedding only as lm_head.weight, no architectures",
     "unknown-key": "the draft checkpoint has a tensor vLLM's loader does not map: vLLM refuses it at load",
@@ -42,7 +47,8 @@ VLLM_FAULTS: dict[str, str] = {
 }
 
 UNKNOWN_KEY = "midlayer.mlp.extra_proj.weight"
-_WRAPPERS = {"no-aux-capture": "NoAuxCaptureLlamaForCausalLM", "aux-off-by-one": "AuxOffByOneLlamaForCausalLM"}
+_WRAPPERS = {"no-aux-capture": "NoAuxCaptureLlamaForCausalLM", "aux-off-by-one": "AuxOffByOneLlamaForCausalLM",
+             "aux-no-residual": "NoResidualLlamaForCausalLM", "aux-first-repeated": "FirstRepeatedLlamaForCausalLM"}
 
 
 @dataclass

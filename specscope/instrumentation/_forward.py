@@ -18,10 +18,16 @@ wrapper) keeps it in its ``__dict__`` under a private name and the wrapper calls
 
 Guarantees: the bodies' exceptions are counted and logged once per point by
 :meth:`HookState.failed` and never reach the engine; the output is returned as the forward returned
-it; under ``torch.compile`` tracing the wrapper only calls the previous forward
-(``torch.compiler.is_compiling()`` is a constant to TorchDynamo, so compiled graphs hold nothing of
-specscope, as with CUDA-graph replay). :meth:`ForwardTap.remove` restores the module; when something
-wrapped ``forward`` after us, that wrapper stays in place and ours becomes a pass-through.
+it. Under ``torch.compile`` tracing (``torch.compiler.is_compiling()``, a constant to TorchDynamo) the
+wrapper calls the previous forward, and, for a hook given a ``traced`` observation, first puts one
+call of the custom op ``specscope::observe`` into the graph with the tensor that observation picks:
+the compiled graph then calls back into specscope with that tensor on every run (a
+``torch.library`` op is opaque to the compiler and runs its Python implementation), so a compiled
+target's capture layers are still seen (docs/design.md, "Where the engines let us in"). CUDA-graph
+replay runs no Python: there, as for eager hooks, only the capture is seen.
+:meth:`ForwardTap.remove` restores the module; when something wrapped ``forward`` after us, that
+wrapper stays in place and ours becomes a pass-through (a compiled graph that still calls the op
+finds no observer and does nothing).
 """
 
 from __future__ import annotations
@@ -45,8 +51,37 @@ by count (:class:`~specscope.instrumentation._sampling.CallCount`)."""
 PostBody = Callable[[bool, bool, int, Any], None]
 """``post(capturing, due, index, output)``: runs after the forward with what it returned."""
 
+TracedBody = Callable[[bool, int, torch.Tensor], None]
+"""``traced(due, index, tensor)``: a pre body for compiled calls, given the one tensor the hook's
+``pick(args, kwargs)`` took from the call while TorchDynamo traced it."""
+Pick = Callable[[tuple, dict], "torch.Tensor | None"]
+
 _PREVIOUS = "_specscope_previous_forward_"
 _serial = itertools.count()
+_observers: dict[int, Callable[[torch.Tensor], None]] = {}
+_tokens: dict[torch.device, torch.Tensor] = {}
+
+
+@torch.library.custom_op("specscope::observe", mutates_args=("token",))
+def _observe(value: torch.Tensor, token: torch.Tensor, site: int) -> None:
+    """Called by a compiled graph on every run: hand ``value`` to the observer of ``site``. ``token``
+    is a one-element tensor the op declares it mutates (it does not), so no compiler drops the call."""
+    observer = _observers.get(site)
+    if observer is not None:
+        observer(value)
+
+
+@_observe.register_fake
+def _observe_fake(value: torch.Tensor, token: torch.Tensor, site: int) -> None:
+    return None
+
+
+def _token(module: nn.Module) -> torch.Tensor:
+    """The op's token on the module's device, made outside any trace."""
+    device = next(itertools.chain(module.parameters(), module.buffers()), torch.zeros(0)).device
+    if device not in _tokens:
+        _tokens[device] = torch.zeros(1, device=device)
+    return _tokens[device]
 
 
 class ForwardTap:
@@ -76,22 +111,50 @@ class ForwardTap:
 
 
 def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
-                post: PostBody | None = None, pre_point: str = "", post_point: str = "") -> ForwardTap:
+                post: PostBody | None = None, pre_point: str = "", post_point: str = "",
+                traced: tuple[Pick, TracedBody] | None = None) -> ForwardTap:
     """Wrap ``module.forward`` to run ``pre`` and / or ``post`` around it; returns the handle.
 
     Per module call the wrapper takes the call's index and whether it is due by count from one
     :class:`~specscope.instrumentation._sampling.CallCount` (:meth:`HookState.count`; each body call
     is a hook call, ``state.calls``), probes once for CUDA-graph capture (``state.capture_calls``)
     and passes all three to the bodies. An exception in a body or in the probe is counted at
-    ``pre_point`` / ``post_point`` (:meth:`HookState.failed`) and the call goes on.
+    ``pre_point`` / ``post_point`` (:meth:`HookState.failed`) and the call goes on. ``traced``:
+    ``(pick, body)`` observes compiled calls too: while Dynamo traces, ``pick(args, kwargs)`` chooses
+    a tensor (it may compute, in the graph) and each run of the compiled graph calls ``body(due, index,
+    tensor)``, counted with the eager calls.
     """
     compiling, probe, failed = torch.compiler.is_compiling, state.capturing, state.failed
     inner, previous_key, original = _inner_forward(module)
     count = state.count((pre is not None) + (post is not None))
     owner: nn.Module | None = module
+    site = next(_serial)
+    pick = None
+    if traced is not None:
+        pick, body = traced
+        token = _token(module)
+
+        def observed(value: torch.Tensor) -> None:
+            index = count.calls
+            count.calls = index + 1
+            due = index == count.due
+            if due:
+                count.schedule()
+            try:
+                body(due, index, value)
+            except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
+                failed(pre_point, exc)
+
+        _observers[site] = observed
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if compiling() or self is not owner:  # traced by Dynamo, a copy, or removed: pass through
+        if compiling():  # traced by Dynamo: the op (when asked for) is all the graph holds of us
+            if pick is not None and self is owner:
+                value = pick(args, kwargs)
+                if value is not None:
+                    torch.ops.specscope.observe(value, token, site)
+            return inner(self, *args, **kwargs)
+        if self is not owner:  # a copy, or removed: pass through
             return inner(self, *args, **kwargs)
         index = count.calls
         count.calls = index + 1
@@ -122,6 +185,7 @@ def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
     def disable() -> None:
         nonlocal owner
         owner = None
+        _observers.pop(site, None)
 
     functools.update_wrapper(forward, original)
     try:

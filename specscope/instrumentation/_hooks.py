@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from specscope import points
-from specscope.instrumentation._forward import PostBody, PreBody
+from specscope.instrumentation._forward import PostBody, PreBody, TracedBody
 from specscope.instrumentation._sampling import CallSite, SamplingConfig
 from specscope.instrumentation._state import HookState
 
@@ -231,8 +231,9 @@ def default_layer_input(args: tuple, kwargs: dict) -> Tensor | None:
 
 def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, width: int, record: bool,
                       first: bool, provenance: Provenance | None, layer_input: LayerInput,
-                      layer_value: LayerInput | None = None) -> PreBody:
-    """Pre body on target decoder layer ``index``: ``target.layers.{i}:input``.
+                      layer_value: LayerInput | None = None) -> tuple[PreBody, tuple[LayerInput, TracedBody]]:
+    """Pre body on target decoder layer ``index``: ``target.layers.{i}:input``, and its ``traced``
+    observation for compiled calls (:func:`~specscope.instrumentation._forward.tap_forward`).
 
     ``width``: the expected hidden width (``config.target_hidden_size``); ``record``: emit tensor
     events (configured capture layers); ``first``: the lowest hooked layer, whose call marks a new
@@ -243,20 +244,29 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
     name = points.target_layer_input(index)
     site = CallSite(sampling)
 
-    def pre(capturing: bool, due: bool, call: int, args: tuple, kwargs: dict) -> None:
+    def observe(capturing: bool, due: bool, call: int, hidden: Tensor, args: tuple | None,
+                kwargs: dict | None) -> None:
         if first:  # a new target forward: the next draft call is target-fed
             state.target_forward()
-        hidden = layer_input(args, kwargs)
-        if hidden is None:
-            return
         if record:
             key = SIGNATURE(hidden)
             if (due or key != site.last) and site.sampled(key, due):
                 state.record(name, call, hidden, width, capturing)
         if provenance is not None and not capturing and provenance.due:
-            provenance.record(index, hidden if layer_value is None else layer_value(args, kwargs))
+            provenance.record(index, hidden if layer_value is None or args is None else layer_value(args, kwargs))
 
-    return pre
+    def pre(capturing: bool, due: bool, call: int, args: tuple, kwargs: dict) -> None:
+        hidden = layer_input(args, kwargs)
+        if hidden is not None:
+            observe(capturing, due, call, hidden, args, kwargs)
+
+    def traced(due: bool, call: int, value: Tensor) -> None:
+        # a compiled call: the graph handed over the residual-stream value itself (same shape as
+        # the layer's input), recorded and fingerprinted as the eager pre records the input
+        observe(False, due, call, value, None, None)
+
+    pick = layer_value or layer_input
+    return pre, (pick, traced)
 
 
 def final_norm_hook(state: HookState, provenance: Provenance, index: int) -> PostBody:

@@ -88,9 +88,10 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
         read_input = layer_input or default_layer_input
         first = min(index for index, _ in layer_hooks)
         for index, layer in layer_hooks:
-            hook = target_layer_hook(state, sampling, index, config.target_hidden_size, index in aux,
-                                     index == first, provenance, read_input, layer_value)
-            handles.append(tap_forward(layer, state, pre=hook, pre_point=points.target_layer_input(index)))
+            hook, traced = target_layer_hook(state, sampling, index, config.target_hidden_size, index in aux,
+                                             index == first, provenance, read_input, layer_value)
+            handles.append(tap_forward(layer, state, pre=hook, pre_point=points.target_layer_input(index),
+                                       traced=traced))
     pre, post = draft_forward_hooks(state, sampling, draft, draft_hidden_arg, config.expected_fused_width,
                                     draft_width, provenance, fused_here=fused is None)
     handles.append(tap_forward(draft, state, pre, post, points.point(points.DRAFT_FORWARD, points.INPUT),
