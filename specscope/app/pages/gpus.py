@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from specscope.app import charts, widgets
+from specscope.doctor import named_ranks
 from specscope.events import Finding
 
 run_id = widgets.run_picker()
@@ -14,19 +15,13 @@ st.title("GPUs")
 
 
 def _rank_findings(findings: list[Finding]) -> dict[int, list[str]]:
-    """Per rank, the codes of the doctor's error and warning findings that name it: evidence
-    ``ranks`` (the ranks a finding was seen on), and RANK_DIVERGENCE's ``low_rank`` (its ``ranks``
-    are all the ranks compared)."""
+    """Per rank, the codes of the doctor's error and warning findings that name it
+    (:func:`specscope.doctor.named_ranks`)."""
     named: dict[int, list[str]] = {}
     for f in findings:
-        if f.severity not in ("error", "warning"):
-            continue
-        if f.code == "RANK_DIVERGENCE":
-            ranks = [f.evidence["low_rank"]] if "low_rank" in f.evidence else []
-        else:
-            ranks = f.evidence.get("ranks", [])
-        for rank in ranks:
-            named.setdefault(rank, []).append(f.code)
+        if f.severity in ("error", "warning"):
+            for rank in named_ranks(f.code, f.evidence):
+                named.setdefault(rank, []).append(f.code)
     return named
 
 
