@@ -42,6 +42,13 @@ def visit(at: AppTest, page: str) -> AppTest:
     return at
 
 
+def test_no_old_style_pages_folder():
+    """A ``pages/`` folder beside the entry script makes Streamlit's first script run an old-style
+    multipage app whose raw page list (``main``, ``get started``, ...) flashes before st.navigation
+    takes over: the page scripts live elsewhere."""
+    assert not (ENTRY.parent / "pages").exists() and (ENTRY.parent / "screens" / "overview.py").exists()
+
+
 def test_opens_on_latest_run_with_its_error_banner(monkeypatch, two_runs):
     at = app(monkeypatch, two_runs)
     assert not at.exception
