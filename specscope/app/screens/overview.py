@@ -52,7 +52,7 @@ def body() -> None:
                 panel(rid, narrow=True)
     st.subheader("Runs")
     st.caption("▶ marks the open run. Errors and warnings: the doctor's for the open run, the stored "
-               "ones for the others. Models: the target's and the draft's last name segment.")
+               "ones for the others. Models: target + draft, short names.")
     rows = []
     for r in runs:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
@@ -69,8 +69,9 @@ def body() -> None:
 
 
 def _last(model: str | None) -> str:
-    """A model id's last segment: ``HuggingFaceTB/SmolLM2-135M-Instruct`` -> ``SmolLM2-135M-Instruct``."""
-    return (model or "—").rstrip("/").rsplit("/", 1)[-1]
+    """A model id's last segment, without a note in parentheses (the run's own line above has the
+    full ids): ``HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1)`` -> ``SmolLM2-135M-Instruct``."""
+    return (model or "—").split(" (", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
 states = {by_id[rid]["state"] for rid in (run_id, compare) if rid is not None}
 widgets.live(body, "running" if "running" in states else "finished")
