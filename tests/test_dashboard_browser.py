@@ -56,6 +56,18 @@ CUT_OFF = """() => {
   if (document.documentElement.scrollWidth > window.innerWidth) cut.push('page wider than the window');
   return cut; }"""
 
+NARROW = 1280  # the narrowest laptop window the pages are laid out for
+
+
+def _fits(page, name: str) -> None:
+    """Nothing cut off (:data:`CUT_OFF`) once the grids have laid out for the window's width."""
+    try:
+        page.wait_for_function(f"() => ({CUT_OFF})().length === 0", timeout=10_000)
+    except Exception:  # noqa: BLE001 - Playwright's timeout: say what is cut, not that it timed out
+        pass
+    assert page.evaluate(CUT_OFF) == [], name
+
+
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (make browser)")]
 
@@ -146,7 +158,10 @@ def test_every_page_in_chromium(server, tmp_path):
                 name = NAMES.get(path, path)
                 page.screenshot(path=str(shots / f"dashboard-{name}.png"))
                 assert page.get_by_text("Traceback").count() == 0, name
-                assert page.evaluate(CUT_OFF) == [], name
+                _fits(page, name)
+                page.set_viewport_size({"width": NARROW, "height": 900})  # the narrow laptop too
+                _fits(page, f"{name} at {NARROW} px")
+                page.set_viewport_size({"width": 1400, "height": 900})
                 if name in ("overview", "tensors"):  # the fault is on the first screen
                     assert page.get_by_text("AUX_NOT_FUSED").first.is_visible(), name
         finally:

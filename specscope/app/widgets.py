@@ -144,12 +144,14 @@ def when(wall: float | None) -> str:
 
 def run_label(run: dict[str, Any], diagnosed: bool = False) -> str:
     """One line naming a run in pickers: error / warning counts (:func:`counts`), engine, fault,
-    start, state and the run id's first 12 characters (``specscope doctor --run`` takes them)."""
+    start (month-day, local time to the minute), the state unless finished, and the run id's first
+    12 characters (``specscope doctor --run`` takes them). :func:`run_details` says the rest."""
     marks = [f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in counts(run, diagnosed).items() if n]
     marker = f"[{', '.join(marks)}] " if marks else ""
     fault = f" [{run['fault']}]" if run["fault"] else ""
-    return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'])} · "
-            f"{STATE_LABEL[run['state']]} · {run['run_id'][:12]}")
+    state = "" if run["state"] == "finished" else f" · {STATE_LABEL[run['state']]}"
+    return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'])[5:16]}{state} · "
+            f"{run['run_id'][:12]}")
 
 
 def run_details(run: dict[str, Any]) -> str:
@@ -183,7 +185,7 @@ def run_picker() -> str:
     # is set from it on every run, since a page switch drops the box's own state.
     st.session_state[RUN_KEY] = st.session_state[PICKER_KEY] = current
     labels = {run["run_id"]: run_label(run, diagnosed=run["run_id"] == current) for run in runs}
-    box, details = st.columns([3, 2], vertical_alignment="bottom")
+    box, details = st.columns([2, 1], vertical_alignment="bottom")
     chosen = box.selectbox("Run", ids, key=PICKER_KEY, format_func=labels.__getitem__, on_change=_picked)
     details.caption(run_details(next(run for run in runs if run["run_id"] == chosen))
                     + f" · store `{db_url()}`")

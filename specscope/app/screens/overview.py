@@ -9,7 +9,7 @@ run_id = widgets.run_picker()
 runs = widgets.query("runs")
 by_id = {run["run_id"]: run for run in runs}
 others = [rid for rid in by_id if rid != run_id]
-compare = st.columns([3, 2])[0].selectbox(
+compare = st.columns([2, 1])[0].selectbox(
     "Compare side by side with", [None, *others], key="compare",
     format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid]))
 
@@ -52,12 +52,12 @@ def body() -> None:
                 panel(rid, narrow=True)
     st.subheader("Runs")
     st.caption("▶ marks the open run. Errors and warnings: the doctor's for the open run, the stored "
-               "ones for the others. Models: target + draft, short names.")
+               "ones for the others. Started: month-day and local time. Models: target + draft, short names.")
     rows = []
     for r in runs:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
         rows.append({"open": "▶" if r["run_id"] == run_id else "", "run": r["run_id"][:8],
-                     "started": widgets.when(r["started_wall"]), "state": widgets.STATE_LABEL[r["state"]],
+                     "started": widgets.when(r["started_wall"])[5:], "state": widgets.STATE_LABEL[r["state"]],
                      "errors": found["error"], "warnings": found["warning"], "fault": r["fault"] or "",
                      "engine": r["engine"], "ranks": r["world_size"], "requests": r["requests"],
                      "models": f"{_last(r['target_model'])} + {_last(r['draft_model'])}"})
