@@ -135,11 +135,12 @@ def counts(run: dict[str, Any], diagnosed: bool = False) -> dict[str, int]:
     return {"error": run["error_findings"], "warning": run["warning_findings"]}
 
 
-def when(wall: float | None) -> str:
-    """Wall-clock seconds since the epoch as local ``YYYY-MM-DD HH:MM:SS`` ('' for None)."""
+def when(wall: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """Wall-clock seconds since the epoch as local time in ``fmt`` (default ``YYYY-MM-DD HH:MM:SS``;
+    '' for None). Narrow places drop the year (``%m-%d %H:%M``)."""
     if wall is None:
         return ""
-    return datetime.fromtimestamp(wall, tz=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(wall, tz=timezone.utc).astimezone().strftime(fmt)
 
 
 def run_label(run: dict[str, Any], diagnosed: bool = False) -> str:
@@ -150,7 +151,7 @@ def run_label(run: dict[str, Any], diagnosed: bool = False) -> str:
     marker = f"[{', '.join(marks)}] " if marks else ""
     fault = f" [{run['fault']}]" if run["fault"] else ""
     state = "" if run["state"] == "finished" else f" · {STATE_LABEL[run['state']]}"
-    return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'])[5:16]}{state} · "
+    return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'], '%m-%d %H:%M')}{state} · "
             f"{run['run_id'][:12]}")
 
 

@@ -57,7 +57,7 @@ def body() -> None:
     for r in runs:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
         rows.append({"open": "▶" if r["run_id"] == run_id else "", "run": r["run_id"][:8],
-                     "started": widgets.when(r["started_wall"])[5:], "state": widgets.STATE_LABEL[r["state"]],
+                     "started": widgets.when(r["started_wall"], "%m-%d %H:%M:%S"), "state": widgets.STATE_LABEL[r["state"]],
                      "errors": found["error"], "warnings": found["warning"], "fault": r["fault"] or "",
                      "engine": r["engine"], "ranks": r["world_size"], "requests": r["requests"],
                      "models": f"{_last(r['target_model'])} + {_last(r['draft_model'])}"})
