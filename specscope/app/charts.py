@@ -80,8 +80,8 @@ def draft_widths(rows: list[Row], fused_width: int | None, duration_s: float) ->
         series.setdefault((row["rank"], row["hook_point"], row["call"], row["width"], row["expected_width"]),
                           []).append(row)
     fig = go.Figure()
-    # target-fed drawn on top
-    for (rank, point, call, width, expected), slices in sorted(series.items(), key=lambda kv: kv[0][2] == "target-fed"):
+    target_fed_last = sorted(series.items(), key=lambda kv: kv[0][2] == "target-fed")  # drawn on top
+    for (rank, point, call, width, expected), slices in target_fed_last:
         bad = width != expected
         xs: list[float | None] = []
         sampled: list[int | None] = []

@@ -57,11 +57,12 @@ def body() -> None:
     for r in runs:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
         rows.append({"open": "▶" if r["run_id"] == run_id else "", "run": r["run_id"][:8],
-                     "started": widgets.when(r["started_wall"], "%m-%d %H:%M:%S"), "state": widgets.STATE_LABEL[r["state"]],
+                     "started": widgets.when(r["started_wall"], "%m-%d %H:%M:%S"),
+                     "state": widgets.STATE_LABEL[r["state"]],
                      "errors": found["error"], "warnings": found["warning"], "fault": r["fault"] or "",
                      "engine": r["engine"], "ranks": r["world_size"], "requests": r["requests"],
                      "models": f"{_last(r['target_model'])} + {_last(r['draft_model'])}"})
-    narrow = {name: st.column_config.Column(width=60) for name in ("open", "errors", "warnings", "ranks")}
+    narrow = {name: st.column_config.Column(width=60) for name in ("errors", "warnings", "ranks")}
     st.dataframe(rows, hide_index=True, column_config={
         **narrow, "open": st.column_config.TextColumn("", width=30),
         "run": st.column_config.TextColumn(width=80, help="the run id's first 8 characters"),
@@ -72,6 +73,7 @@ def _last(model: str | None) -> str:
     """A model id's last segment, without a note in parentheses (the run's own line above has the
     full ids): ``HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1)`` -> ``SmolLM2-135M-Instruct``."""
     return (model or "—").split(" (", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
 
 states = {by_id[rid]["state"] for rid in (run_id, compare) if rid is not None}
 widgets.live(body, "running" if "running" in states else "finished")
