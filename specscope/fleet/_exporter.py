@@ -21,9 +21,8 @@ target model, ``position`` = the draft position, 0 first):
 (:func:`specscope.doctor.named_ranks`: the rank of a load, the low rank of a divergence, the ranks a
 contract failure was seen on) has one series per named rank, else one with ``rank="all"``. Findings
 are the doctor's verdicts (computed at scrape time; a finished run's verdict is cached, it cannot
-change) plus stored checkpoint
-(``inspect``) findings of those runs: "open" means the run's current verdict, so a fixed and rerun
-engine clears its alert with the new run.
+change) plus stored checkpoint (``inspect``) findings of those runs: "open" means the run's current
+verdict, so a fixed and rerun engine clears its alert with the new run.
 """
 
 from __future__ import annotations
