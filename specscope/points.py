@@ -9,6 +9,8 @@ this module (plain strings, no torch: the doctor and the dashboard import it too
 
 from __future__ import annotations
 
+import re
+
 DRAFT_PREFIX = "draft."
 """Every draft hook point starts with it (``draft.forward:...``, ``draft.model.fc:input``)."""
 
@@ -62,3 +64,10 @@ def capture_layer(name: str) -> int | None:
 
 TARGET_NORM_OUTPUT = point("target.norm", OUTPUT)
 """The target's final norm output (fingerprinted for provenance; no events)."""
+
+
+def order(name: str) -> tuple:
+    """A sort key that orders numbers inside names by value: ``target.layers.2:input`` before
+    ``target.layers.15:input`` before ``target.layers.27:input`` (as text, 15 < 2 < 27)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", name) if part)

@@ -85,11 +85,12 @@ class Trace:
     ranks: tuple[RankTrace, ...] = (RankTrace(),)
     fault: str | None = None
     engine: str = "specscope-reference"
+    active: tuple[int, ...] | None = None  # the capture layers the engine reports active (vLLM)
 
     def config(self) -> RunConfig:
         return RunConfig(aux_layer_ids_resolved=AUX, aux_layer_ids_configured=AUX,
                          target_hidden_size=HIDDEN, expected_fused_width=FUSED, k=K,
-                         num_target_layers=LAYERS)
+                         num_target_layers=LAYERS, aux_layer_ids_active=self.active)
 
     def write(self, store: Store) -> None:
         """Write every rank's events with the collector's counters (events written / dropped)."""
@@ -193,6 +194,13 @@ def no_aux_capture(run_id: str = "no-aux") -> Trace:
     """The draft gets the final hidden state: width 576 of 1728, provenance [30], AL 1.0."""
     return Trace(run_id, (RankTrace(fed_width=HIDDEN, received=(LAYERS,), accepted=(0,)),),
                  fault="no-aux-capture")
+
+
+def stopped_before_verify(run_id: str = "stopped") -> Trace:
+    """vLLM's no-aux-capture crash: the engine reports no active capture layer, the draft's first
+    (prefill) call gets the final hidden state, and the engine stops before its first verify step."""
+    return Trace(run_id, (RankTrace(fed_width=HIDDEN, received=(LAYERS,), steps_per_request=0),),
+                 fault="no-aux-capture", engine="vllm", active=())
 
 
 def off_by_one(run_id: str = "off-by-one") -> Trace:

@@ -37,16 +37,23 @@ def texts(at: AppTest, kind: str) -> list[str]:
 
 
 def visit(at: AppTest, page: str) -> AppTest:
-    at.switch_page(f"pages/{page}.py").run()
+    at.switch_page(f"screens/{page}.py").run()
     assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
     return at
+
+
+def test_no_old_style_pages_folder():
+    """A ``pages/`` folder beside the entry script makes Streamlit's first script run an old-style
+    multipage app whose raw page list (``main``, ``get started``, ...) flashes before st.navigation
+    takes over: the page scripts live elsewhere."""
+    assert not (ENTRY.parent / "pages").exists() and (ENTRY.parent / "screens" / "overview.py").exists()
 
 
 def test_opens_on_latest_run_with_its_error_banner(monkeypatch, two_runs):
     at = app(monkeypatch, two_runs)
     assert not at.exception
     assert at.session_state["run_id"] == "faulty-run"
-    faulty, healthy = at.sidebar.selectbox[0].options  # runs with error findings are marked
+    faulty, healthy = at.selectbox(key="run_picker").options  # runs with error findings are marked
     assert faulty.startswith("[3 errors] ") and "no-aux-capture" in faulty and "[" not in healthy
     errors = texts(at, "error")
     assert errors[0].startswith("**AUX_NOT_FUSED**") and "1728" in errors[0]
@@ -57,7 +64,7 @@ def test_opens_on_latest_run_with_its_error_banner(monkeypatch, two_runs):
 
 def test_healthy_run_has_no_error_banner_on_any_page(monkeypatch, two_runs):
     at = app(monkeypatch, two_runs)
-    at.sidebar.selectbox[0].set_value("healthy-run").run()
+    at.selectbox(key="run_picker").set_value("healthy-run").run()
     assert not any("AUX_NOT_FUSED" in e for e in texts(at, "error"))
     assert any("No error or warning findings" in s for s in texts(at, "success"))
     assert float(at.metric[0].value) > 2.5
@@ -67,9 +74,19 @@ def test_healthy_run_has_no_error_banner_on_any_page(monkeypatch, two_runs):
         assert not texts(at, "error"), page
 
 
+def test_overview_marks_the_open_run(monkeypatch, two_runs):
+    at = app(monkeypatch, two_runs)
+    runs = at.dataframe[-1].value
+    assert list(runs.columns[:3]) == ["open", "run", "started"]  # the key columns first
+    assert runs.loc[runs["open"] == "▶", "run"].tolist() == ["faulty-r"]
+    at.selectbox(key="run_picker").set_value("healthy-run").run()
+    runs = at.dataframe[-1].value
+    assert runs.loc[runs["open"] == "▶", "run"].tolist() == ["healthy-"]
+
+
 def test_compare_side_by_side(monkeypatch, two_runs):
     at = app(monkeypatch, two_runs)
-    at.sidebar.selectbox(key="compare").set_value("healthy-run").run()
+    at.selectbox(key="compare").set_value("healthy-run").run()
     assert not at.exception
     assert len(at.metric) == 12
     assert [m.value for m in at.metric if m.label == "Accept length"][0] == "1.00"
@@ -89,6 +106,9 @@ def test_faulty_run_pages(monkeypatch, two_runs):
     assert texts(at, "error")[0].startswith("**AUX_NOT_FUSED** — ")  # the doctor's finding, its message
     assert "576 wide" in texts(at, "error")[0] and "1728" in texts(at, "error")[0]
     assert any("Eager" in i for i in texts(at, "info"))
+    hook_points = list(dict.fromkeys(at.dataframe[-1].value["hook point"]))
+    layers = [p for p in hook_points if p.startswith("target.layers.")]
+    assert layers == ["target.layers.2:input", "target.layers.15:input", "target.layers.27:input"]
     declared = {row["field"]: row["value"] for row in at.dataframe[-2].value.to_dict("records")}
     assert declared["expected_fused_width"] == "1728" and set(declared) >= {"topk", "dtype", "num_draft_tokens"}
     visit(at, "findings")
@@ -108,7 +128,7 @@ def test_gpus_page_names_the_findings_of_each_rank(monkeypatch, demo_store):
         fused = [f for f in diagnose(store, ranked).findings if f.code == "AUX_NOT_FUSED"]
     assert [f.evidence["ranks"] for f in fused] == [[1]]
     at = app(monkeypatch, demo_store)
-    at.sidebar.selectbox[0].set_value(ranked).run()
+    at.selectbox(key="run_picker").set_value(ranked).run()
     visit(at, "gpus")
     named = {row["rank"]: row["findings"] for row in at.dataframe[0].value.to_dict("records")}
     assert named[0] == "" and "AUX_NOT_FUSED" in named[1].split(", "), named
@@ -138,7 +158,7 @@ def test_running_run_is_live_and_stale_run_says_so(monkeypatch, tmp_path):
     at = app(monkeypatch, db)
     assert not at.exception
     assert ":green-badge[live]" in [m.value for m in at.markdown]
-    labels = at.sidebar.selectbox[0].options
+    labels = at.selectbox(key="run_picker").options
     assert "live" in labels[0] and "stale" in labels[1]
 
 
@@ -239,17 +259,17 @@ def test_pages_show_the_doctors_findings(monkeypatch, doctor_store, name):
     warnings = [f.code for f in loud if f.severity == "warning"]
 
     at = app(monkeypatch, doctor_store)
-    at.sidebar.selectbox[0].set_value(run_id).run()
+    at.selectbox(key="run_picker").set_value(run_id).run()
     assert _codes(texts(at, "error")) == errors and _codes(texts(at, "warning")) == warnings
     assert not loud or not texts(at, "success")  # green only when the doctor has nothing to say
-    label = at.sidebar.selectbox[0].format_func(run_id)
+    label = at.selectbox(key="run_picker").format_func(run_id)
     for severity, codes in (("error", errors), ("warning", warnings)):
         assert (f"{len(codes)} {severity}" in label) == bool(codes), label
     with open_store(doctor_store, create=False, read_only=True) as store:  # the other runs: stored counts
         for other in AGREEMENT_TRACES:
             other_id = getattr(T, other)().run_id
             found = diagnose(store, other_id).findings + checkpoint_findings(store, other_id)
-            counted = at.sidebar.selectbox[0].format_func(other_id)
+            counted = at.selectbox(key="run_picker").format_func(other_id)
             for severity in ("error", "warning"):
                 n = sum(f.severity == severity for f in found)
                 assert (f"{n} {severity}" in counted) == bool(n), (other, counted)
@@ -293,7 +313,7 @@ def test_sql_reference_is_plain_markdown_with_the_readme_tables(monkeypatch, two
 
 def test_gpus_cells_show_widths_and_the_doctors_divergence(monkeypatch, doctor_store):
     at = app(monkeypatch, doctor_store)
-    at.sidebar.selectbox[0].set_value("two-ranks").run()
+    at.selectbox(key="run_picker").set_value("two-ranks").run()
     visit(at, "gpus")
     cells = at.dataframe[-1].value
     row = cells[cells["hook point"] == "draft.forward:hidden_states"].iloc[0]
@@ -314,9 +334,9 @@ def test_every_pick_of_the_run_picker_takes(monkeypatch, three_runs):
     pick, one after another, must open the run picked, on the page shown and after a page switch."""
     at = app(monkeypatch, three_runs)
     for run_id in ("healthy-run", "faulty-run", "other-run", "healthy-run", "faulty-run"):
-        at.sidebar.selectbox[0].set_value(run_id).run()
+        at.selectbox(key="run_picker").set_value(run_id).run()
         assert not at.exception
-        assert at.sidebar.selectbox[0].value == run_id and at.session_state["run_id"] == run_id
-        assert run_id in at.caption[0].value  # the Overview's run line names the run shown
+        assert at.selectbox(key="run_picker").value == run_id and at.session_state["run_id"] == run_id
+        assert any(c.value.startswith(f"run `{run_id}`") for c in at.caption)  # the Overview's run line
     visit(at, "tensors")
-    assert at.sidebar.selectbox[0].value == "faulty-run"
+    assert at.selectbox(key="run_picker").value == "faulty-run"

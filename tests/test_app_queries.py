@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from _dashboard_traces import AUX, FUSED, HIDDEN, K, LAYERS, accepted_pattern, trace
-from specscope import metrics
-from specscope.app import queries
+from _dashboard_traces import AUX, FUSED, HIDDEN, K, LAYERS, T0, accepted_pattern, trace
+from specscope import events as ev
+from specscope import metrics, points
+from specscope.app import charts, queries
 from specscope.storage.queries import ROLLING_STEPS
 
 REQUESTS, STEPS = 6, 12
@@ -127,6 +128,33 @@ def test_tensor_contract_and_draft_widths(filled):
     healthy = queries.draft_input_widths(queries.tensor_contract(filled, "healthy"), FUSED)
     assert not any(r["width_mismatch"] for r in healthy)
     assert queries.graph_phases(contract) == {"eager": sum(sums.values())}
+    layers = [points.capture_layer(r["hook_point"]) for r in contract if points.capture_layer(r["hook_point"])]
+    assert layers == sorted(layers) and set(layers) == set(AUX)  # 2 < 15 < 27, not text order
+
+
+def test_draft_inputs_over_time_leaves_unsampled_slices_empty(store):
+    """Target-fed calls not sampled for the middle of a run: their slices have no row (a gap the
+    chart keeps), while the chained calls, sampled throughout, fill every slice."""
+    run = trace("gappy", requests=REQUESTS, steps=STEPS)  # 72 steps, one every 0.05 s
+    end = max(e.ts_wall for e in run)
+    fed = (-1, -1, FUSED)
+
+    def unsampled(e) -> bool:
+        return isinstance(e, ev.TensorEvent) and e.expected_shape == fed and T0 + 1.15 < e.ts_wall < T0 + 2.45
+
+    store.write([e for e in run if not unsampled(e)])
+    rows = queries.draft_inputs_over_time(store, "gappy", FUSED, buckets=12)  # 0.3 s slices
+    slices = {call: [r["slice"] for r in rows if r["call"] == call] for call in ("target-fed", "chained")}
+    assert slices["chained"] == list(range(12))
+    assert slices["target-fed"] == [0, 1, 2, 3, 8, 9, 10, 11]
+    kept = sum(1 for e in run if isinstance(e, ev.TensorEvent) and e.expected_shape == fed and not unsampled(e))
+    assert sum(r["events"] for r in rows if r["call"] == "target-fed") == kept
+    assert {(r["width"], r["width_mismatch"]) for r in rows} == {(FUSED, False), (HIDDEN, False)}
+    figure = charts.draft_widths(rows, FUSED, end - T0)
+    line = next(t for t in figure.data if t.name.startswith("target-fed"))
+    gap = list(line.x).index(None)  # one break between slice 3 and slice 8, not a line through it
+    assert list(line.x).count(None) == 1 and line.x[gap - 1] < 1.2 and line.x[gap + 1] == pytest.approx(2.4)
+    assert figure.layout.xaxis.range[1] == pytest.approx(end - T0)  # the axis spans the whole run
 
 
 def test_capture_layers_fired_and_silent(store):

@@ -1,6 +1,8 @@
 """End to end: `specscope dashboard` served to a real headless Chromium (Debian's, driven by
-Playwright); every page visited, its key text asserted, and a 1400x900 screenshot saved (into
-``$SPECSCOPE_SCREENSHOTS`` when set, e.g. docs/, else the test's tmp dir).
+Playwright); every page visited, its key text asserted, nothing cut off at laptop width (no table
+whose columns overflow it, no truncated run-picker label or badge, no sideways scrolling of the
+page), and a 1400x900 screenshot saved (into ``$SPECSCOPE_SCREENSHOTS`` when set, e.g. docs/, else
+the test's tmp dir).
 
 The store is the lead's ``demo_store`` fixture when it exists (healthy, no-aux-capture and a two-rank
 run whose rank 1 has no aux capture, of the reference engine), else ``dashboard_store``: the synthetic
@@ -32,6 +34,39 @@ NAMES = {"": "overview"}
 # The script run is over: no skeleton placeholder left and every plotly chart drawn.
 SETTLED = """() => !document.querySelector('[data-testid="stSkeleton"]')
   && [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('.main-svg'))"""
+
+# What does not fit at the window's width: a table whose columns are wider than the table (the glide
+# grid's scroller scrolls sideways), a select box whose label is longer than the box, any other text
+# cut with an ellipsis, and a page wider than the window.
+CUT_OFF = """() => {
+  const cut = [];
+  document.querySelectorAll('[data-testid="stDataFrame"]').forEach((frame, i) => {
+    const s = frame.querySelector('.dvn-scroller');
+    if (s && s.scrollWidth > s.clientWidth + 1)
+      cut.push(`table ${i}: columns ${s.scrollWidth} px wide in ${s.clientWidth} px`);
+  });
+  document.querySelectorAll('[data-testid="stSelectbox"] input').forEach(box => {
+    if (box.scrollWidth > box.clientWidth + 1) cut.push(`select box cut: ${box.value}`);
+  });
+  for (const el of document.querySelectorAll('[data-testid="stMain"] *')) {
+    if (getComputedStyle(el).textOverflow === 'ellipsis' && el.offsetParent
+        && el.scrollWidth > el.clientWidth + 1 && !el.closest('[data-testid="stDataFrame"]'))
+      cut.push(`text cut: ${el.textContent.slice(0, 60)}`);
+  }
+  if (document.documentElement.scrollWidth > window.innerWidth) cut.push('page wider than the window');
+  return cut; }"""
+
+NARROW = 1280  # the narrowest laptop window the pages are laid out for
+
+
+def _fits(page, name: str) -> None:
+    """Nothing cut off (:data:`CUT_OFF`) once the grids have laid out for the window's width."""
+    try:
+        page.wait_for_function(f"() => ({CUT_OFF})().length === 0", timeout=10_000)
+    except Exception:  # noqa: BLE001 - Playwright's timeout: say what is cut, not that it timed out
+        pass
+    assert page.evaluate(CUT_OFF) == [], name
+
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (make browser)")]
@@ -123,6 +158,10 @@ def test_every_page_in_chromium(server, tmp_path):
                 name = NAMES.get(path, path)
                 page.screenshot(path=str(shots / f"dashboard-{name}.png"))
                 assert page.get_by_text("Traceback").count() == 0, name
+                _fits(page, name)
+                page.set_viewport_size({"width": NARROW, "height": 900})  # the narrow laptop too
+                _fits(page, f"{name} at {NARROW} px")
+                page.set_viewport_size({"width": 1400, "height": 900})
                 if name in ("overview", "tensors"):  # the fault is on the first screen
                     assert page.get_by_text("AUX_NOT_FUSED").first.is_visible(), name
         finally:

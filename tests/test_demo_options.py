@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from specscope.cli import main
+from specscope.cli.demo import VLLM_CRASHES, stopped
 from specscope.demo import DemoOptions
 from specscope.engine.faults import parse_rank_fault
+from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError
 
 
@@ -36,3 +38,11 @@ def test_rank_fault_outside_the_ranks_is_refused(tmp_path, capsys):
 
 def test_demo_run_ids_have_a_tracers_length():
     assert len(DemoOptions(db="x.db").run_id) == 32  # Tracer: uuid4().hex
+
+
+def test_a_vllm_crash_the_fault_causes_is_announced_as_expected():
+    error = "ValueError: too many values to unpack (expected 2)"
+    line = stopped("no-aux-capture", error)
+    assert "as the no-aux-capture fault makes it" in line and line.endswith(error)
+    assert "unexpectedly" in stopped(None, error) and "unexpectedly" in stopped("tied-target", error)
+    assert set(VLLM_CRASHES) <= set(VLLM_FAULTS)

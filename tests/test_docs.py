@@ -4,6 +4,7 @@ of it names one that exists."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -33,6 +34,37 @@ def test_finding_code_documented(code):
 @pytest.mark.parametrize("view", VIEWS)
 def test_view_documented(view):
     assert f"`{view}`" in README
+
+
+def _command_rows() -> dict[str, str]:
+    """README's command table: subcommand -> its row."""
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| `specscope (\w+) .*$", README, re.MULTILINE)}
+
+
+def _arguments(command: str) -> list[str]:
+    """What README's row of ``command`` must name, read from its argparse parser: every flag, the
+    metavar of every positional argument, and every choice a flag offers."""
+    parser = build_parser(command)._subparsers._group_actions[0].choices[command]
+    names = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        if action.option_strings:
+            names.append(max(action.option_strings, key=len))
+        else:
+            names.append(action.metavar or action.dest.upper())
+        names += [str(choice) for choice in action.choices or ()]
+    return names
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_command_table_names_every_argument(command):
+    """The command table is checked against the parsers: a flag, positional or choice added to a
+    subcommand fails here until its row names it."""
+    row = _command_rows().get(command, "")
+    assert row, f"README's command table has no row for specscope {command}"
+    missing = [name for name in _arguments(command) if name not in row]
+    assert not missing, f"README's row of specscope {command} lacks {missing}"
 
 
 def test_two_setup_commands():

@@ -58,6 +58,22 @@ def test_no_aux_capture(store):
     assert (collapse["verify_steps"], collapse["threshold"]) == (32, 1.05)
 
 
+def test_a_run_stopped_before_its_first_verify_step(store):
+    """The texts fit a run with no verify step: no claim that the draft runs, and the skipped
+    acceptance said as such."""
+    report = run(store, T.stopped_before_verify())
+    assert report.codes() == ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "CHECKS_SKIPPED"]
+    silent = only(report, "AUX_CAPTURE_SILENT")
+    assert silent.message.startswith("aux capture is silent before the first verify step: the engine "
+                                     "activated no aux capture")
+    assert "while the draft runs" not in silent.message and silent.evidence["active"] == []
+    skipped = only(report, "CHECKS_SKIPPED")
+    assert skipped.message.startswith("not checked: acceptance (") and "not drafted" not in skipped.message
+    assert skipped.evidence["not_checked"][0]["codes"] == ["ACCEPT_COLLAPSE", "ACCEPT_SATURATED",
+                                                           "POSITION0_LOW"]
+    assert "while the draft runs" in only(run(store, T.no_aux_capture()), "AUX_CAPTURE_SILENT").message
+
+
 def test_aux_off_by_one(store):
     report = run(store, T.off_by_one())
     mismatch = only(report, "AUX_LAYER_MISMATCH")

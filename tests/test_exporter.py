@@ -79,6 +79,34 @@ def test_exported_values_are_the_views(exporter) -> None:
                   model_name="HuggingFaceTB/SmolLM2-135M-Instruct") == 0
 
 
+def test_a_finding_carries_the_ranks_it_names(tmp_path) -> None:
+    """Rank 1 of two never captures: its contract findings and the acceptance divergence carry
+    rank="1" (the doctor's evidence), a dropped-keys load its rank, a run-wide finding rank="all"."""
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        _traces.two_ranks_diverging().write(store)
+        _traces.dropped_keys().write(store)
+        _traces.few_steps().write(store)
+    with open_store(path, create=False, read_only=True) as store:
+        server, _, _ = serve_exporter(store, port=0)
+        try:
+            samples = _samples(httpx.get(f"http://127.0.0.1:{server.server_address[1]}/metrics").text)
+        finally:
+            server.shutdown()
+            server.server_close()
+    ranks = {}
+    for name, labels in samples:
+        labels = dict(labels)
+        if name == "specscope_finding":
+            ranks.setdefault((labels["run_id"], labels["code"]), []).append(labels["rank"])
+    assert ranks[("two-ranks", "AUX_NOT_FUSED")] == ["1"]
+    assert ranks[("two-ranks", "AUX_CAPTURE_SILENT")] == ["1"]
+    # by acceptance: the low rank; by width: the ranks differ, none is named the culprit
+    assert sorted(ranks[("two-ranks", "RANK_DIVERGENCE")]) == ["1", "all"]
+    assert ranks[("dropped-keys", "WEIGHTS_DROPPED")] == ["0"]
+    assert ranks[("few-steps", "CHECKS_SKIPPED")] == ["all"]
+
+
 def test_exporter_cli_refuses_a_missing_store(tmp_path, capsys) -> None:
     assert main(["exporter", "--db", str(tmp_path / "none.db"), "--port", "0"]) == 2
     assert capsys.readouterr().err.count("\n") == 1

@@ -58,6 +58,6 @@ def test_sigkill_at_random_points_loses_nothing_acknowledged(tmp_path, monkeypat
     monkeypatch.setenv(DB_ENV, max(trials, key=lambda t: t["acked_events"])["store"])
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     assert not at.exception and at.session_state["run_id"] == "run-kill"
-    at.switch_page("pages/tensors.py").run()
+    at.switch_page("screens/tensors.py").run()
     assert not at.exception
     print(f"\n{TRIALS} SIGKILL trials, {acked_total} acknowledged events, 0 lost")

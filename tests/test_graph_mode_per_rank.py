@@ -38,7 +38,7 @@ def test_run_is_mixed_and_ranks_keep_their_mode(split_modes: str) -> None:
 def test_tensors_page_shows_mode_per_rank(monkeypatch, split_modes: str) -> None:
     monkeypatch.setenv(DB_ENV, split_modes)
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
-    at.switch_page("pages/tensors.py").run()
+    at.switch_page("screens/tensors.py").run()
     assert not at.exception
     (mode,) = [i.value for i in at.info if i.value.startswith("Observed mode")]
     assert "**Mixed**" in mode and "Per rank: rank 0 eager, rank 1 capture_only." in mode

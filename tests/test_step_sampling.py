@@ -121,7 +121,7 @@ def test_requests_page_says_which_requests_have_step_detail(tmp_path, monkeypatc
         detail = dict(store.query("SELECT request_id, step_detail FROM v_request_acceptance")[1])
     monkeypatch.setenv(DB_ENV, db)
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
-    at.switch_page("pages/requests.py").run()
+    at.switch_page("screens/requests.py").run()
     table = at.dataframe[0].value
     assert dict(zip(table["request"], table["step detail"])) == {r: bool(d) for r, d in detail.items()}
     without = next(r for r, d in detail.items() if not d)

@@ -232,7 +232,7 @@ def test_dashboard_shows_the_vllm_runs(runs, monkeypatch):
     monkeypatch.setenv(DB_ENV, db)
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     assert not at.exception
-    labels = at.sidebar.selectbox[0].options
+    labels = at.selectbox(key="run_picker").options
     assert len(labels) == 1 + len(FAULTS) + len(AUDITED) + len(COMPILED)
     assert all("vllm" in label for label in labels)
     for fault, code in (("aux-off-by-one", "AUX_LAYER_MISMATCH"), ("no-aux-capture", "AUX_CAPTURE_SILENT")):

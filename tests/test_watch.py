@@ -232,7 +232,7 @@ def test_overview_requests_and_gpus_pages_show_a_watched_server(server, tmp_path
     metrics_shown = {m.label: m.value for m in at.metric}
     assert metrics_shown["Verify steps"] == "80"
     for page in ("gpus", "requests", "tensors", "findings"):
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"screens/{page}.py").run()
         assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
 
 

@@ -11,5 +11,8 @@ from pathlib import Path
 
 DB_ENV = "SPECSCOPE_DB"
 ENTRY = Path(__file__).with_name("main.py")
+ACCENT = "#3b6ea5"
+"""The dashboard's accent colour, a neutral blue: its theme colour and the colour of plain figures
+(green and red are kept for verdicts)."""
 
-__all__ = ["DB_ENV", "ENTRY"]
+__all__ = ["ACCENT", "DB_ENV", "ENTRY"]

@@ -9,14 +9,20 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from specscope.app import ACCENT
+
 Row = dict[str, Any]
-OK, BAD, MUTED, DRAFT, TARGET = "#2e7d32", "#d32f2f", "#9e9e9e", "#c8e6c9", "#ffe0b2"
+# Green and red only where a chart judges (a width against its contract, the AL floor); measured
+# figures in a neutral blue; token sources in two colours that read as neither good nor bad.
+OK, BAD, MUTED, FIGURE, MARK = "#2e7d32", "#d32f2f", "#9e9e9e", ACCENT, "#424242"
+DRAFT, TARGET = "#cfe3f7", "#e6e0f0"
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 300) -> go.Figure:
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=height,
+    # The legend goes under the x axis: above the plot it ran into the title in a half-width column.
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=height + 40,
                       margin=dict(l=10, r=10, t=40, b=10), showlegend=True,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+                      legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0))
     return fig
 
 
@@ -29,7 +35,7 @@ def acceptance_over_time(rows: list[Row], k: int | None) -> go.Figure:
                                customdata=[r["verify_steps"] for r in rows],
                                hovertemplate="t=%{x:.1f}s AL=%{y:.2f} (%{customdata} steps)<extra></extra>"))
     fig.add_trace(go.Scatter(x=times, y=[r["rolling_acceptance_length"] for r in rows], mode="lines",
-                             name="rolling mean", line=dict(color=OK, width=3),
+                             name="rolling mean", line=dict(color=FIGURE, width=3),
                              hovertemplate="t=%{x:.1f}s rolling AL=%{y:.2f}<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color=BAD, dash="dot"), annotation_text="AL 1.0: nothing accepted",
                   annotation_position="bottom right")
@@ -43,7 +49,7 @@ def acceptance_over_time(rows: list[Row], k: int | None) -> go.Figure:
 def positions(rows: list[Row], title: str = "Per-position acceptance") -> go.Figure:
     """p_i per draft position (:func:`queries.position_acceptance` rows)."""
     fig = go.Figure(go.Bar(x=[f"pos {r['position']}" for r in rows], y=[r["acceptance"] for r in rows],
-                           marker_color=OK, name="p_i", text=[f"{r['acceptance']:.0%}" for r in rows],
+                           marker_color=FIGURE, name="p_i", text=[f"{r['acceptance']:.0%}" for r in rows],
                            textposition="outside"))
     fig.update_yaxes(range=[0, 1.1], tickformat=".0%")
     return _layout(fig, title, "draft position", "steps accepted", height=260)
@@ -52,39 +58,55 @@ def positions(rows: list[Row], title: str = "Per-position acceptance") -> go.Fig
 def accepted_per_step(steps: list[Row], k: int | None) -> go.Figure:
     """Accepted draft tokens per verify step of one request (:func:`queries.request_steps` rows)."""
     fig = go.Figure(go.Bar(x=[r["step"] for r in steps], y=[r["accepted"] for r in steps],
-                           name="accepted drafts", marker_color=OK))
-    # Zero-height bars are invisible: a red mark on the axis shows the steps that accepted nothing.
+                           name="accepted drafts", marker_color=FIGURE))
+    # Zero-height bars are invisible: a mark on the axis shows the steps that accepted nothing.
     nothing = [r["step"] for r in steps if r["accepted"] == 0]
     fig.add_trace(go.Scatter(x=nothing, y=[0] * len(nothing), mode="markers", name="nothing accepted",
-                             marker=dict(color=BAD, symbol="line-ew-open", size=10, line=dict(width=3))))
+                             marker=dict(color=MARK, symbol="line-ew-open", size=10, line=dict(width=3))))
     if k:
         fig.update_yaxes(range=[0, k + 0.5])
     return _layout(fig, "Accepted draft tokens per verify step", "verify step", "accepted", height=260)
 
 
-def draft_widths(rows: list[Row], fused_width: int | None, t0: float) -> go.Figure:
-    """Observed width at the draft's hidden-state input over time, one segment per rank, call kind and
-    width (first to last time seen; :func:`queries.draft_input_widths` rows), against the expected
-    fused width (target-fed calls) and the draft hidden size (chained calls)."""
+def draft_widths(rows: list[Row], fused_width: int | None, duration_s: float) -> go.Figure:
+    """Observed width at the draft's hidden-state input over the run's ``duration_s`` seconds
+    (:func:`queries.draft_inputs_over_time` rows), one series per rank, hook point, call kind and
+    width: a marker per time slice in which a call was sampled, a line only between adjacent slices.
+    Hooks record a sample of the calls, so a slice without one is a gap, never drawn over (a line
+    that stopped would read as if the width had). Against the expected fused width (target-fed
+    calls) and the draft hidden size (chained calls)."""
+    series: dict[tuple, list[Row]] = {}
+    for row in rows:
+        series.setdefault((row["rank"], row["hook_point"], row["call"], row["width"], row["expected_width"]),
+                          []).append(row)
     fig = go.Figure()
-    for row in sorted(rows, key=lambda r: r["call"] == "target-fed"):  # target-fed drawn on top
-        bad = row["width_mismatch"]
-        start, end = row["first_wall"] - t0, row["last_wall"] - t0
+    target_fed_last = sorted(series.items(), key=lambda kv: kv[0][2] == "target-fed")  # drawn on top
+    for (rank, point, call, width, expected), slices in target_fed_last:
+        bad = width != expected
+        xs: list[float | None] = []
+        sampled: list[int | None] = []
+        for previous, row in zip([None, *slices], slices):
+            if previous is not None and row["slice"] != previous["slice"] + 1:
+                xs.append(None)  # a slice without a sampled call between: a gap in the line
+                sampled.append(None)
+            xs.append(row["t_s"])
+            sampled.append(row["events"])
+        fed = call == "target-fed"
         fig.add_trace(go.Scatter(
-            x=[start, end], y=[row["width"], row["width"]], mode="lines+markers",
-            line=dict(color=BAD if bad else (OK if row["call"] == "target-fed" else MUTED),
-                      width=10 if row["call"] == "target-fed" else 4),
-            name=f"{row['call']} rank {row['rank']}: {row['width']}"
-                 + (f" (expected {row['expected_width']})" if bad else ""),
-            hovertemplate=(f"{row['hook_point']}, {row['call']} calls, rank {row['rank']}: width "
-                           f"{row['width']}, expected {row['expected_width']}, {row['events']} events"
-                           "<extra></extra>")))
+            x=xs, y=[None if x is None else width for x in xs], mode="lines+markers", connectgaps=False,
+            line=dict(color=BAD if bad else (OK if fed else MUTED), width=4 if fed else 2),
+            marker=dict(size=9 if fed else 6),
+            name=f"{call} rank {rank}: {width}" + (f" (expected {expected})" if bad else ""),
+            customdata=sampled,
+            hovertemplate=(f"{point}, {call} calls, rank {rank}: width {width}, expected {expected}; "
+                           "t=%{x:.1f}s, %{customdata} sampled<extra></extra>")))
     if fused_width:
         fig.add_hline(y=fused_width, line=dict(color=OK, dash="dash"),
                       annotation_text=f"expected fused width {fused_width}", annotation_position="top left")
     widths = [r["width"] for r in rows] + ([fused_width] if fused_width else [])
     if widths:
         fig.update_yaxes(range=[0, max(widths) * 1.25])
+    fig.update_xaxes(range=[0, max(duration_s, 1.0)])
     return _layout(fig, "Draft input width vs expected fused width", "seconds since run start",
                    "last dimension (elements)", height=320)
 
@@ -92,14 +114,14 @@ def draft_widths(rows: list[Row], fused_width: int | None, t0: float) -> go.Figu
 def rank_acceptance(rows: list[Row]) -> go.Figure:
     """Mean acceptance length per rank (:func:`queries.ranks` rows)."""
     fig = go.Figure(go.Bar(x=[f"rank {r['rank']}" for r in rows],
-                           y=[r["mean_acceptance_length"] or 0 for r in rows], marker_color=OK,
+                           y=[r["mean_acceptance_length"] or 0 for r in rows], marker_color=FIGURE,
                            name="acceptance length"))
     return _layout(fig, "Acceptance length per rank", "rank", "tokens / verify step", height=260)
 
 
 def marked_text(tokens: list[Row]) -> str:
     """HTML of the generated text, each token on a background showing how it was produced:
-    green = accepted draft token, orange = the target's own (bonus) token
+    blue = accepted draft token, lilac = the target's own (bonus) token
     (:func:`queries.marked_tokens` rows)."""
     spans = []
     for token in tokens:

@@ -2,7 +2,10 @@
 ``SPECSCOPE_DB`` environment variable (``specscope dashboard --db URL`` does both).
 
 An empty store gets the "Get started" page only; otherwise the pages Overview, Requests, GPUs,
-Tensors, Findings and SQL, each opening with the sidebar run picker (newest run first).
+Tensors, Findings and SQL, each opening with the run picker (newest run first). The navigation is a
+bar at the top and there is no sidebar, so a page has the window's width (tables read whole at 1280 px).
+The page scripts live in ``screens/``: a ``pages/`` folder beside this file would make Streamlit run
+its first script run as an old-style multipage app, flashing a raw page list (``main``, ...).
 """
 
 import streamlit as st
@@ -18,14 +21,14 @@ st.set_page_config(page_title="specscope", page_icon=ICON, layout="wide")
 widgets.store()
 runs = widgets.query("runs")
 if not runs:
-    pages = [st.Page("pages/get_started.py", title="Get started", icon=":material/rocket_launch:")]
+    pages = [st.Page("screens/get_started.py", title="Get started", icon=":material/rocket_launch:")]
 else:
     pages = [
-        st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
-        st.Page("pages/requests.py", title="Requests", icon=":material/list:"),
-        st.Page("pages/gpus.py", title="GPUs", icon=":material/memory:"),
-        st.Page("pages/tensors.py", title="Tensors", icon=":material/view_in_ar:"),
-        st.Page("pages/findings.py", title="Findings", icon=":material/report:"),
-        st.Page("pages/sql.py", title="SQL", icon=":material/database:"),
+        st.Page("screens/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+        st.Page("screens/requests.py", title="Requests", icon=":material/list:"),
+        st.Page("screens/gpus.py", title="GPUs", icon=":material/memory:"),
+        st.Page("screens/tensors.py", title="Tensors", icon=":material/view_in_ar:"),
+        st.Page("screens/findings.py", title="Findings", icon=":material/report:"),
+        st.Page("screens/sql.py", title="SQL", icon=":material/database:"),
     ]
-st.navigation(pages).run()
+st.navigation(pages, position="top").run()

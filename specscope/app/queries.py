@@ -130,11 +130,13 @@ def tensor_contract(store: Store, run_id: str) -> list[Row]:
     """The shape contract of a run: one row per rank, hook point, shape, expected shape, dtype and
     graph phase, with ``events`` (recorded events, a sample of the hook calls), ``first_wall`` /
     ``last_wall``, ``width`` / ``expected_width`` (last dimension, elements; expected None where no
-    contract is known) and ``width_mismatch`` (bool). Read from the ``tensor_shapes`` summary."""
+    contract is known) and ``width_mismatch`` (bool). Read from the ``tensor_shapes`` summary; hook
+    points in :func:`specscope.points.order` (``layers.2`` before ``layers.15``), then rank and time."""
     rows = store.fetch(q.TENSOR_CONTRACT, run_id=run_id)
     for row in rows:
         row["width_mismatch"] = bool(row["width_mismatch"])
-    return rows
+    # SQL orders text: layers.15 < layers.2. The sort is stable, so rank and time order hold.
+    return sorted(rows, key=lambda row: points.order(row["hook_point"]))
 
 
 def draft_input_widths(contract: list[Row], fused_width: int | None) -> list[Row]:
@@ -149,7 +151,7 @@ def draft_input_widths(contract: list[Row], fused_width: int | None) -> list[Row
     for row in contract:
         if not row["hook_point"].startswith(points.DRAFT_PREFIX) or row["expected_width"] is None:
             continue
-        call = "target-fed" if fused_width is not None and row["expected_width"] == fused_width else "chained"
+        call = _call(row["expected_width"], fused_width)
         key = (row["rank"], row["hook_point"], call, row["width"], row["expected_width"], row["dtype"])
         if key not in merged:
             merged[key] = {"rank": row["rank"], "hook_point": row["hook_point"], "call": call, "width": row["width"],
@@ -162,6 +164,24 @@ def draft_input_widths(contract: list[Row], fused_width: int | None) -> list[Row
         out["first_wall"] = min(out["first_wall"], row["first_wall"])
         out["last_wall"] = max(out["last_wall"], row["last_wall"])
     return list(merged.values())
+
+
+def _call(expected_width: int, fused_width: int | None) -> str:
+    """A draft call's kind by its expected input width: ``'target-fed'`` (the fused width) or
+    ``'chained'`` (the draft's own hidden size)."""
+    return "target-fed" if fused_width is not None and expected_width == fused_width else "chained"
+
+
+def draft_inputs_over_time(store: Store, run_id: str, fused_width: int | None, buckets: int = 60) -> list[Row]:
+    """The draft's inputs with a width contract per slice of the run's lifetime
+    (:data:`specscope.storage.queries.DRAFT_INPUTS_OVER_TIME`: ``rank``, ``hook_point``, ``width``,
+    ``expected_width``, ``slice``, ``t_s``, ``events``), each with ``call`` as in
+    :func:`draft_input_widths` and ``width_mismatch``. A slice without a row had no sampled call."""
+    rows = store.fetch(q.DRAFT_INPUTS_OVER_TIME, run_id=run_id, buckets=buckets)
+    for row in rows:
+        row["call"] = _call(row["expected_width"], fused_width)
+        row["width_mismatch"] = row["width"] != row["expected_width"]
+    return rows
 
 
 def capture_layers(config: dict[str, Any], contract: list[Row]) -> list[Row]:

@@ -29,8 +29,10 @@ RUN_KEY = "run_id"
 PICKER_KEY = "run_picker"  # the select box's own state
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
-STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed",
-               "stale": "stale (no event for > 60 s)"}
+STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale"}
+STATE_HELP = {"running": "events are arriving", "finished": "every rank ended",
+              "crashed": "a rank stopped on an error",
+              "stale": f"not finished, and no event for more than {queries.STALE_AFTER_S:g} s"}
 
 
 def db_url() -> str:
@@ -133,21 +135,31 @@ def counts(run: dict[str, Any], diagnosed: bool = False) -> dict[str, int]:
     return {"error": run["error_findings"], "warning": run["warning_findings"]}
 
 
-def when(wall: float | None) -> str:
-    """Wall-clock seconds since the epoch as local ``YYYY-MM-DD HH:MM:SS`` ('' for None)."""
+def when(wall: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """Wall-clock seconds since the epoch as local time in ``fmt`` (default ``YYYY-MM-DD HH:MM:SS``;
+    '' for None). Narrow places drop the year (``%m-%d %H:%M``)."""
     if wall is None:
         return ""
-    return datetime.fromtimestamp(wall, tz=timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(wall, tz=timezone.utc).astimezone().strftime(fmt)
 
 
 def run_label(run: dict[str, Any], diagnosed: bool = False) -> str:
     """One line naming a run in pickers: error / warning counts (:func:`counts`), engine, fault,
-    start, state and the run id's first 12 characters (``specscope doctor --run`` takes them)."""
+    start (month-day, local time to the minute), the state unless finished, and the run id's first
+    12 characters (``specscope doctor --run`` takes them). :func:`run_details` says the rest."""
     marks = [f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in counts(run, diagnosed).items() if n]
     marker = f"[{', '.join(marks)}] " if marks else ""
     fault = f" [{run['fault']}]" if run["fault"] else ""
-    return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'])} · "
-            f"{STATE_LABEL[run['state']]} · {run['run_id'][:12]}")
+    state = "" if run["state"] == "finished" else f" · {STATE_LABEL[run['state']]}"
+    return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'], '%m-%d %H:%M')}{state} · "
+            f"{run['run_id'][:12]}")
+
+
+def run_details(run: dict[str, Any]) -> str:
+    """Markdown of what a run's picker label leaves out: its state's meaning (with the error a crashed
+    run ended on) and the whole run id."""
+    error = f": `{run['error']}`" if run["state"] == "crashed" and run.get("error") else ""
+    return f"{STATE_LABEL[run['state']]} ({STATE_HELP[run['state']]}{error}) · run `{run['run_id']}`"
 
 
 def _picked() -> None:
@@ -155,11 +167,12 @@ def _picked() -> None:
 
 
 def run_picker() -> str:
-    """Sidebar select box of the store's runs (newest first, so the app opens on the latest run);
-    returns the selected run id, kept in ``st.session_state['run_id']`` (a plain key, not the
-    widget's, so the choice survives page switches, which drop a widget's state). Each page calls it
-    first. The open run is labelled with the doctor's counts (the page shows its findings anyway), the
-    others with their stored counts.
+    """The run picker at the top of the page (newest run first, so the app opens on the latest run)
+    with the picked run named in full beside it; returns the selected run id, kept in
+    ``st.session_state['run_id']`` (a plain key, not the widget's, so the choice survives page
+    switches, which drop a widget's state). Each page calls it first. The open run is labelled with
+    the doctor's counts (the page shows its findings anyway), the others with their stored counts.
+    On the page, not in a sidebar: the page then has the window's full width for its tables.
 
     The select box has a key: Streamlit then identifies it by the key alone (1.4x on), not by its
     labels, which change with the selection; without one every other pick made a new widget that
@@ -173,9 +186,10 @@ def run_picker() -> str:
     # is set from it on every run, since a page switch drops the box's own state.
     st.session_state[RUN_KEY] = st.session_state[PICKER_KEY] = current
     labels = {run["run_id"]: run_label(run, diagnosed=run["run_id"] == current) for run in runs}
-    chosen = st.sidebar.selectbox("Run", ids, key=PICKER_KEY, format_func=labels.__getitem__,
-                                  on_change=_picked)
-    st.sidebar.caption(f"store: `{db_url()}`")
+    box, details = st.columns([2, 1], vertical_alignment="bottom")
+    chosen = box.selectbox("Run", ids, key=PICKER_KEY, format_func=labels.__getitem__, on_change=_picked)
+    details.caption(run_details(next(run for run in runs if run["run_id"] == chosen))
+                    + f" · store `{db_url()}`")
     return chosen
 
 
@@ -212,9 +226,10 @@ def live(body: Callable[[], None], state: str) -> None:
 
 
 def state_badge(state: str) -> None:
-    """A coloured badge for a run's state: live (green), finished (grey), crashed (red), stale (orange)."""
+    """A coloured badge for a run's state, one short word (its meaning on hover): live (green),
+    finished (grey), crashed (red), stale (orange)."""
     color = {"running": "green", "finished": "gray", "crashed": "red", "stale": "orange"}[state]
-    st.badge(STATE_LABEL[state], color=color)
+    st.badge(STATE_LABEL[state], color=color, help=STATE_HELP[state])
 
 
 def shape_text(shape: str | None) -> str:

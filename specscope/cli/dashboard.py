@@ -16,7 +16,7 @@ import sys
 from typing import NoReturn
 
 from specscope.cli._types import add_db_argument
-from specscope.app import DB_ENV, ENTRY
+from specscope.app import ACCENT, DB_ENV, ENTRY
 from specscope.storage import open_store
 
 
@@ -35,7 +35,9 @@ def streamlit_command(host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(ENTRY),
             "--server.headless", "true", "--server.address", host, "--server.port", str(port),
             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-            "--global.developmentMode", "false", "--client.toolbarMode", "viewer"]
+            "--global.developmentMode", "false", "--client.toolbarMode", "viewer",
+            # Streamlit's default red accent would colour plain figures (progress bars) as alarms
+            "--theme.primaryColor", ACCENT]
 
 
 def run(args: argparse.Namespace) -> NoReturn:

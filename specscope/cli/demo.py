@@ -22,6 +22,13 @@ from specscope.errors import ConfigError
 DEFAULT_DB = "specscope-demo.db"
 DEFAULT_RANK_FAULT = "1:no-aux-capture"
 RANK_RUN_REQUESTS_PER_RANK = 2  # the per-rank run only has to show the split: keep it short
+# The vLLM faults that crash vLLM, as they would a real server, and why (tests/test_vllm.py observes each).
+VLLM_CRASHES = {
+    "no-aux-capture": "its model runner unpacks (hidden, aux) from the plain tensor a target without aux "
+                      "capture returns",
+    "d2t-absolute": "absolute d2t ids index past the target vocabulary on the first draft",
+    "unknown-key": "its draft loader refuses a checkpoint tensor it does not map",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,7 +112,7 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
         done = vllm_run(args.db, fault=each, prompts=prompts, max_new_tokens=args.max_new_tokens, k=args.k,
                         compiled=args.compiled)
         if done.error:
-            print(f"specscope demo: vLLM stopped: {done.error}", flush=True)
+            print(f"specscope demo: {stopped(each, done.error)}", flush=True)
         run_ids.append(done.run_id)
     return run_ids
 
@@ -131,6 +138,15 @@ def _run_llamacpp(args: argparse.Namespace) -> list[str]:
               f"-> {args.db}", flush=True)
         run_ids.append(serve_recorded(args.db, mode, prompts, max_new_tokens=args.max_new_tokens, k=args.k))
     return run_ids
+
+
+def stopped(fault: str | None, error: str) -> str:
+    """The line that reports vLLM stopping with ``error`` on a run with ``fault``: expected, and why,
+    for a fault that crashes vLLM (:data:`VLLM_CRASHES`); unexpected otherwise."""
+    if fault in VLLM_CRASHES:
+        return (f"vLLM stopped, as the {fault} fault makes it ({VLLM_CRASHES[fault]}; recorded up to the "
+                f"crash, the doctor's findings follow): {error}")
+    return f"vLLM stopped unexpectedly (fault={fault or 'none'}): {error}"
 
 
 def _run_reference(args: argparse.Namespace) -> list[str]:

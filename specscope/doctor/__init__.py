@@ -4,13 +4,14 @@
 :class:`DoctorReport`: a :class:`RunSummary` per run and the findings (errors first), each with
 observed-vs-expected evidence and a fix naming the engine knobs. ``save_findings`` writes them into
 the store's ``findings`` table; ``render_text`` prints them for people; ``checkpoint_findings``
-reads a run's stored checkpoint findings as the run's observations qualify them. Rules read only the
+reads a run's stored checkpoint findings as the run's observations qualify them; ``named_ranks``
+reads the ranks a finding pins itself to. Rules read only the
 instrumentation's recorded contract (run config, tensor events, provenance, load reports, rank
 counters, verify steps), never the reference engine's fault switch.
 """
 
 from specscope.doctor._stored import SETTLED_BY_PROVENANCE, checkpoint_findings, save_findings
-from specscope.doctor._codes import CODES, CONTRACT_CODES, SEVERITY
+from specscope.doctor._codes import CODES, CONTRACT_CODES, SEVERITY, named_ranks
 from specscope.doctor._context import RunContext
 from specscope.doctor._diagnose import RULES, diagnose
 from specscope.doctor._report import DoctorReport, RunSummary, render_text
@@ -20,5 +21,5 @@ from specscope.doctor._rules_ranks import RANK_AL_MARGIN
 __all__ = [
     "CODES", "COLLAPSE_AL", "CONTRACT_CODES", "DoctorReport", "MIN_VERIFY_STEPS", "POSITION0_MIN",
     "RANK_AL_MARGIN", "RULES", "RunContext", "RunSummary", "SETTLED_BY_PROVENANCE", "SEVERITY",
-    "checkpoint_findings", "diagnose", "render_text", "save_findings",
+    "checkpoint_findings", "diagnose", "named_ranks", "render_text", "save_findings",
 ]

@@ -40,3 +40,17 @@ def finding(code: str, run_id: str, message: str, evidence: dict[str, Any], fix:
     return Finding(code=code, severity=SEVERITY[code], message=message, evidence=evidence, fix=fix,
                    run_id=run_id, source="doctor")
 
+
+
+def named_ranks(code: str, evidence: Any) -> list[int]:
+    """The ranks a finding pins itself to, from its evidence: ``rank`` (a load on one rank),
+    RANK_DIVERGENCE's ``low_rank`` (its ``ranks`` are all the ranks compared, and a width divergence
+    names no culprit), else ``ranks`` (the ranks it was seen on). Empty: a run-wide finding, or one
+    not about ranks (checkpoint inspection). Evidence as stored (a dict, or anything else: none)."""
+    if not isinstance(evidence, dict):
+        return []
+    if "rank" in evidence:
+        return [evidence["rank"]]
+    if code == "RANK_DIVERGENCE":
+        return [evidence["low_rank"]] if "low_rank" in evidence else []
+    return list(evidence.get("ranks", []))

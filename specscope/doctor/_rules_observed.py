@@ -69,13 +69,19 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
     steps = ctx.acceptance.verify_steps
     if steps == 0:
         requests = ctx.acceptance.requests
+        # A draft that ran before the engine stopped was checked (its width, its capture): only
+        # acceptance is left unjudged then.
+        if ctx.draft_ran:
+            what, codes = "acceptance", ["ACCEPT_COLLAPSE", "ACCEPT_SATURATED", "POSITION0_LOW"]
+            why = "the draft ran, then the engine stopped before its first verify step"
+        else:
+            what, codes = "acceptance and the draft's input", ["ACCEPT_COLLAPSE", "AUX_NOT_FUSED"]
+            why = "the engine has not drafted yet, or stopped before its first verify step"
         return [finding(
             "CHECKS_SKIPPED", ctx.run_id,
-            f"not checked: acceptance and the draft's input ({requests} request(s) started, no verify "
-            "step recorded: the engine has not drafted yet, or stopped before its first verify step)",
+            f"not checked: {what} ({requests} request(s) started, no verify step recorded: {why})",
             {"verify_steps": 0, "requests": requests,
-             "not_checked": [_skipped("acceptance and draft input", ["ACCEPT_COLLAPSE", "AUX_NOT_FUSED"],
-                                      "no verify step recorded")]},
+             "not_checked": [_skipped(what, codes, "no verify step recorded")]},
             "If the engine stopped, its log names why (the other findings of this run may say what it "
             "tripped on); if it is still starting, look again once it serves.")]
     reason = _no_contract(ctx)

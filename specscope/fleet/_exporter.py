@@ -17,11 +17,12 @@ target model, ``position`` = the draft position, 0 first):
 | ``specscope_events_dropped_total`` / ``specscope_hook_errors_total`` | counter | run_id, rank |
 | ``specscope_run_running`` | gauge (1 running, 0 finished) | run_id, model_name, engine_name |
 
-``rank`` is the torch.distributed rank, ``"all"`` for a run-wide figure; a finding's rank is its
-evidence's ``rank`` when it names one, else ``"all"``. Findings are the doctor's verdicts (computed
-at scrape time; a finished run's verdict is cached, it cannot change) plus stored checkpoint
-(``inspect``) findings of those runs: "open" means the run's current verdict, so a fixed and rerun
-engine clears its alert with the new run.
+``rank`` is the torch.distributed rank, ``"all"`` for a run-wide figure; a finding that names ranks
+(:func:`specscope.doctor.named_ranks`: the rank of a load, the low rank of a divergence, the ranks a
+contract failure was seen on) has one series per named rank, else one with ``rank="all"``. Findings
+are the doctor's verdicts (computed at scrape time; a finished run's verdict is cached, it cannot
+change) plus stored checkpoint (``inspect``) findings of those runs: "open" means the run's current
+verdict, so a fixed and rerun engine clears its alert with the new run.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from specscope.doctor import diagnose
+from specscope.doctor import diagnose, named_ranks
 from specscope.events import Finding
 from specscope.storage import Store
 from specscope.storage import queries as q
@@ -144,9 +145,9 @@ class StoreCollector(Collector):
         seen = set()
         for run_id, run in runs.items():
             for f in self._verdict(run_id, run.status):
-                seen.add(_finding_labels(f.code, f.severity, run_id, f.evidence))
+                seen.update(_finding_labels(f.code, f.severity, run_id, f.evidence))
         for row in inspect_rows:
-            seen.add(_finding_labels(row.code, row.severity, row.run_id, json.loads(row.evidence or "{}")))
+            seen.update(_finding_labels(row.code, row.severity, row.run_id, json.loads(row.evidence or "{}")))
         for labels in sorted(seen):
             family.add_metric(list(labels), 1.0)
         return family
@@ -160,9 +161,9 @@ class StoreCollector(Collector):
         return found
 
 
-def _finding_labels(code: str, severity: str, run_id: str, evidence: Any) -> tuple[str, str, str, str]:
-    rank = evidence.get("rank") if isinstance(evidence, dict) else None
-    return (code, severity, run_id, ALL if rank is None else str(rank))
+def _finding_labels(code: str, severity: str, run_id: str, evidence: Any) -> list[tuple[str, str, str, str]]:
+    ranks = [str(rank) for rank in named_ranks(code, evidence)] or [ALL]
+    return [(code, severity, run_id, rank) for rank in ranks]
 
 
 def serve_exporter(store: Store, *, host: str = "127.0.0.1", port: int = 9464,

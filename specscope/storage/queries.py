@@ -104,15 +104,24 @@ ROLLING_STEPS = 10
 # SQLite's truncates (FLOOR is missing from some SQLite builds); one below a rounded-up CAST is floor.
 _SLICE = ("CASE WHEN CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) > (v.ts_wall - b.t0) / b.dt "
           "THEN CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) - 1 ELSE CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) END")
-ACCEPTANCE_OVER_TIME = Query("acceptance_over_time", f"""
+
+
+def _sliced(table: str, columns: str, where: str = "") -> str:
+    """The CTEs ``bounds`` and ``sliced``: the rows of ``table`` (alias ``v``) of run ``:run_id``
+    (and ``where``) with their ``slice`` of the run's lifetime, its length ``dt`` and ``columns``.
+    Rows outside the lifetime go to the nearest end."""
+    return f"""
     WITH bounds AS (SELECT MIN(started_wall) AS t0,
                            (MAX(last_seen_wall) - MIN(started_wall)) / :buckets AS dt
                     FROM run_ranks WHERE run_id = :run_id),
     sliced AS (SELECT CASE WHEN b.dt IS NULL OR b.dt <= 0 OR v.ts_wall <= b.t0 THEN 0
                            WHEN v.ts_wall - b.t0 >= b.dt * :buckets THEN :buckets - 1
                            ELSE {_SLICE} END AS slice,
-                      b.dt, v.accepted, v.steps
-               FROM verify_steps v CROSS JOIN bounds b WHERE v.run_id = :run_id),
+                      b.dt, {columns}
+               FROM {table} v CROSS JOIN bounds b WHERE v.run_id = :run_id{where})"""
+
+
+ACCEPTANCE_OVER_TIME = Query("acceptance_over_time", f"""{_sliced("verify_steps", "v.accepted, v.steps")},
     per_slice AS (SELECT slice, slice * MAX(COALESCE(dt, 0)) AS t_s, SUM(steps) AS verify_steps,
                          SUM(accepted) AS accepted FROM sliced GROUP BY slice)
     SELECT t_s, verify_steps, accepted,
@@ -126,6 +135,19 @@ steps: ``t_s`` (slice start, s since the run started), ``verify_steps``, ``accep
 ``mean_acceptance_length`` and ``rolling_acceptance_length`` (over this and the
 :data:`ROLLING_STEPS` - 1 previous slices with steps, weighted by steps). Steps outside the lifetime
 go to the nearest end."""
+
+_DRAFT_CONTRACT_EVENTS = f" AND v.hook_point LIKE '{points.DRAFT_PREFIX}%' AND v.expected_width IS NOT NULL"
+DRAFT_INPUTS_OVER_TIME = Query("draft_inputs_over_time", f"""{_sliced(
+    "tensor_events", "v.rank, v.hook_point, v.width, v.expected_width", _DRAFT_CONTRACT_EVENTS)}
+    SELECT rank, hook_point, width, expected_width, slice, slice * MAX(COALESCE(dt, 0)) AS t_s,
+           COUNT(*) AS events
+    FROM sliced GROUP BY rank, hook_point, width, expected_width, slice
+    ORDER BY rank, hook_point, expected_width, width, slice""")
+"""The draft's recorded inputs that carry a width contract, per slice of the run's lifetime
+(``buckets`` slices, as :data:`ACCEPTANCE_OVER_TIME`): ``rank``, ``hook_point``, ``width``,
+``expected_width``, ``slice``, ``t_s`` (slice start, s since the run started) and ``events``
+(recorded events: hooks record a sample of the calls, so a slice without a row is a slice where no
+call was sampled, not one without calls). Reads ``tensor_events`` through ``ix_tensor_events_run``."""
 
 POSITION_ACCEPTANCE = Query("position_acceptance", """
     SELECT position, accepted_steps, verify_steps, acceptance FROM v_position_acceptance

@@ -9,6 +9,7 @@ from specscope.storage.queries import REQUEST_ORDERS
 run_id = widgets.run_picker()
 summary = widgets.query("run_summary", run_id)
 k = summary["config"].get("k")
+ALL_ROWS = 25  # up to this many requests the table shows every row, no inner scroll
 st.title("Requests")
 
 
@@ -24,10 +25,11 @@ def body() -> None:
                    "acceptance length": r["mean_acceptance_length"],
                    "acceptance rate": r["acceptance_rate"], "duration s": r["duration_s"],
                    "step detail": bool(r["step_detail"])} for r in rows],
-                 hide_index=True, height=260,
+                 hide_index=True, height="auto" if len(rows) <= ALL_ROWS else 420,
                  column_config={"acceptance length": st.column_config.NumberColumn(format="%.2f"),
-                                "acceptance rate": st.column_config.ProgressColumn(min_value=0, max_value=1,
-                                                                                   format="percent"),
+                                # a measurement, not a verdict: neutral, not the theme's colour
+                                "acceptance rate": st.column_config.ProgressColumn(
+                                    min_value=0, max_value=1, format="percent", color=charts.FIGURE),
                                 "duration s": st.column_config.NumberColumn(format="%.2f")})
     ids = [r["request_id"] for r in rows]
     request_id = st.selectbox("Request", ids, key="request")

@@ -9,8 +9,9 @@ run_id = widgets.run_picker()
 runs = widgets.query("runs")
 by_id = {run["run_id"]: run for run in runs}
 others = [rid for rid in by_id if rid != run_id]
-compare = st.sidebar.selectbox("Compare side by side with", [None, *others], key="compare",
-                               format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid]))
+compare = st.columns([2, 1])[0].selectbox(
+    "Compare side by side with", [None, *others], key="compare",
+    format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid]))
 
 
 def panel(rid: str, narrow: bool) -> None:
@@ -50,16 +51,28 @@ def body() -> None:
             with col:
                 panel(rid, narrow=True)
     st.subheader("Runs")
-    st.caption("Errors and warnings: the doctor's for the open run, the stored ones for the others.")
+    st.caption("▶ marks the open run. Errors and warnings: the doctor's for the open run, the stored "
+               "ones for the others. Started: month-day and local time. Models: target + draft, short names.")
     rows = []
     for r in runs:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
-        rows.append({"errors": found["error"], "warnings": found["warning"],
-                     "state": widgets.STATE_LABEL[r["state"]], "engine": r["engine"], "fault": r["fault"],
-                     "target": r["target_model"], "draft": r["draft_model"],
-                     "started": widgets.when(r["started_wall"]), "ranks": r["world_size"],
-                     "requests": r["requests"], "run_id": r["run_id"]})
-    st.dataframe(rows, hide_index=True)
+        rows.append({"open": "▶" if r["run_id"] == run_id else "", "run": r["run_id"][:8],
+                     "started": widgets.when(r["started_wall"], "%m-%d %H:%M:%S"),
+                     "state": widgets.STATE_LABEL[r["state"]],
+                     "errors": found["error"], "warnings": found["warning"], "fault": r["fault"] or "",
+                     "engine": r["engine"], "ranks": r["world_size"], "requests": r["requests"],
+                     "models": f"{_last(r['target_model'])} + {_last(r['draft_model'])}"})
+    narrow = {name: st.column_config.Column(width=60) for name in ("errors", "warnings", "ranks")}
+    st.dataframe(rows, hide_index=True, column_config={
+        **narrow, "open": st.column_config.TextColumn("", width=30),
+        "run": st.column_config.TextColumn(width=80, help="the run id's first 8 characters"),
+        "requests": st.column_config.NumberColumn(width=70)})
+
+
+def _last(model: str | None) -> str:
+    """A model id's last segment, without a note in parentheses (the run's own line above has the
+    full ids): ``HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1)`` -> ``SmolLM2-135M-Instruct``."""
+    return (model or "—").split(" (", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
 
 states = {by_id[rid]["state"] for rid in (run_id, compare) if rid is not None}

@@ -44,7 +44,12 @@ def body() -> None:
                                             f"carry the expected fused width {fused} from the configured "
                                             "capture layers")
     if widths:
-        st.plotly_chart(charts.draft_widths(widths, fused, summary["started_wall"]), key="widths")
+        over_time = widgets.query("draft_inputs_over_time", run_id, fused)
+        duration_s = (summary["last_seen_wall"] or summary["started_wall"]) - summary["started_wall"]
+        st.plotly_chart(charts.draft_widths(over_time, fused, duration_s), key="widths")
+        st.caption("A point per time slice in which a call was sampled (hooks record the first calls, "
+                   "then every Nth, and every new shape): an empty stretch is calls not sampled, not a "
+                   "change of width.")
     else:
         st.info("No draft input with a width contract recorded yet (`draft.forward:hidden_states`, or "
                 "the engine's fused input such as vLLM's `draft.model.fc:input`): is the draft instrumented?")

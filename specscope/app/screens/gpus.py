@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from specscope.app import charts, widgets
+from specscope.doctor import named_ranks
 from specscope.events import Finding
 
 run_id = widgets.run_picker()
@@ -14,39 +15,34 @@ st.title("GPUs")
 
 
 def _rank_findings(findings: list[Finding]) -> dict[int, list[str]]:
-    """Per rank, the codes of the doctor's error and warning findings that name it: evidence
-    ``ranks`` (the ranks a finding was seen on), and RANK_DIVERGENCE's ``low_rank`` (its ``ranks``
-    are all the ranks compared)."""
+    """Per rank, the codes of the doctor's error and warning findings that name it
+    (:func:`specscope.doctor.named_ranks`)."""
     named: dict[int, list[str]] = {}
     for f in findings:
-        if f.severity not in ("error", "warning"):
-            continue
-        if f.code == "RANK_DIVERGENCE":
-            ranks = [f.evidence["low_rank"]] if "low_rank" in f.evidence else []
-        else:
-            ranks = f.evidence.get("ranks", [])
-        for rank in ranks:
-            named.setdefault(rank, []).append(f.code)
+        if f.severity in ("error", "warning"):
+            for rank in named_ranks(f.code, f.evidence):
+                named.setdefault(rank, []).append(f.code)
     return named
 
 
 def _rank_frame(rows: list[dict], named: dict[int, list[str]]) -> pd.DataFrame:
     """Ranks as a table with the findings that name each (:func:`_rank_findings`); ranks named by
     a finding and ranks with hook errors or dropped events highlighted."""
-    # Verdict and figures first, where the page is read (a wide table scrolls); where it ran last.
+    # Verdict and figures first, where the page is read; where it ran last. Headers as short as the
+    # Overview's tiles: the table fits a 1280 px window.
     frame = pd.DataFrame([{"rank": r["rank"], "findings": ", ".join(named.get(r["rank"], [])),
-                           "verify steps": r["verify_steps"], "acceptance length": r["mean_acceptance_length"],
-                           "acceptance rate": r["acceptance_rate"], "tokens/s": r["tokens_per_s"],
-                           "hook errors": r["hook_errors"], "dropped events": r["events_dropped"],
+                           "verify steps": r["verify_steps"], "accept length": r["mean_acceptance_length"],
+                           "accept rate": r["acceptance_rate"], "tokens/s": r["tokens_per_s"],
+                           "hook errors": r["hook_errors"], "dropped": r["events_dropped"],
                            "mode": r["graph_mode"], "device": r["device"], "host": r["host"]}
                           for r in rows])
 
     def highlight(row: pd.Series) -> list[str]:
-        bad = bool(row["findings"]) or row["hook errors"] > 0 or row["dropped events"] > 0
+        bad = bool(row["findings"]) or row["hook errors"] > 0 or row["dropped"] > 0
         return ["background-color: #ffcdd2" if bad else ""] * len(row)
 
     return frame.style.apply(highlight, axis=1).format(
-        {"acceptance length": "{:.2f}", "acceptance rate": "{:.1%}", "tokens/s": "{:.1f}"}, na_rep="—")
+        {"accept length": "{:.2f}", "accept rate": "{:.1%}", "tokens/s": "{:.1f}"}, na_rep="—")
 
 
 def _shape_matrix(contract: list[dict], ranks: list[int], differing: set[str]) -> list[dict]:
