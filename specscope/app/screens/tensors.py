@@ -21,9 +21,9 @@ aux = config.get("aux_layer_ids_resolved") or []
 st.title("Tensors")
 MODES = {
     "eager": "**Eager**: hooks saw every call, so shapes and sampled values are per step.",
-    "compiled": "**Compiled** (torch.compile): hooks inside the compiled models never fired, so the "
-                "capture layers and provenance are not observed; the draft's fused input (its fc) and "
-                "acceptance are.",
+    "compiled": "**Compiled** (torch.compile): the capture layers reach specscope through its op inside "
+                "the compiled graph, so shapes, firing and provenance are per step as in eager mode "
+                "(CUDA-graph replays would not run it).",
     "capture_only": "**CUDA-graph capture only**: hooks fired only while graphs were captured; replays "
                     "are invisible. The shapes shown are those captured (and replayed); per-step values "
                     "and counts are not observed.",
