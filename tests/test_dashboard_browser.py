@@ -156,3 +156,31 @@ def test_dashboard_opened_before_the_engine_writes(tmp_path):
                 browser.close()
     finally:
         _stop(proc)
+
+
+def test_overview_compare_gives_the_verdict_in_chromium(server, tmp_path):
+    """Overview, "Compare side by side with" the oldest run: the verdict of ``specscope compare`` (its
+    difference and interval), the per-position bars of both runs and the requests that moved most,
+    drawn in Chromium; screenshot ``dashboard-compare.png``."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    shots = Path(os.environ.get("SPECSCOPE_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(server)
+            page.wait_for_function(SETTLED, timeout=60_000)
+            page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(
+                has_text="Compare side by side with").click()
+            page.get_by_role("option").last.click()
+            page.get_by_text("Did acceptance change?").first.wait_for(timeout=60_000)
+            page.get_by_text("Per-position acceptance, base vs candidate").first.wait_for(timeout=60_000)
+            page.wait_for_load_state("networkidle")
+            page.wait_for_function(SETTLED, timeout=60_000)
+            page.screenshot(path=str(shots / "dashboard-compare.png"))
+            assert page.get_by_text("95% CI").first.is_visible()
+            assert page.get_by_text("Requests that moved most").first.is_visible()
+            assert page.get_by_text("Traceback").count() == 0
+        finally:
+            browser.close()

@@ -13,6 +13,13 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def non_negative_int(text: str) -> int:
+    """An int >= 0. Raises argparse.ArgumentTypeError otherwise."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
 def port(text: str) -> int:
     """A TCP port 0..65535 (0: any free one). Raises argparse.ArgumentTypeError otherwise."""
     if not text.isdigit() or not 0 <= int(text) <= 65535:

@@ -248,6 +248,36 @@ LOAD_REPORTS = Query("load_reports", """
     FROM load_reports WHERE run_id = :run_id ORDER BY rank, ts_wall, id""")
 """Checkpoint load reports of a run; ``missing`` / ``unexpected`` / ``renamed`` are JSON lists."""
 
+# -- comparing runs, what-if k -----------------------------------------------------------------
+
+COMPARE_REQUESTS = Query("compare_requests", """
+    SELECT request_id, request_id AS pair_key, CAST(NULL AS DOUBLE PRECISION) AS temperature,
+           verify_steps, accepted
+    FROM v_request_acceptance WHERE run_id = :run_id AND verify_steps > 0
+    ORDER BY started_wall, request_id""")
+"""The requests of a run with verify steps, as ``specscope compare`` resamples them: ``pair_key`` (what
+pairs a request with one of another run that served the same prompt: the request id, which the
+reference engine derives from the prompt's place in its prompt set), ``temperature`` (the sampling
+group; NULL: not recorded), ``verify_steps``, ``accepted`` draft tokens; oldest first."""
+
+RUN_MASKS = Query("run_masks", """
+    SELECT accepted_mask, SUM(steps) AS steps FROM acceptance_masks
+    WHERE run_id = :run_id GROUP BY accepted_mask ORDER BY accepted_mask""")
+"""Verify steps per accepted mask of a run, over its ranks (the what-if-k acceptance lengths)."""
+
+TIMED_STEPS = 20_000
+"""Verify steps :data:`RUN_STEP_TIMES` averages over at most: a mean time settles long before, and a
+page's cost must not grow with a run's size."""
+
+RUN_STEP_TIMES = Query("run_step_times", """
+    SELECT COUNT(*) AS steps, SUM(proposed) AS proposed, SUM(draft_s) AS draft_s, SUM(verify_s) AS verify_s
+    FROM (SELECT proposed, draft_s, verify_s FROM verify_steps
+          WHERE run_id = :run_id AND step >= 0 AND draft_s IS NOT NULL AND verify_s IS NOT NULL
+          LIMIT :limit) timed""")
+"""Draft and verify time (s) summed over up to ``limit`` (:data:`TIMED_STEPS`) per-step rows of a run
+that carry both, with their verify steps and proposed drafts (the what-if-k throughput model);
+``steps`` 0 when no step was timed."""
+
 # -- many runs at once (the Prometheus exporter) --------------------------------------------------
 
 NEWEST_RUNS = Query("newest_runs", "SELECT run_id, engine, target_model, status FROM v_run_summary "
