@@ -125,6 +125,9 @@ def test_dashboard_overview_gives_the_verdict(real, monkeypatch):
     moved_rows = at.dataframe[0].value
     assert list(moved_rows.columns) == ["request", "base AL", "candidate AL", "difference"]
     assert (moved_rows["difference"] < 0).all() and len(moved_rows) == PROMPTS
+    charts = [json.loads(chart.proto.spec)["layout"]["title"]["text"] for chart in at.get("plotly_chart")]
+    assert "Per-position acceptance, base vs candidate" in charts
+    assert charts.count("What if k were smaller") == 2  # one per run panel
     # healthy against healthy over other prompts: no verdict of change is forced
     at.sidebar.selectbox[0].set_value(real["other-prompts"]).run()
     at.sidebar.selectbox(key="compare").set_value(real["healthy"]).run()

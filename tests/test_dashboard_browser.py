@@ -176,8 +176,10 @@ def test_overview_compare_gives_the_verdict_in_chromium(server, tmp_path):
             page.get_by_role("option").last.click()
             page.get_by_text("Did acceptance change?").first.wait_for(timeout=60_000)
             page.get_by_text("Per-position acceptance, base vs candidate").first.wait_for(timeout=60_000)
+            page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=60_000)  # requests moved
             page.wait_for_load_state("networkidle")
-            page.wait_for_function(SETTLED, timeout=60_000)
+            page.wait_for_function(SETTLED + " && !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+                                   timeout=60_000)
             page.screenshot(path=str(shots / "dashboard-compare.png"))
             assert page.get_by_text("95% CI").first.is_visible()
             assert page.get_by_text("Requests that moved most").first.is_visible()

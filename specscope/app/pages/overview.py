@@ -62,7 +62,7 @@ def verdict(candidate: str, base: str) -> None:
         f"**{result['verdict']}**: acceptance length {widgets.fmt(result['base']['mean_acceptance_length'], 3)} "
         f"→ {widgets.fmt(result['candidate']['mean_acceptance_length'], 3)}, difference {result['delta']:+.3f} "
         f"(95% CI {low:+.3f} … {high:+.3f}), {how}")
-    st.caption(f"Base: `{base}` · candidate: the open run. A regression or improvement needs the interval clear "
+    st.caption(f"Base: run `{base[:12]}` · candidate: the open run `{candidate[:12]}`. A regression or improvement needs the interval clear "
                f"of 0 and a difference of at least {result['practical_floor']:.3f} (1% of the base AL); "
                "intervals are bootstrapped over requests. `specscope compare` gives the same verdict.")
     chart, moved = st.columns([3, 2])
