@@ -25,14 +25,13 @@ from specscope.compare import (
     match,
     moved,
     render_text,
-    sampling_group,
 )
 from specscope.doctor import diagnose
 from specscope.events import RequestEnd, RequestStart, RunConfig, RunStart, VerifyStep
 from specscope.storage import open_store
 from specscope.storage import queries as q
 
-PROMPTS = 4
+PROMPTS = 5
 TOKENS = 16
 
 
@@ -79,7 +78,7 @@ def test_the_reverse_is_an_improvement_exit_0_and_text_names_it(real, capsys):
     status, out, _ = cli(capsys, "--base-db", real["db"], "--base-run", real["no-aux"],
                          "--db", real["db"], "--run", real["healthy"])
     assert status == 0
-    assert "verdict: improvement" in out and "paired over 4 request(s)" in out
+    assert "verdict: improvement" in out and f"paired over {PROMPTS} request(s)" in out
 
 
 def test_healthy_runs_over_different_prompts_are_not_a_regression(real, capsys):
@@ -120,7 +119,7 @@ def test_dashboard_overview_gives_the_verdict(real, monkeypatch):
     at.sidebar.selectbox(key="compare").set_value(real["healthy"]).run()
     assert not at.exception
     (box,) = [e.value for e in at.error if e.value.startswith("**regression**")]
-    assert "95% CI" in box and "paired over 4 requests" in box
+    assert "95% CI" in box and f"paired over {PROMPTS} requests" in box
     assert any(s.value == "Did acceptance change?" for s in at.subheader)
     moved_rows = at.dataframe[0].value
     assert list(moved_rows.columns) == ["request", "base AL", "candidate AL", "difference"]
@@ -212,10 +211,6 @@ def test_moved_lists_the_largest_changes_first():
     base = side("abc", [10, 10, 10], [10, 10, 10])
     rows = moved(base, side("abc", [10, 2, 14], [10, 10, 10]))
     assert [(r["key"], round(r["delta"], 2)) for r in rows] == [("b", -0.8), ("c", 0.4), ("a", 0.0)]
-
-
-def test_sampling_groups():
-    assert [sampling_group(t) for t in (0.0, 0.7, None)] == ["greedy", "sampled", "unknown"]
 
 
 # -- what-if k ----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ regression, so it can gate CI.
 """
 
 from specscope.compare._compare import Comparison, compare, render_text
-from specscope.compare._runs import Side, read_side, sampling_group
+from specscope.compare._runs import Side, read_side
 from specscope.compare._stats import (
     CONFIDENCE,
     MIN_REQUESTS,
@@ -23,5 +23,5 @@ from specscope.compare._stats import (
 
 __all__ = [
     "CONFIDENCE", "MIN_REQUESTS", "PAIRED_MIN_SHARE", "PRACTICAL_FLOOR", "VERDICTS", "Comparison", "Difference",
-    "Requests", "Side", "compare", "difference", "match", "moved", "read_side", "render_text", "sampling_group",
+    "Requests", "Side", "compare", "difference", "match", "moved", "read_side", "render_text",
 ]

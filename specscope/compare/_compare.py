@@ -17,8 +17,8 @@ EXIT_REGRESSION = 1
 @dataclass(frozen=True)
 class Comparison:
     """``candidate`` against ``base``: ``overall`` over every request; ``groups`` per sampling group
-    that both runs served (only when some request recorded its temperature); ``moved``: the paired
-    requests whose AL changed most."""
+    that both runs served (only when some request reported its sampling settings); ``moved``: the
+    paired requests whose AL changed most."""
 
     base: Side
     candidate: Side

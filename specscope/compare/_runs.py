@@ -12,20 +12,14 @@ from specscope.storage import Store
 from specscope.storage import queries as q
 from specscope.storage.runs import newest_run_id, resolve_run_id
 
-
-def sampling_group(temperature: float | None) -> str:
-    """``greedy`` (temperature 0), ``sampled`` (> 0) or ``unknown`` (not recorded): acceptance under
-    sampling is lower by design (drafts are argmax, verification is probabilistic), so runs are
-    compared within a group."""
-    if temperature is None:
-        return "unknown"
-    return "greedy" if temperature == 0 else "sampled"
+UNPAIRED = "\x00"  # prefixes the key of a request without a prompt key: no other run's request has it
 
 
 @dataclass(frozen=True)
 class Side:
     """One run as compared: its identity and acceptance (docs/design.md, "Acceptance figures"), its
-    requests with verify steps and each one's sampling group."""
+    requests with verify steps and each one's sampling group (``events.sampling_label``: acceptance
+    under sampling is lower by design, so runs are compared within a group)."""
 
     store: str
     run_id: str
@@ -57,9 +51,11 @@ def read_side(store: Store, run_id: str | None) -> Side:
         (run,) = q.fetch(conn, q.RUN, run_id=run_id)
         positions = q.fetch(conn, q.POSITION_ACCEPTANCE, run_id=run_id)
         rows = q.fetch(conn, q.COMPARE_REQUESTS, run_id=run_id)
-    groups = tuple(sampling_group(row["temperature"]) for row in rows)
+    groups = tuple(row["sampling"] for row in rows)
+    # a request pairs with one of the same prompt and sampling group; without a prompt key, with none
     requests = Requests(tuple(row["request_id"] for row in rows),
-                        tuple(f"{group}:{row['pair_key']}" for group, row in zip(groups, rows)),
+                        tuple(f"{row['sampling']}:{row['prompt_key']}" if row["prompt_key"] is not None
+                              else f"{UNPAIRED}{run_id}:{row['request_id']}" for row in rows),
                         np.array([row["accepted"] for row in rows], dtype=float),
                         np.array([row["verify_steps"] for row in rows], dtype=float))
     return Side(store.url, run_id, run["engine"], run["fault"], run["verify_steps"], run["mean_acceptance_length"],

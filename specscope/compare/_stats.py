@@ -112,7 +112,7 @@ def difference(base: Requests, candidate: Requests, *, resamples: int = RESAMPLE
     The interval is delta ± t x SE: SE from ``resamples`` bootstrap resamples of requests (pairs
     together; else each side on its own), each side's bootstrap variance scaled by n / (n - 1) (the
     bootstrap's plug-in variance is that much too small), and t the Student quantile with n - 1
-    (paired) or Welch–Satterthwaite degrees of freedom. Percentile and BCa intervals flagged 10-14% of
+    (paired) or Welch–Satterthwaite degrees of freedom. Percentile and BCa intervals flagged 8-14% of
     healthy-vs-healthy splits of 4-9 requests a side where this one flags about 5%
     (``benchmarks/compare_false_alarm.py``).
 

@@ -251,14 +251,14 @@ LOAD_REPORTS = Query("load_reports", """
 # -- comparing runs, what-if k -----------------------------------------------------------------
 
 COMPARE_REQUESTS = Query("compare_requests", """
-    SELECT request_id, request_id AS pair_key, CAST(NULL AS DOUBLE PRECISION) AS temperature,
-           verify_steps, accepted
-    FROM v_request_acceptance WHERE run_id = :run_id AND verify_steps > 0
-    ORDER BY started_wall, request_id""")
-"""The requests of a run with verify steps, as ``specscope compare`` resamples them: ``pair_key`` (what
-pairs a request with one of another run that served the same prompt: the request id, which the
-reference engine derives from the prompt's place in its prompt set), ``temperature`` (the sampling
-group; NULL: not recorded), ``verify_steps``, ``accepted`` draft tokens; oldest first."""
+    SELECT a.request_id, r.prompt_key, COALESCE(r.sampling, 'unknown') AS sampling, a.verify_steps, a.accepted
+    FROM v_request_acceptance a JOIN requests r ON r.run_id = a.run_id AND r.request_id = a.request_id
+    WHERE a.run_id = :run_id AND a.verify_steps > 0
+    ORDER BY a.started_wall, a.request_id""")
+"""The requests of a run with verify steps, as ``specscope compare`` resamples them: ``prompt_key``
+(pairs a request with one of another run that served the same prompt; NULL: the engine did not say),
+``sampling`` (the sampling group label, ``'unknown'`` when not reported), ``verify_steps``,
+``accepted`` draft tokens; oldest first."""
 
 RUN_MASKS = Query("run_masks", """
     SELECT accepted_mask, SUM(steps) AS steps FROM acceptance_masks
