@@ -172,6 +172,19 @@ def test_a_run_with_one_request_is_bad_input(tmp_path, capsys):
     assert status == 2 and f"at least {MIN_REQUESTS}" in err
 
 
+def test_first_prompt_serves_another_prompt_set(capsys):
+    from specscope.demo import DemoOptions
+    from specscope.engine import demo_prompts
+    from specscope.errors import ConfigError
+
+    assert demo_prompts(3, 2) == demo_prompts(5)[2:]
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--no-dashboard", "--first-prompt", "-1"])
+    assert exc.value.code == 2 and "--first-prompt" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="first-prompt"):
+        DemoOptions(db="x.db", first_prompt=-1).check()
+
+
 # -- statistics on recorded steps ---------------------------------------------------------------
 
 def side(keys, accepted, steps) -> Requests:
