@@ -31,3 +31,8 @@ def add_db_argument(parser: argparse.ArgumentParser, *, created: bool = False) -
     """The required ``--db`` store location (``created``: a missing store is created)."""
     parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
                         "(postgresql+psycopg://user@host:5432/db)" + ("; created when missing" if created else ""))
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    """``--json``: print the machine format documented in README, "Commands"."""
+    parser.add_argument("--json", action="store_true", help="print the machine format (README, Commands)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from specscope.cli._types import add_db_argument
+from specscope.cli._types import add_db_argument, add_json_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_argument(parser)
     parser.add_argument("--run", metavar="ID", help="the candidate run, by its id or a unique prefix "
                         "(default: the store's newest run)")
-    parser.add_argument("--json", action="store_true", help="print the machine format (README, Commands)")
+    add_json_argument(parser)
     parser.set_defaults(func=run)
 
 
