@@ -20,7 +20,9 @@ from specscope.errors import ConfigError
 @dataclass(frozen=True)
 class DemoOptions:
     """What one demo run does. ``max_new_tokens`` and ``k`` in tokens; ``provenance_every``: compare
-    fingerprints on every Nth target-fed draft call (0 = off)."""
+    fingerprints on every Nth target-fed draft call (0 = off); ``first_prompt``: serve the held-out
+    prompts from this index on (another prompt set); ``draft_dir``: another EAGLE-3 checkpoint folder
+    than the shipped head (None)."""
 
     db: str
     requests: int = 8
@@ -30,6 +32,8 @@ class DemoOptions:
     max_new_tokens: int = 48
     provenance_every: int = 4
     rank_fault: tuple[int, str] | None = None
+    first_prompt: int = 0
+    draft_dir: str | None = None
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)  # as a Tracer's own ids
 
     def check(self) -> None:
@@ -39,6 +43,8 @@ class DemoOptions:
         check_fault(self.fault)
         if self.requests < 1 or self.ranks < 1 or self.k < 1 or self.max_new_tokens < 1:
             raise ConfigError("--requests, --ranks, --k and --max-new-tokens must be at least 1")
+        if self.first_prompt < 0:
+            raise ConfigError(f"--first-prompt must be at least 0, got {self.first_prompt}")
         if self.ranks > self.requests:
             raise ConfigError(f"--ranks {self.ranks} exceeds --requests {self.requests}: a rank would idle")
         if self.rank_fault is not None:
@@ -112,7 +118,8 @@ def _serve(rank: int, opts: DemoOptions, collector) -> None:
     from specscope.inspector import inspect_checkpoint
     from specscope.instrumentation import Tracer, check_load, instrument
 
-    engine = Engine(fault=opts.fault_for(rank), k=opts.k)
+    draft_dir = opts.draft_dir or DEFAULT_DRAFT_DIR
+    engine = Engine(draft_dir, fault=opts.fault_for(rank), k=opts.k)
     target_id, draft_id = engine.model_ids
     with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
                 draft_model=draft_id, config=engine.run_config(), run_id=opts.run_id, fault=opts.label,
@@ -123,11 +130,11 @@ def _serve(rank: int, opts: DemoOptions, collector) -> None:
         if rank == 0:
             # against the target it serves: the contract checks run too, and the capture-id
             # convention is judged for this engine and target, not in the abstract
-            report = inspect_checkpoint(DEFAULT_DRAFT_DIR, engine="reference", target=target_folder())
+            report = inspect_checkpoint(draft_dir, engine="reference", target=target_folder())
             for finding in report.findings:
                 collector.emit(dataclasses.replace(finding, run_id=opts.run_id))
         engine.tracer = tracer
         mine = list(range(opts.requests))[rank::opts.ranks]
-        prompts = demo_prompts(opts.requests)
+        prompts = demo_prompts(opts.requests, opts.first_prompt)
         engine.generate([prompts[i] for i in mine], max_new_tokens=opts.max_new_tokens,
                         request_ids=[f"req-{i:03d}" for i in mine])

@@ -11,12 +11,15 @@ healthy + faulty traces.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -142,30 +145,36 @@ def test_terminating_the_dashboard_process_stops_the_server(dashboard_store):
     assert proc.returncode is not None and not _healthy(url)
 
 
-def test_every_page_in_chromium(server, tmp_path):
+@contextlib.contextmanager
+def _chromium_page(tmp_path: Path) -> Iterator[tuple[Any, Path]]:
+    """A 1400x900 page of headless Chromium and the folder screenshots go to."""
     sync_api = pytest.importorskip("playwright.sync_api")
     shots = Path(os.environ.get("SPECSCOPE_SCREENSHOTS", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            for path, text in PAGES.items():
-                page.goto(f"{server}/{path}")
-                page.get_by_text(text).first.wait_for(timeout=60_000)
-                page.wait_for_load_state("networkidle")
-                page.wait_for_function(SETTLED, timeout=60_000)
-                name = NAMES.get(path, path)
-                page.screenshot(path=str(shots / f"dashboard-{name}.png"))
-                assert page.get_by_text("Traceback").count() == 0, name
-                _fits(page, name)
-                page.set_viewport_size({"width": NARROW, "height": 900})  # the narrow laptop too
-                _fits(page, f"{name} at {NARROW} px")
-                page.set_viewport_size({"width": 1400, "height": 900})
-                if name in ("overview", "tensors"):  # the fault is on the first screen
-                    assert page.get_by_text("AUX_NOT_FUSED").first.is_visible(), name
+            yield browser.new_page(viewport={"width": 1400, "height": 900}), shots
         finally:
             browser.close()
+
+
+def test_every_page_in_chromium(server, tmp_path):
+    with _chromium_page(tmp_path) as (page, shots):
+        for path, text in PAGES.items():
+            page.goto(f"{server}/{path}")
+            page.get_by_text(text).first.wait_for(timeout=60_000)
+            page.wait_for_load_state("networkidle")
+            page.wait_for_function(SETTLED, timeout=60_000)
+            name = NAMES.get(path, path)
+            page.screenshot(path=str(shots / f"dashboard-{name}.png"))
+            assert page.get_by_text("Traceback").count() == 0, name
+            _fits(page, name)
+            page.set_viewport_size({"width": NARROW, "height": 900})  # the narrow laptop too
+            _fits(page, f"{name} at {NARROW} px")
+            page.set_viewport_size({"width": 1400, "height": 900})
+            if name in ("overview", "tensors"):  # the fault is on the first screen
+                assert page.get_by_text("AUX_NOT_FUSED").first.is_visible(), name
     assert sorted(f.name for f in shots.glob("dashboard-*.png")) >= sorted(
         f"dashboard-{NAMES.get(p, p)}.png" for p in PAGES)
 
@@ -195,3 +204,29 @@ def test_dashboard_opened_before_the_engine_writes(tmp_path):
                 browser.close()
     finally:
         _stop(proc)
+
+
+# the script run is over, and the moved requests are drawn: a table, or the note that none pair up
+MOVED_DRAWN = """ && !document.querySelector('[data-testid="stStatusWidget"]')
+  && (!!document.querySelector('[data-testid="stDataFrame"] canvas')
+      || document.body.innerText.includes('no request to set against another'))"""
+
+
+def test_overview_compare_gives_the_verdict_in_chromium(server, tmp_path):
+    """Overview, "Compare side by side with" the oldest run: the verdict of ``specscope compare`` (its
+    difference and interval), the per-position bars of both runs and the requests that moved most,
+    drawn in Chromium; screenshot ``dashboard-compare.png``."""
+    with _chromium_page(tmp_path) as (page, shots):
+        page.goto(server)
+        page.wait_for_function(SETTLED, timeout=60_000)
+        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(
+            has_text="Compare side by side with").click()
+        page.get_by_role("option").last.click()
+        page.get_by_text("Did acceptance change?").first.wait_for(timeout=60_000)
+        page.get_by_text("Per-position acceptance, base vs candidate").first.wait_for(timeout=60_000)
+        page.get_by_text("Requests that moved most").first.wait_for(timeout=60_000)
+        page.wait_for_load_state("networkidle")
+        page.wait_for_function(SETTLED + MOVED_DRAWN, timeout=60_000)
+        page.screenshot(path=str(shots / "dashboard-compare.png"))
+        assert page.get_by_text("95% CI").first.is_visible()
+        assert page.get_by_text("Traceback").count() == 0

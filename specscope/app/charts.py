@@ -55,6 +55,32 @@ def positions(rows: list[Row], title: str = "Per-position acceptance") -> go.Fig
     return _layout(fig, title, "draft position", "steps accepted", height=260)
 
 
+def positions_compared(base: list[float], candidate: list[float]) -> go.Figure:
+    """p_i of two runs side by side (the ``per_position_acceptance`` lists of a comparison)."""
+    fig = go.Figure()
+    for name, values, color in (("base", base, MUTED), ("candidate", candidate, OK)):
+        fig.add_trace(go.Bar(x=[f"pos {i}" for i in range(len(values))], y=values, name=name, marker_color=color,
+                             text=[f"{p:.0%}" for p in values], textposition="outside"))
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(range=[0, 1.1], tickformat=".0%")
+    return _layout(fig, "Per-position acceptance, base vs candidate", "draft position", "steps accepted", height=280)
+
+
+def what_if_k(rows: list[Row]) -> go.Figure:
+    """Acceptance length the run's steps give cut to each k' (bars) and the predicted tokens/s (line,
+    right axis, where the run has draft / verify times) (:func:`queries.what_if_k` rows)."""
+    ks = [r["k"] for r in rows]
+    fig = go.Figure(go.Bar(x=ks, y=[r["mean_acceptance_length"] for r in rows], name="acceptance length",
+                           marker_color=DRAFT, text=[f"{r['mean_acceptance_length']:.2f}" for r in rows],
+                           textposition="inside"))
+    if rows and rows[0]["tokens_per_s"] is not None:
+        fig.add_trace(go.Scatter(x=ks, y=[r["tokens_per_s"] for r in rows], name="predicted tokens/s",
+                                 mode="lines+markers", line=dict(color=OK, width=3), yaxis="y2"))
+        fig.update_layout(yaxis2=dict(title="tokens / s", overlaying="y", side="right", rangemode="tozero"))
+    fig.update_xaxes(tickmode="array", tickvals=ks)
+    return _layout(fig, "What if k were smaller", "k (draft tokens per step)", "tokens / verify step", height=260)
+
+
 def accepted_per_step(steps: list[Row], k: int | None) -> go.Figure:
     """Accepted draft tokens per verify step of one request (:func:`queries.request_steps` rows)."""
     fig = go.Figure(go.Bar(x=[r["step"] for r in steps], y=[r["accepted"] for r in steps],

@@ -14,7 +14,9 @@ import json
 import time
 from typing import Any
 
-from specscope import points
+from specscope import metrics, points
+from specscope.compare import compare
+from specscope.errors import ConfigError
 from specscope.storage import Store
 from specscope.storage import queries as q
 
@@ -67,6 +69,24 @@ def position_acceptance(store: Store, run_id: str) -> list[Row]:
     """Per-position acceptance of a run: ``position`` (0 = first draft token), ``accepted_steps``,
     ``verify_steps``, ``acceptance`` (p_i)."""
     return store.fetch(q.POSITION_ACCEPTANCE, run_id=run_id)
+
+
+def what_if_k(store: Store, run_id: str) -> list[Row]:
+    """Per k' = 1 .. the run's k: ``k``, ``mean_acceptance_length`` the run's verify steps give cut to
+    k' drafts, ``tokens_per_s`` predicted from its draft / verify times (None without them)
+    (:func:`specscope.metrics.what_if_k`)."""
+    (times,) = store.fetch(q.RUN_STEP_TIMES, run_id=run_id, limit=q.TIMED_STEPS)
+    return metrics.what_if_k(store.fetch(q.RUN_MASKS, run_id=run_id), times)
+
+
+def comparison(store: Store, candidate_run: str, base_run: str) -> Row:
+    """``candidate_run`` against ``base_run`` (:func:`specscope.compare.compare`, its JSON form: both
+    sides, ``delta``, ``ci95``, ``verdict``, ``paired``, ``moved``...), or ``{"error": message}`` when
+    the two cannot be compared (a run with fewer than two requests with verify steps)."""
+    try:
+        return compare(store, store, base_run, candidate_run).to_dict()
+    except ConfigError as exc:
+        return {"error": str(exc)}
 
 
 # -- requests ------------------------------------------------------------------------------------

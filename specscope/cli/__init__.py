@@ -4,8 +4,8 @@ Each subcommand lives in its own module of this package and exposes ``register(s
 parser and sets ``func``) plus the function it points ``func`` at, ``(args) -> int`` exit status.
 Only the module of the subcommand being run is imported, so ``query``, ``doctor`` and ``--version``
 start without torch or transformers (the reference engine's ``demo`` and ``generate`` need them).
-Exit status (docs/design.md, "Finding codes"): 0 no error finding, 1 at least one error finding, 2 unusable
-input or arguments. Every :class:`~specscope.errors.SpecscopeError` becomes one line on stderr and
+Exit status (docs/design.md, "Finding codes"): 0 no error finding, 1 at least one error finding (for
+``compare``: a regression), 2 unusable input or arguments. Every :class:`~specscope.errors.SpecscopeError` becomes one line on stderr and
 exit 2; a reader that closes the pipe early (``| head``) ends the command quietly with status 141.
 """
 
@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "generate": "generate with the reference EAGLE-3 engine and print acceptance",
     "demo": "run the instrumented reference engine into a store",
     "doctor": "diagnose recorded runs (aux capture, acceptance, weights, observation)",
+    "compare": "compare two runs' acceptance with a confidence interval (exit 1 on a regression)",
     "query": "run one read-only SQL statement on a store",
     "dashboard": "serve the live dashboard on a store",
     "inspect": "check a draft checkpoint (and its target) for silent loader and contract failures",

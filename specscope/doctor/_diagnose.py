@@ -25,11 +25,11 @@ from specscope.doctor._rules_health import (
 from specscope.doctor._rules_lossless import check_lossless, check_sampled_collapse
 from specscope.doctor._rules_observed import check_not_observed, check_skipped
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
-from specscope.errors import ConfigError
 from specscope.events import Finding, by_severity
 from specscope.storage import Store
 from specscope.storage import queries as q
 from specscope.storage.queries import fetch
+from specscope.storage.runs import resolve_run_id
 
 Rule = Callable[[RunContext], list[Finding]]
 
@@ -40,9 +40,6 @@ RULES: tuple[Rule, ...] = (
     check_graph_mode, check_not_observed, check_skipped,
 )
 """Every runtime rule, in report order within a severity. Each reads one :class:`RunContext`."""
-
-_KNOWN_SHOWN = 20
-
 
 def diagnose(store: Store, run_id: str | None = None) -> DoctorReport:
     """Run every rule of :data:`RULES` over one run (``run_id``) or all runs of ``store``.
@@ -74,10 +71,10 @@ def run_context(conn: sa.Connection, run_id: str, url: str) -> RunContext:
     """The :class:`RunContext` of ``run_id`` (or of the one run id it is a prefix of) over ``conn``.
 
     Raises:
-        ConfigError: see :func:`_resolve_run_id`.
+        ConfigError: see :func:`specscope.storage.runs.resolve_run_id`.
         StoreError: malformed JSON in the run's config.
     """
-    return _context(conn, fetch(conn, q.RUN_META, run_id=_resolve_run_id(conn, run_id, url))[0])
+    return _context(conn, fetch(conn, q.RUN_META, run_id=resolve_run_id(conn, run_id, url))[0])
 
 
 def _context(conn: sa.Connection, row: dict) -> RunContext:
@@ -85,36 +82,9 @@ def _context(conn: sa.Connection, row: dict) -> RunContext:
     return RunContext(conn, row["run_id"], row["engine"], row["fault"], config)
 
 
-def _resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
-    """The stored run id equal to ``run_id``, else the one run id starting with it.
-
-    Raises:
-        ConfigError: no run id equals or starts with ``run_id``, or several start with it.
-    """
-    if fetch(conn, q.RUN_META, run_id=run_id):
-        return run_id
-    literal = run_id.replace("!", "!!").replace("%", "!%").replace("_", "!_")  # wildcards stay literal
-    matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, pattern=literal + "%",
-                                              limit=_KNOWN_SHOWN + 1)]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise ConfigError(f"no run {run_id!r} in {url}; {_known_runs(conn)}")
-    shown = ", ".join(matches[:_KNOWN_SHOWN]) + (" and more" if len(matches) > _KNOWN_SHOWN else "")
-    raise ConfigError(f"run id prefix {run_id!r} is ambiguous in {url}: it starts {shown}; "
-                      "give more characters")
-
-
-def _known_runs(conn: sa.Connection) -> str:
-    ids = [row["run_id"] for row in fetch(conn, q.ALL_RUN_META)]
-    if not ids:
-        return "the store holds no run"
-    more = f" and {len(ids) - _KNOWN_SHOWN} more" if len(ids) > _KNOWN_SHOWN else ""
-    return f"known runs: {', '.join(ids[:_KNOWN_SHOWN])}{more}"
-
-
 def _summary(ctx: RunContext) -> RunSummary:
     acc = ctx.acceptance
     return RunSummary(ctx.run_id, ctx.engine, ctx.fault, acc.requests, acc.verify_steps,
                       acc.mean_acceptance_length, acc.acceptance_rate, ctx.per_position,
-                      [vars(g) for g in ctx.sampling_acceptance], [vars(g) for g in ctx.lossless_audit])
+                      [vars(g) for g in ctx.sampling_acceptance], [vars(g) for g in ctx.lossless_audit],
+                      ctx.what_if_k)

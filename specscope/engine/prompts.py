@@ -180,7 +180,7 @@ def heldout_prompts() -> list[str]:
     return _grid(_HELDOUT_TOPICS, _HELDOUT_TEMPLATES, _HELDOUT_TASKS, seed=1, n_numbers=3)
 
 
-def demo_prompts(n: int) -> list[str]:
-    """The first ``n`` held-out prompts, cycled if ``n`` exceeds the set."""
+def demo_prompts(n: int, first: int = 0) -> list[str]:
+    """``n`` held-out prompts from the ``first``-th on, cycled past the end of the set."""
     pool = heldout_prompts()
-    return [pool[i % len(pool)] for i in range(n)]
+    return [pool[i % len(pool)] for i in range(first, first + n)]

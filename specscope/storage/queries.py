@@ -270,6 +270,36 @@ LOAD_REPORTS = Query("load_reports", """
     FROM load_reports WHERE run_id = :run_id ORDER BY rank, ts_wall, id""")
 """Checkpoint load reports of a run; ``missing`` / ``unexpected`` / ``renamed`` are JSON lists."""
 
+# -- comparing runs, what-if k -----------------------------------------------------------------
+
+COMPARE_REQUESTS = Query("compare_requests", """
+    SELECT a.request_id, r.prompt_key, COALESCE(r.sampling, 'unknown') AS sampling, a.verify_steps, a.accepted
+    FROM v_request_acceptance a JOIN requests r ON r.run_id = a.run_id AND r.request_id = a.request_id
+    WHERE a.run_id = :run_id AND a.verify_steps > 0
+    ORDER BY a.started_wall, a.request_id""")
+"""The requests of a run with verify steps, as ``specscope compare`` resamples them: ``prompt_key``
+(pairs a request with one of another run that served the same prompt; NULL: the engine did not say),
+``sampling`` (the sampling group label, ``'unknown'`` when not reported), ``verify_steps``,
+``accepted`` draft tokens; oldest first."""
+
+RUN_MASKS = Query("run_masks", """
+    SELECT accepted_mask, SUM(steps) AS steps FROM acceptance_masks
+    WHERE run_id = :run_id GROUP BY accepted_mask ORDER BY accepted_mask""")
+"""Verify steps per accepted mask of a run, over its ranks (the what-if-k acceptance lengths)."""
+
+TIMED_STEPS = 20_000
+"""Verify steps :data:`RUN_STEP_TIMES` averages over at most: a mean time settles long before, and a
+page's cost must not grow with a run's size."""
+
+RUN_STEP_TIMES = Query("run_step_times", """
+    SELECT COUNT(*) AS steps, SUM(proposed) AS proposed, SUM(draft_s) AS draft_s, SUM(verify_s) AS verify_s
+    FROM (SELECT proposed, draft_s, verify_s FROM verify_steps
+          WHERE run_id = :run_id AND step >= 0 AND draft_s IS NOT NULL AND verify_s IS NOT NULL
+          LIMIT :limit) timed""")
+"""Draft and verify time (s) summed over up to ``limit`` (:data:`TIMED_STEPS`) per-step rows of a run
+that carry both, with their verify steps and proposed drafts (the what-if-k throughput model);
+``steps`` 0 when no step was timed."""
+
 # -- many runs at once (the Prometheus exporter) --------------------------------------------------
 
 NEWEST_RUNS = Query("newest_runs", "SELECT run_id, engine, target_model, status FROM v_run_summary "

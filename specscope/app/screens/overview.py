@@ -1,5 +1,6 @@
-"""Overview: the selected run's findings first, then its acceptance figures and acceptance length
-over time; optionally side by side with a second run; all runs below."""
+"""Overview: the selected run's findings first, then its acceptance figures, acceptance length over
+time, per position and for each smaller k; optionally against a second run (the verdict of
+``specscope compare``, the open run as the candidate, then both side by side); all runs below."""
 
 import streamlit as st
 
@@ -41,12 +42,48 @@ def panel(rid: str, narrow: bool) -> None:
     st.plotly_chart(charts.acceptance_over_time(widgets.query("acceptance_over_time", rid), config.get("k")),
                     key=f"al-{rid}")
     st.plotly_chart(charts.positions(widgets.query("position_acceptance", rid)), key=f"pos-{rid}")
+    st.plotly_chart(charts.what_if_k(widgets.query("what_if_k", rid)), key=f"k-{rid}")
+
+
+VERDICT_BOX = {"regression": st.error, "improvement": st.success, "no change": st.info}
+
+
+def verdict(candidate: str, base: str) -> None:
+    """The difference in acceptance length of the open run against ``base`` with its interval and
+    verdict, per-position acceptance of both, and the requests whose acceptance moved most."""
+    result = widgets.query("comparison", candidate, base)
+    st.subheader("Did acceptance change?")
+    if "error" in result:
+        st.warning(f"These runs cannot be compared: {result['error']}")
+        return
+    low, high = result["ci95"]
+    how = (f"paired over {result['matched_requests']} requests with the same prompt" if result["paired"]
+           else f"two-sample over {result['base_requests']} + {result['candidate_requests']} requests")
+    VERDICT_BOX[result["verdict"]](
+        f"**{result['verdict']}**: acceptance length {widgets.fmt(result['base']['mean_acceptance_length'], 3)} "
+        f"→ {widgets.fmt(result['candidate']['mean_acceptance_length'], 3)}, difference {result['delta']:+.3f} "
+        f"(95% CI {low:+.3f} … {high:+.3f}), {how}")
+    st.caption(f"Base: run `{base[:12]}` · candidate: the open run `{candidate[:12]}`. A regression or improvement needs the interval clear "
+               f"of 0 and a difference of at least {result['practical_floor']:.3f} (1% of the base AL); "
+               "intervals are bootstrapped over requests. `specscope compare` gives the same verdict.")
+    chart, moved = st.columns([3, 2])
+    chart.plotly_chart(charts.positions_compared(result["base"]["per_position_acceptance"],
+                                                 result["candidate"]["per_position_acceptance"]), key="pos-compared")
+    with moved:
+        st.markdown("**Requests that moved most**")
+        if result["moved"]:
+            st.dataframe([{"request": m["candidate_request_id"], "base AL": round(m["base_acceptance_length"], 2),
+                           "candidate AL": round(m["candidate_acceptance_length"], 2),
+                           "difference": round(m["delta"], 2)} for m in result["moved"]], hide_index=True)
+        else:
+            st.caption("The runs served different prompts: no request to set against another.")
 
 
 def body() -> None:
     if compare is None:
         panel(run_id, narrow=False)
     else:
+        verdict(run_id, compare)
         for col, rid in zip(st.columns(2), (run_id, compare)):
             with col:
                 panel(rid, narrow=True)

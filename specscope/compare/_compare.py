@@ -1,0 +1,102 @@
+"""Two runs compared: each side, the difference with its interval and verdict, per sampling group where
+recorded, and the requests that moved most; the JSON and text forms of ``specscope compare``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specscope.compare._runs import Side, read_side
+from specscope.compare._stats import MIN_REQUESTS, Difference, difference, moved, split_groups
+from specscope.errors import ConfigError
+from specscope.storage import Store
+
+EXIT_REGRESSION = 1
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``candidate`` against ``base``: ``overall`` over every request; ``groups`` per sampling group
+    that both runs served (only when some request reported its sampling settings); ``moved``: the
+    paired requests whose AL changed most."""
+
+    base: Side
+    candidate: Side
+    overall: Difference
+    groups: dict[str, Difference] = field(default_factory=dict)
+    moved: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return self.overall.verdict
+
+    @property
+    def exit_code(self) -> int:
+        """1 on a regression (a CI gate fails), else 0."""
+        return EXIT_REGRESSION if self.verdict == "regression" else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """``base`` / ``candidate`` (run, acceptance), ``delta``, ``ci95``, ``verdict``, ``paired`` and
+        the rest of :meth:`Difference.to_dict`, ``groups`` and ``moved``."""
+        return {"base": self.base.to_dict(), "candidate": self.candidate.to_dict(), **self.overall.to_dict(),
+                "groups": {name: diff.to_dict() for name, diff in self.groups.items()}, "moved": self.moved}
+
+
+def compare(base_store: Store, candidate_store: Store, base_run: str | None = None,
+            candidate_run: str | None = None, *, seed: int | None = 0) -> Comparison:
+    """Compare ``candidate_run`` of ``candidate_store`` with ``base_run`` of ``base_store`` (ids or
+    unique prefixes; None: each store's newest run). Read-only.
+
+    Raises:
+        ConfigError: a run is missing or ambiguous, both sides name the same run, or a side has fewer
+            than two requests with verify steps.
+        StoreError: a store cannot be read.
+    """
+    base, candidate = read_side(base_store, base_run), read_side(candidate_store, candidate_run)
+    if (base.store, base.run_id) == (candidate.store, candidate.run_id):
+        raise ConfigError(f"base and candidate are the same run {base.run_id} of {base.store}; "
+                          "name the other with --base-run / --run")
+    try:
+        overall = difference(base.requests, candidate.requests, seed=seed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    groups = {}
+    if set(base.groups) | set(candidate.groups) != {"unknown"}:
+        ours, theirs = split_groups(base.requests, base.groups), split_groups(candidate.requests, candidate.groups)
+        groups = {name: difference(ours[name], theirs[name], seed=seed) for name in sorted(ours.keys() & theirs.keys())
+                  if min(len(ours[name]), len(theirs[name])) >= MIN_REQUESTS}
+    return Comparison(base, candidate, overall, groups, moved(base.requests, candidate.requests))
+
+
+def _al(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _side_line(name: str, side: Side) -> str:
+    fault = f" fault={side.fault}" if side.fault else ""
+    rate = "n/a" if side.acceptance_rate is None else f"{side.acceptance_rate:.1%}"
+    positions = " ".join(f"{p:.2f}" for p in side.per_position_acceptance) or "n/a"
+    return (f"{name:9} run {side.run_id} [{side.engine}{fault}] in {side.store}: {len(side.requests)} request(s), "
+            f"{side.verify_steps} verify step(s), AL {_al(side.mean_acceptance_length)}, rate {rate}, p_i {positions}")
+
+
+def _difference_line(label: str, diff: Difference) -> str:
+    how = (f"paired over {diff.matched} request(s) with the same prompt" if diff.paired
+           else f"two-sample over {diff.base_requests} + {diff.candidate_requests} request(s)")
+    low, high = diff.ci95
+    return (f"{label}: delta AL {diff.delta:+.3f} (95% CI {low:+.3f} .. {high:+.3f}), {how}: {diff.verdict}")
+
+
+def render_text(comparison: Comparison) -> str:
+    """Both sides, the difference with its interval and verdict (and per group), the requests that
+    moved most, and the rule behind the verdict."""
+    c = comparison
+    lines = [_side_line("base", c.base), _side_line("candidate", c.candidate), _difference_line("all requests", c.overall)]
+    lines += [_difference_line(f"  {name}", diff) for name, diff in c.groups.items()]
+    if c.moved:
+        lines.append("requests that moved most (AL base -> candidate):")
+        lines += [f"  {m['candidate_request_id']}: {m['base_acceptance_length']:.2f} -> "
+                  f"{m['candidate_acceptance_length']:.2f} ({m['delta']:+.2f})" for m in c.moved[:5]]
+    lines.append(f"verdict: {c.verdict} (a regression or improvement needs the 95% interval clear of 0 and "
+                 f"|delta| >= {c.overall.floor:.3f}, 1% of the base AL)")
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""Naming a run of a store: an exact run id or a unique prefix of one (as the dashboard shows them, 12
+characters), or the store's newest run. The doctor and ``specscope compare`` resolve ``--run`` here."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from specscope.errors import ConfigError
+from specscope.storage import queries as q
+from specscope.storage.queries import fetch
+
+_KNOWN_SHOWN = 20
+
+
+def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
+    """The stored run id equal to ``run_id``, else the one run id starting with it (``url`` names the
+    store in errors).
+
+    Raises:
+        ConfigError: no run id equals or starts with ``run_id`` (the message names the known run ids),
+            or several start with it (the message names them).
+    """
+    if fetch(conn, q.RUN_META, run_id=run_id):
+        return run_id
+    literal = run_id.replace("!", "!!").replace("%", "!%").replace("_", "!_")  # wildcards stay literal
+    matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, pattern=literal + "%",
+                                              limit=_KNOWN_SHOWN + 1)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ConfigError(f"no run {run_id!r} in {url}; {_known_runs(conn)}")
+    shown = ", ".join(matches[:_KNOWN_SHOWN]) + (" and more" if len(matches) > _KNOWN_SHOWN else "")
+    raise ConfigError(f"run id prefix {run_id!r} is ambiguous in {url}: it starts {shown}; "
+                      "give more characters")
+
+
+def newest_run_id(conn: sa.Connection, url: str) -> str:
+    """The id of the run started last. Raises ConfigError when the store holds no run."""
+    rows = fetch(conn, q.NEWEST_RUNS, limit=1)
+    if not rows:
+        raise ConfigError(f"{url} holds no run")
+    return rows[0]["run_id"]
+
+
+def _known_runs(conn: sa.Connection) -> str:
+    ids = [row["run_id"] for row in fetch(conn, q.ALL_RUN_META)]
+    if not ids:
+        return "the store holds no run"
+    more = f" and {len(ids) - _KNOWN_SHOWN} more" if len(ids) > _KNOWN_SHOWN else ""
+    return f"known runs: {', '.join(ids[:_KNOWN_SHOWN])}{more}"

@@ -1,0 +1,256 @@
+"""``specscope compare``, the statistics under it and what-if k.
+
+Real runs where the claim is about real runs: one SQLite store, written once for the module by the
+reference engine as ``specscope demo`` serves it (4 held-out prompts healthy, the same 4 with
+``no-aux-capture``, 4 other prompts healthy). Recorded verify steps (``Store.write`` of the events a
+Tracer emits) where the statistics are the point.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from specscope import metrics
+from specscope.app import DB_ENV, ENTRY
+from specscope.cli import main
+from specscope.compare import (
+    MIN_REQUESTS,
+    Requests,
+    compare,
+    difference,
+    match,
+    moved,
+    render_text,
+)
+from specscope.doctor import diagnose
+from specscope.events import RequestEnd, RequestStart, RunConfig, RunStart, VerifyStep
+from specscope.storage import open_store
+from specscope.storage import queries as q
+
+PROMPTS = 5
+TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory) -> dict[str, str]:
+    """The store path and the run ids ``healthy``, ``no-aux`` (same prompts) and ``other-prompts``."""
+    from specscope.demo import DemoOptions, run_demo
+
+    db = str(tmp_path_factory.mktemp("compare") / "runs.db")
+    runs = {"healthy": DemoOptions(db=db, requests=PROMPTS, max_new_tokens=TOKENS, provenance_every=0),
+            "no-aux": DemoOptions(db=db, requests=PROMPTS, max_new_tokens=TOKENS, provenance_every=0,
+                                  fault="no-aux-capture"),
+            "other-prompts": DemoOptions(db=db, requests=PROMPTS, max_new_tokens=TOKENS, provenance_every=0,
+                                         first_prompt=PROMPTS)}
+    return {"db": db, **{name: run_demo(opts) for name, opts in runs.items()}}
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(["compare", *argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# -- real runs ---------------------------------------------------------------------------------
+
+def test_healthy_to_no_aux_capture_is_a_regression_exit_1(real, capsys):
+    status, out, _ = cli(capsys, "--base-db", real["db"], "--base-run", real["healthy"][:12],
+                         "--db", real["db"], "--run", real["no-aux"], "--json")
+    data = json.loads(out)
+    assert status == 1 and data["verdict"] == "regression"
+    assert data["paired"] is True and data["matched_requests"] == PROMPTS
+    base, candidate = data["base"], data["candidate"]
+    assert base["run_id"] == real["healthy"] and candidate["fault"] == "no-aux-capture"
+    assert candidate["mean_acceptance_length"] < 1.2 < base["mean_acceptance_length"]
+    assert data["delta"] == pytest.approx(candidate["mean_acceptance_length"] - base["mean_acceptance_length"])
+    low, high = data["ci95"]
+    assert low <= data["delta"] <= high < 0
+    assert len(base["per_position_acceptance"]) == 4 and base["acceptance_rate"] > candidate["acceptance_rate"]
+    assert len(data["moved"]) == PROMPTS and all(m["delta"] < 0 for m in data["moved"])
+    assert {m["candidate_request_id"] for m in data["moved"]} == {f"req-{i:03d}" for i in range(PROMPTS)}
+
+
+def test_the_reverse_is_an_improvement_exit_0_and_text_names_it(real, capsys):
+    status, out, _ = cli(capsys, "--base-db", real["db"], "--base-run", real["no-aux"],
+                         "--db", real["db"], "--run", real["healthy"])
+    assert status == 0
+    assert "verdict: improvement" in out and f"paired over {PROMPTS} request(s)" in out
+
+
+def test_healthy_runs_over_different_prompts_are_not_a_regression(real, capsys):
+    # the candidate defaults to the store's newest run: other-prompts
+    status, out, _ = cli(capsys, "--base-db", real["db"], "--base-run", real["healthy"], "--db", real["db"], "--json")
+    data = json.loads(out)
+    assert data["candidate"]["run_id"] == real["other-prompts"]
+    assert status == 0 and data["verdict"] != "regression"
+    assert data["paired"] is False and data["moved"] == []
+
+
+def test_run_al_is_the_stores_and_the_ratio_over_requests(real):
+    with open_store(real["db"], create=False, read_only=True) as store:
+        comparison = compare(store, store, real["healthy"], real["no-aux"])
+        run = store.fetch(q.RUN, run_id=real["healthy"])[0]
+        request_rows = store.fetch(q.COMPARE_REQUESTS, run_id=real["healthy"])
+    assert comparison.base.mean_acceptance_length == pytest.approx(run["mean_acceptance_length"])
+    assert comparison.base.requests.mean_acceptance_length == pytest.approx(run["mean_acceptance_length"])
+    assert sum(r["verify_steps"] for r in request_rows) == run["verify_steps"]
+    assert "regression" in render_text(comparison)
+
+
+def test_doctor_json_has_what_if_k_per_run(real, capsys):
+    assert main(["doctor", "--db", real["db"], "--run", real["healthy"], "--json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    rows = run["what_if_k"]
+    assert [r["k"] for r in rows] == [1, 2, 3, 4]
+    lengths = [r["mean_acceptance_length"] for r in rows]
+    assert lengths[-1] == pytest.approx(run["mean_acceptance_length"])  # the run's own k
+    assert lengths == sorted(lengths) and lengths[0] == pytest.approx(1 + run["per_position_acceptance"][0])
+    assert all(r["tokens_per_s"] > 0 for r in rows)  # the reference engine records draft / verify times
+
+
+def test_dashboard_overview_gives_the_verdict(real, monkeypatch):
+    monkeypatch.setenv(DB_ENV, real["db"])
+    at = AppTest.from_file(str(ENTRY), default_timeout=120).run()
+    at.sidebar.selectbox[0].set_value(real["no-aux"]).run()
+    at.sidebar.selectbox(key="compare").set_value(real["healthy"]).run()
+    assert not at.exception
+    (box,) = [e.value for e in at.error if e.value.startswith("**regression**")]
+    assert "95% CI" in box and f"paired over {PROMPTS} requests" in box
+    assert any(s.value == "Did acceptance change?" for s in at.subheader)
+    moved_rows = at.dataframe[0].value
+    assert list(moved_rows.columns) == ["request", "base AL", "candidate AL", "difference"]
+    assert (moved_rows["difference"] < 0).all() and len(moved_rows) == PROMPTS
+    charts = [json.loads(chart.proto.spec)["layout"]["title"]["text"] for chart in at.get("plotly_chart")]
+    assert "Per-position acceptance, base vs candidate" in charts
+    assert charts.count("What if k were smaller") == 2  # one per run panel
+    # healthy against healthy over other prompts: no verdict of change is forced
+    at.sidebar.selectbox[0].set_value(real["other-prompts"]).run()
+    at.sidebar.selectbox(key="compare").set_value(real["healthy"]).run()
+    assert not at.exception and not [e for e in at.error if "regression" in e.value]
+    assert any("different prompts" in c.value for c in at.caption)
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+def test_bad_input_exits_2_with_one_line(real, tmp_path, capsys):
+    db = real["db"]
+    for argv, expected in (
+        (("--base-db", str(tmp_path / "missing.db"), "--db", db), "missing.db"),
+        (("--base-db", db, "--base-run", "nope", "--db", db), "no run 'nope'"),
+        (("--base-db", db, "--db", db), "same run"),
+    ):
+        status, out, err = cli(capsys, *argv)
+        assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+def _write(store, run_id: str, accepted: dict[str, list[int]], k: int = 4) -> None:
+    """A run whose requests (id -> accepted drafts per verify step) were recorded as a Tracer does."""
+    events = [_run_start(run_id, k)]
+    for rid, steps in accepted.items():
+        events.append(RequestStart(run_id, rid, 0, 8))
+        events += [VerifyStep(run_id, rid, 0, i, k, a, draft_s=0.004, verify_s=0.012) for i, a in enumerate(steps)]
+        events.append(RequestEnd(run_id, rid, 0, sum(steps) + len(steps), len(steps)))
+    store.write(events)
+
+
+def _run_start(run_id: str, k: int) -> RunStart:
+    config = RunConfig(aux_layer_ids_resolved=(), target_hidden_size=8, expected_fused_width=0, k=k,
+                       num_target_layers=2)
+    return RunStart(run_id, "test", "0", "target", "draft", config.to_dict())
+
+
+def test_a_run_with_one_request_is_bad_input(tmp_path, capsys):
+    db = str(tmp_path / "s.db")
+    with open_store(db) as store:
+        _write(store, "base", {"a": [1, 2], "b": [3, 0]})
+        _write(store, "one", {"a": [1, 2]})
+    status, _, err = cli(capsys, "--base-db", db, "--base-run", "base", "--db", db, "--run", "one")
+    assert status == 2 and f"at least {MIN_REQUESTS}" in err
+
+
+def test_first_prompt_serves_another_prompt_set(capsys):
+    from specscope.demo import DemoOptions
+    from specscope.engine import demo_prompts
+    from specscope.errors import ConfigError
+
+    assert demo_prompts(3, 2) == demo_prompts(5)[2:]
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--no-dashboard", "--first-prompt", "-1"])
+    assert exc.value.code == 2 and "--first-prompt" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="first-prompt"):
+        DemoOptions(db="x.db", first_prompt=-1).check()
+
+
+# -- statistics on recorded steps ---------------------------------------------------------------
+
+def side(keys, accepted, steps) -> Requests:
+    return Requests(tuple(keys), tuple(keys), np.asarray(accepted, float), np.asarray(steps, float))
+
+
+def test_identical_runs_are_no_change_with_a_zero_interval():
+    a = side("abcdef", [10, 20, 5, 8, 30, 12], [10, 10, 8, 9, 12, 10])
+    diff = difference(a, a)
+    assert (diff.delta, diff.ci95, diff.verdict, diff.paired, diff.matched) == (0.0, (0.0, 0.0), "no change", True, 6)
+
+
+def test_a_consistent_shift_below_the_floor_is_no_change():
+    rng = np.random.default_rng(3)
+    steps = rng.integers(50, 100, 40).astype(float)
+    accepted = np.round(steps * rng.uniform(1.0, 2.5, 40))
+    keys = [f"r{i}" for i in range(40)]
+    base, shifted = side(keys, accepted, steps), side(keys, accepted + np.round(steps * 0.005) + 1, steps)
+    diff = difference(base, shifted)
+    assert diff.ci95[0] > 0 and diff.delta < diff.floor and diff.verdict == "no change"
+    bigger = difference(base, side(keys, accepted + np.round(steps * 0.2), steps))
+    assert bigger.verdict == "improvement" and bigger.delta >= bigger.floor
+
+
+def test_pairing_needs_half_of_each_side_matched():
+    base = side([f"r{i}" for i in range(8)], [4] * 8, [4] * 8)
+    assert difference(base, side([f"r{i}" for i in range(16)], [4] * 16, [4] * 16)).paired  # 8 of 16
+    assert not difference(base, side([f"r{i}" for i in range(5, 15)], [4] * 10, [4] * 10)).paired  # 3 of 10
+
+
+def test_repeated_prompts_pair_in_order():
+    b, c = match(side(["x", "y", "x"], [1, 1, 1], [1, 1, 1]), side(["x", "x", "z", "y"], [1] * 4, [1] * 4))
+    assert list(zip(b, c)) == [(0, 0), (1, 3), (2, 1)]
+
+
+def test_moved_lists_the_largest_changes_first():
+    base = side("abc", [10, 10, 10], [10, 10, 10])
+    rows = moved(base, side("abc", [10, 2, 14], [10, 10, 10]))
+    assert [(r["key"], round(r["delta"], 2)) for r in rows] == [("b", -0.8), ("c", 0.4), ("a", 0.0)]
+
+
+# -- what-if k ----------------------------------------------------------------------------------
+
+def test_what_if_k_on_chain_masks_is_exact():
+    accepted = [0, 1, 4, 2, 2, 3, 4, 0]
+    masks = {}
+    for a in accepted:
+        masks[metrics.chain_mask(a, 4)] = masks.get(metrics.chain_mask(a, 4), 0) + 1
+    lengths = metrics.acceptance_length_by_k(masks)
+    # each step cut to k' drafts accepts min(accepted, k')
+    assert lengths == pytest.approx([metrics.mean_acceptance_length([min(a, k) for a in accepted]) for k in (1, 2, 3, 4)])
+    rows = metrics.what_if_k([{"accepted_mask": m, "steps": n} for m, n in masks.items()],
+                             {"steps": 8, "proposed": 32, "draft_s": 0.032, "verify_s": 0.08})
+    assert [r["tokens_per_s"] for r in rows] == pytest.approx([al / (k * 0.001 + 0.01) for k, al in
+                                                                zip((1, 2, 3, 4), lengths)])
+
+
+def test_what_if_k_counts_only_accepted_prefixes_of_tree_masks():
+    # position 1 accepted without position 0 (a tree's other branch) adds nothing at k' >= 2
+    assert metrics.acceptance_length_by_k({"01": 1, "11": 1}) == pytest.approx([1.5, 2.0])
+    assert metrics.what_if_k([], None) == []
+
+
+def test_doctor_what_if_k_without_timings_has_no_throughput(tmp_path):
+    with open_store(str(tmp_path / "s.db")) as store:
+        store.write([_run_start("r", 2), RequestStart("r", "a", 0, 3), VerifyStep("r", "a", 0, 0, 2, 1)])
+        (run,) = diagnose(store).runs
+    assert run.what_if_k == [{"k": 1, "mean_acceptance_length": 2.0, "tokens_per_s": None},
+                             {"k": 2, "mean_acceptance_length": 2.0, "tokens_per_s": None}]
