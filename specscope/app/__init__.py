@@ -7,9 +7,35 @@ the :data:`DB_ENV` environment variable. Every SQL statement the pages run lives
 UI over them. Importing this package does not import Streamlit.
 """
 
+import math
+import os
 from pathlib import Path
+
+from specscope.errors import ConfigError
 
 DB_ENV = "SPECSCOPE_DB"
 ENTRY = Path(__file__).with_name("main.py")
+TRACE_ENV = "SPECSCOPE_TRACE_SQL"
+"""Set to a number of seconds: every statement the pages run that takes longer is logged (logger
+``specscope``) with its time, to explain a slow page."""
 
-__all__ = ["DB_ENV", "ENTRY"]
+
+def trace_threshold() -> float | None:
+    """The seconds of :data:`TRACE_ENV` (None when unset).
+
+    Raises:
+        ConfigError: set to something that is not a finite number of seconds >= 0.
+    """
+    text = os.environ.get(TRACE_ENV)
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise ConfigError(f"{TRACE_ENV}={text!r} is not a number of seconds >= 0")
+    return seconds
+
+
+__all__ = ["DB_ENV", "ENTRY", "TRACE_ENV", "trace_threshold"]

@@ -495,6 +495,15 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
     return Store(target, write_engine, read_engine, version, bulk, tracer)
 
 
+def store_file(url_or_path: str) -> Path | None:
+    """The SQLite file a store location names (a path or ``sqlite:///`` URL); None for PostgreSQL.
+
+    Raises:
+        StoreError: as :func:`open_store` for a location that is not a store URL or path.
+    """
+    return parse_target(url_or_path).sqlite_path
+
+
 def _check_sqlite_path(target: Target, create: bool) -> None:
     path = target.sqlite_path
     if path.is_dir():
