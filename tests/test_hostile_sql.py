@@ -360,3 +360,43 @@ def test_non_utf8_sql_is_one_line(db: str) -> None:
     with open_store(db, read_only=True) as store:
         with pytest.raises(StoreError, match="not UTF-8 text"):
             store.query(b"SELECT '\xff'".decode("utf-8", "surrogateescape"))
+
+
+@pytest.mark.postgres
+def test_postgres_row_over_the_byte_cap_never_reaches_the_client(pg_url: str) -> None:
+    """Two 40 MB values in one row under the SQL page's 16 MiB cap: the server stops the statement
+    at that row (the whole row used to arrive before the cap applied)."""
+    open_store(pg_url).close()
+    script = (
+        "import resource, sys\n"
+        "from specscope.storage import open_store\n"
+        "from specscope.errors import StoreError\n"
+        "with open_store(sys.argv[1], read_only=True) as store:\n"
+        "    store.query('SELECT 1')\n"
+        "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+        "    try:\n"
+        "        store.query(\"SELECT repeat('x', 40000000) AS a, repeat('y', 40000000) AS b\",\n"
+        "                    max_bytes=16 * 2**20, timeout_s=60)\n"
+        "    except StoreError as exc:\n"
+        "        print(exc)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    proc = subprocess.run([sys.executable, "-c", script, pg_url], capture_output=True, text=True, timeout=120)
+    before_mib, message, peak_mib = proc.stdout.strip().splitlines()
+    assert "larger than the result cap of 16,777,216 bytes" in message
+    assert int(peak_mib) - int(before_mib) < 40, proc.stdout
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("sql, rows", [
+    ("SELECT x FROM generate_series(1, 4) x ORDER BY x DESC", [(4,), (3,), (2,), (1,)]),
+    ("SELECT 1 AS q, 2 AS q -- a trailing comment", [(1, 2)]),
+    ("SELECT 'é€' AS x; -- after the semicolon", [("é€",)]),
+    ("WITH t AS (SELECT 1 AS a) SELECT * FROM t", [(1,)]),
+    ("VALUES (1, 'a'), (2, 'b')", [(1, "a"), (2, "b")]),
+    ("SELECT '50%' AS p", [("50%",)]),
+])
+def test_postgres_queries_keep_their_rows_under_the_cap(sql: str, rows: list, pg_url: str) -> None:
+    """The cap's wrapping keeps order, duplicate column names, comments, CTEs and VALUES."""
+    open_store(pg_url).close()
+    with open_store(pg_url, read_only=True) as store:
+        assert store.query(sql).rows == rows

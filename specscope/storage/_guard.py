@@ -153,12 +153,13 @@ _MODIFYING_NODES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeSt
 _PARAMETER = re.compile(r"%\(\w+\)s")  # psycopg's named placeholders, as SQLAlchemy compiles them
 
 
-def check_postgres(sql: str, url: str) -> bool:
+def check_postgres(sql: str, url: str) -> str | None:
     """Parse ``sql`` with PostgreSQL's parser and refuse it unless it is one query (module notes).
 
     Returns:
-        True for a SELECT / WITH / VALUES / TABLE (it can run through a server-side cursor, whose
-        columns are known even without rows), False for EXPLAIN and SHOW (always a row).
+        For a SELECT / WITH / VALUES / TABLE, the statement's own text (no ``;``, for
+        :func:`capped_select`; it runs through a server-side cursor, whose columns are known even
+        without rows); None for EXPLAIN and SHOW (always a row, streamed).
 
     Raises:
         ReadOnlyViolation: a statement class or function that is refused (named in the message).
@@ -166,8 +167,10 @@ def check_postgres(sql: str, url: str) -> bool:
     """
     import pglast  # with psycopg, part of the extra "postgres"
 
+    # placeholders become parameter references of the same length: offsets stay those of ``sql``
+    parsed = _PARAMETER.sub(lambda match: "$1".ljust(len(match.group())), sql.replace("%%", "% "))
     try:
-        statements = pglast.parse_sql(_PARAMETER.sub("$1", sql.replace("%%", "%")))
+        statements = pglast.parse_sql(parsed)
     except pglast.parser.ParseError as exc:
         raise StoreError(f"query on {url}: {exc}") from exc
     if not statements:
@@ -180,14 +183,33 @@ def check_postgres(sql: str, url: str) -> bool:
     if kind == "ExplainStmt":
         node = node.query
     elif kind == "VariableShowStmt":
-        return False
+        return None
     if type(node).__name__ != "SelectStmt":
         first = sql[raw.stmt_location or 0:].split(None, 1)
         raise _refused(url, f"{first[0].upper() if first else kind} (a statement that is not a query)")
     denial = _denied_node(node)
     if denial is not None:
         raise _refused(url, denial)
-    return kind == "SelectStmt"
+    if kind != "SelectStmt":
+        return None
+    start = raw.stmt_location or 0
+    return sql[start:start + raw.stmt_len] if raw.stmt_len else sql[start:]
+
+
+ROW_OVER_CAP = "specscope: a row is larger than the result cap"
+
+
+def capped_select(select: str, max_bytes: int) -> str:
+    """``select`` wrapped so that the server stops it (an error whose message holds
+    :data:`ROW_OVER_CAP`) at the first row whose text form exceeds ``max_bytes``: such a row would
+    otherwise reach this process whole, however large (libpq holds a row in memory). A subquery with
+    ORDER BY is never flattened into the outer query, so the rows keep their order."""
+    # the failing cast names the row's size: an expression of the row, so that the planner cannot
+    # fold it into a constant (and raise) before any row is seen
+    size = "octet_length(ROW(specscope_row.*)::text)"
+    return (f"SELECT specscope_row.* FROM (\n{select}\n) AS specscope_row WHERE CASE WHEN "
+            f"{size} > {int(max_bytes)} THEN CAST('{ROW_OVER_CAP}: ' || {size} AS integer) = 0 "
+            "ELSE true END")
 
 
 def _refused(url: str, what: str) -> ReadOnlyViolation:

@@ -34,8 +34,10 @@ from specscope.storage._guard import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_QUERY_TIMEOUT_S,
     MAX_QUERY_TIMEOUT_S,
+    ROW_OVER_CAP,
     ResultCap,
     SqliteGuard,
+    capped_select,
     check_postgres,
     postgres_timeout_sql,
     row_bytes,
@@ -254,14 +256,16 @@ class Store:
             if params is not None:  # :name placeholders -> psycopg's, before the check parses it
                 compiled = sa.text(sql).compile(dialect=PGDialect_psycopg())
                 sent, sent_params = compiled.string, compiled.construct_params(dict(params))
-            declarable = check_postgres(sent, self.url)
+            select = check_postgres(sent, self.url)
+            if select is not None and max_bytes is not None:
+                sent = capped_select(select, max_bytes)
         with translate("query on", self.url), self._read_engine.connect() as conn:
             conn.begin()  # the BEGIN of the read engine runs before the guard denies transactions
             if self.dialect == "postgresql":
                 started = time.perf_counter()
                 try:
                     columns, rows = _query_postgres(conn, sent, sent_params, cap, timeout_s, self.url,
-                                                    declarable)
+                                                    select is not None)
                 finally:
                     # closing the connection ends its session: an advisory lock or setting the
                     # statement took (a new function, a role's own) dies with it
@@ -302,7 +306,8 @@ def _timed_out(url: str, timeout_s: float | None) -> StoreError:
 
 
 def _too_big(url: str, max_bytes: int) -> StoreError:
-    return StoreError(f"query on {url}: a value is larger than the result cap of {max_bytes:,} bytes; "
+    return StoreError(f"query on {url}: a value (PostgreSQL: a row) is larger than the result cap of "
+                      f"{max_bytes:,} bytes; "
                       "select less of it (substr, length)")
 
 
@@ -370,6 +375,8 @@ def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None
     except psycopg.Error as exc:
         if exc.sqlstate == _PG_QUERY_CANCELED:
             raise _timed_out(url, timeout_s) from exc
+        if ROW_OVER_CAP in str(exc) and cap.max_bytes is not None:
+            raise _too_big(url, cap.max_bytes) from exc
         raise
 
 
