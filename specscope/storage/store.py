@@ -305,10 +305,8 @@ def _timed_out(url: str, timeout_s: float | None) -> StoreError:
                       "query or raise the limit (specscope query --timeout, the SQL page's Time limit)")
 
 
-def _too_big(url: str, max_bytes: int) -> StoreError:
-    return StoreError(f"query on {url}: a value (PostgreSQL: a row) is larger than the result cap of "
-                      f"{max_bytes:,} bytes; "
-                      "select less of it (substr, length)")
+def _too_big(url: str, max_bytes: int, what: str = "a row is larger than the result cap") -> StoreError:
+    return StoreError(f"query on {url}: {what} of {max_bytes:,} bytes; select less of it (substr, length)")
 
 
 def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
@@ -328,8 +326,8 @@ def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None, 
                                     "read-only: SELECT, WITH and schema PRAGMAs only)") from exc
         if guard.timed_out:
             raise _timed_out(url, timeout_s) from exc
-        if getattr(exc.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG and cap.max_bytes is not None:
-            raise _too_big(url, cap.max_bytes) from exc
+        if getattr(exc.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG:
+            raise _too_big(url, guard.value_limit, "a value is larger than the per-value limit") from exc
         raise
     finally:
         guard.remove(raw)
