@@ -211,15 +211,22 @@ def _bad_value(expected: type, value: Any) -> str | None:
 def check_row(statement: str, row: Row | tuple) -> None:
     """Raise ValueError naming the first value of ``row`` the database could not store as it is."""
     if isinstance(row, tuple):
-        pairs = zip(INSERT_COLUMNS[statement], _TUPLE_TYPES[statement], row)
+        names, types, values = INSERT_COLUMNS[statement], _TUPLE_TYPES[statement], row
     else:
-        types = _TYPES[statement]
-        pairs = ((name, types[name.removeprefix("b_")], value) for name, value in row.items())
-    for name, expected, value in pairs:
+        names, values = tuple(row), tuple(row.values())
+        types = tuple(_TYPES[statement][name.removeprefix("b_")] for name in names)
+    for index, (expected, value) in enumerate(zip(types, values)):
+        kind = type(value)
+        # the common cases inline (the writer checks every value of every row): a float, an ASCII
+        # string without NUL, an int within 64 bits, NULL
+        if value is None or (kind is float and expected is float) or (
+                kind is str and expected is str and value.isascii() and "\x00" not in value) or (
+                kind is int and expected is not str and -_INT64 <= value < _INT64):
+            continue
         reason = _bad_value(expected, value)
         if reason is not None:
             shown = repr(value)
-            raise ValueError(f"{_TABLES[statement].name}.{name.removeprefix('b_')}: {reason} "
+            raise ValueError(f"{_TABLES[statement].name}.{names[index].removeprefix('b_')}: {reason} "
                              f"({shown[:60] + '...' if len(shown) > 60 else shown})")
 
 
