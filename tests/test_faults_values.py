@@ -64,6 +64,15 @@ BAD = {
 }
 
 
+# what SQLite stores as it is (its text may hold NUL; a REAL column keeps a string as text): nothing
+# is lost there either; PostgreSQL refuses both, and then the event alone is set aside
+STORED_BY_SQLITE = {"NUL in request_id", "verify_s as a string"}
+
+
+def _rejected(bad: str, url: str) -> int:
+    return 0 if bad in STORED_BY_SQLITE and not url.startswith("postgresql") else 1
+
+
 def _count(store: Store, table: str) -> int:
     return store.query(f"SELECT COUNT(*) FROM {table}").rows[0][0]
 
@@ -78,18 +87,22 @@ def test_one_bad_value_costs_only_itself(bad: str, store_url: str) -> None:
         c.emit(BAD[bad]())
         for i in range(GOOD // 2, GOOD):
             c.emit(_step(i))
-        assert not c.flush(HANG)  # one was dropped: flush says so
-        assert (c.written, c.dropped, c.rejected) == (GOOD + 1, 1, 1)
+        rejected = _rejected(bad, store_url)
+        assert c.flush(HANG) is not bool(rejected)  # one was dropped: flush says so
+        assert (c.written, c.dropped, c.rejected) == (GOOD + 2 - rejected, rejected, rejected)
         assert c.flush(HANG)  # nothing dropped since
         c.close()
-        assert _count(store, "verify_steps") == GOOD
-        assert store.query("SELECT events_written, events_dropped FROM run_ranks").rows == [(GOOD + 1, 1)]
+        assert _count(store, "verify_steps") >= GOOD
+        assert store.query("SELECT events_written, events_dropped FROM run_ranks").rows == [
+            (GOOD + 2 - rejected, rejected)]
 
 
 @pytest.mark.parametrize("bad", list(BAD))
-def test_store_write_names_the_bad_value(bad: str, store: Store) -> None:
-    with pytest.raises(EventRejected) as info:
-        store.write([BAD[bad]()])
+def test_store_write_names_the_bad_value(bad: str, store_url: str) -> None:
+    if not _rejected(bad, store_url):
+        pytest.skip("SQLite stores this value as it is")
+    with open_store(store_url) as store, pytest.raises(EventRejected) as info:
+        store.write([_start("q1"), BAD[bad]()])
     assert "\n" not in str(info.value)
 
 

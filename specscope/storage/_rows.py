@@ -208,32 +208,33 @@ def _bad_value(expected: type, value: Any) -> str | None:
     return None if -_INT64 <= value < _INT64 else "an integer outside 64 bits"
 
 
-def check_row(statement: str, row: Row | tuple) -> None:
-    """Raise ValueError naming the first value of ``row`` the database could not store as it is."""
-    if isinstance(row, tuple):
-        names, types, values = INSERT_COLUMNS[statement], _TUPLE_TYPES[statement], row
-    else:
-        names, values = tuple(row), tuple(row.values())
-        types = tuple(_TYPES[statement][name.removeprefix("b_")] for name in names)
-    for index, (expected, value) in enumerate(zip(types, values)):
-        kind = type(value)
-        # the common cases inline (the writer checks every value of every row): a float, an ASCII
-        # string without NUL, an int within 64 bits, NULL
-        if value is None or (kind is float and expected is float) or (
-                kind is str and expected is str and value.isascii() and "\x00" not in value) or (
-                kind is int and expected is not str and -_INT64 <= value < _INT64):
+def bad_value(grouped: Mapping[str, list[Row | tuple]]) -> str | None:
+    """The first value of ``grouped`` (:func:`group_rows`) that a database could not store as it is,
+    named with its column and why; None when every value fits its column.
+
+    Run after a write failed (never before: a clean batch pays nothing), to tell a batch that holds
+    a bad value from a store that cannot be written."""
+    for statement, rows in grouped.items():
+        if statement not in _TABLES:
             continue
-        reason = _bad_value(expected, value)
-        if reason is not None:
-            shown = repr(value)
-            raise ValueError(f"{_TABLES[statement].name}.{names[index].removeprefix('b_')}: {reason} "
-                             f"({shown[:60] + '...' if len(shown) > 60 else shown})")
+        for row in rows:
+            if isinstance(row, tuple):
+                names, types, values = INSERT_COLUMNS[statement], _TUPLE_TYPES[statement], row
+            else:
+                names, values = tuple(row), tuple(row.values())
+                types = tuple(_TYPES[statement][name.removeprefix("b_")] for name in names)
+            for name, expected, value in zip(names, types, values):
+                reason = _bad_value(expected, value)
+                if reason is not None:
+                    shown = repr(value)
+                    return (f"{_TABLES[statement].name}.{name.removeprefix('b_')}: {reason} "
+                            f"({shown[:60] + '...' if len(shown) > 60 else shown})")
+    return None
 
 
 def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
     """Rows per statement name of :data:`STATEMENTS` (statements without rows are absent): tuples in
-    :data:`INSERT_COLUMNS` order for the plain inserts, dicts of column values for the others; every
-    value checked against its column (:func:`check_row`).
+    :data:`INSERT_COLUMNS` order for the plain inserts, dicts of column values for the others.
 
     Raises:
         KeyError: an object whose ``kind`` is not an event kind of :mod:`specscope.events`;
@@ -246,9 +247,7 @@ def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
         rows = grouped.get(statement)
         if rows is None:
             rows = grouped[statement] = []
-        row = to_row(event)
-        check_row(statement, row)
-        rows.append(row)
+        rows.append(to_row(event))
     for statement, (key, keep_last) in _KEYS.items():
         if statement in grouped:
             grouped[statement] = _dedupe(grouped[statement], key, keep_last)

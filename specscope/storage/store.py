@@ -42,7 +42,7 @@ from specscope.storage._guard import (
     postgres_timeout_sql,
     row_bytes,
 )
-from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, counter_rows, group_rows
+from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, bad_value, counter_rows, group_rows
 from specscope.storage.queries import Query, fetch
 
 _PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
@@ -134,17 +134,28 @@ class Store:
                 grouped["counters"] = rows
         if not grouped:
             return
-        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
-            for name in STATEMENTS:
-                rows = grouped.get(name)
-                if not rows:
-                    continue
-                if name in self._inserts:
-                    self._bulk_insert(conn, name, self._inserts[name], rows)
-                else:
+        try:
+            with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
+                for name in STATEMENTS:
+                    rows = grouped.get(name)
+                    if not rows:
+                        continue
+                    if name in self._inserts:
+                        self._bulk_insert(conn, name, self._inserts[name], rows)
+                    else:
+                        conn.execute(self._statements[name], rows)
+                for name, rows in summaries.items():  # in the same transaction as the rows they sum up
                     conn.execute(self._statements[name], rows)
-            for name, rows in summaries.items():  # in the same transaction as the rows they sum up
-                conn.execute(self._statements[name], rows)
+        except EventRejected:
+            raise
+        except (StoreError, UnicodeError, OverflowError, TypeError, ValueError) as exc:
+            # A value no database can hold fails in the driver (a lone surrogate, an int past 64
+            # bits, a list where a number goes) as something other than a value error: name it,
+            # so that the collector sets that event aside instead of losing the batch.
+            bad = bad_value(grouped)
+            if bad is None and isinstance(exc, StoreError):
+                raise
+            raise EventRejected(f"writing to {self.url}: {bad or f'{type(exc).__name__}: {exc}'}") from exc
 
     def _check_writable(self) -> None:
         """Raise ReadOnlyViolation on a read-only store, and (SQLite) StoreError when the store's file
