@@ -312,27 +312,35 @@ def test_postgres_statement_runs_once(pg_url: str) -> None:
         admin.dispose()
 
 
-def test_value_over_the_byte_cap_stops_while_computed(tmp_path: Path) -> None:
-    """Three 200 MB zeroblobs under a 64 MiB cap: refused as the first is built (it peaked at 1.2 GB
-    before); the query adds less than one of them to the subprocess's peak RSS."""
-    url = str(tmp_path / "store.db")
-    open_store(url).close()
+def _refused_with_peak(url: str, sql: str, **options) -> tuple[str, int]:
+    """(the StoreError's message, MiB the statement added to the peak RSS) of ``Store.query(sql)``
+    in a fresh subprocess, after one small query warmed it up."""
     script = (
         "import resource, sys\n"
         "from specscope.storage import open_store\n"
         "from specscope.errors import StoreError\n"
         "with open_store(sys.argv[1], read_only=True) as store:\n"
         "    store.query('SELECT 1')\n"
-        "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "    try:\n"
-        "        store.query('SELECT zeroblob(200000000), zeroblob(200000000), zeroblob(200000000)')\n"
+        f"        store.query(sys.argv[2], timeout_s=60, **{options!r})\n"
         "    except StoreError as exc:\n"
         "        print(exc)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
-    proc = subprocess.run([sys.executable, "-c", script, url], capture_output=True, text=True, timeout=120)
-    before_mib, message, peak_mib = proc.stdout.strip().splitlines()
+        "    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+    proc = subprocess.run([sys.executable, "-c", script, url, sql], capture_output=True, text=True, timeout=120)
+    message, added = proc.stdout.strip().splitlines()
+    return message, int(added)
+
+
+def test_value_over_the_byte_cap_stops_while_computed(tmp_path: Path) -> None:
+    """Three 200 MB zeroblobs under a 64 MiB cap: refused as the first is built (it peaked at 1.2 GB
+    before); the query adds less than one of them to the subprocess's peak RSS."""
+    url = str(tmp_path / "store.db")
+    open_store(url).close()
+    message, added_mib = _refused_with_peak(url, "SELECT zeroblob(200000000), zeroblob(200000000), "
+                                                 "zeroblob(200000000)")
     assert "larger than the per-value limit of 4,194,304 bytes" in message
-    assert int(peak_mib) - int(before_mib) < 190, proc.stdout
+    assert added_mib < 190
 
 
 def test_nested_replace_is_bounded_per_row(tmp_path: Path) -> None:
@@ -372,23 +380,10 @@ def test_postgres_row_over_the_byte_cap_never_reaches_the_client(pg_url: str) ->
     """Two 40 MB values in one row under the SQL page's 16 MiB cap: the server stops the statement
     at that row (the whole row used to arrive before the cap applied)."""
     open_store(pg_url).close()
-    script = (
-        "import resource, sys\n"
-        "from specscope.storage import open_store\n"
-        "from specscope.errors import StoreError\n"
-        "with open_store(sys.argv[1], read_only=True) as store:\n"
-        "    store.query('SELECT 1')\n"
-        "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
-        "    try:\n"
-        "        store.query(\"SELECT repeat('x', 40000000) AS a, repeat('y', 40000000) AS b\",\n"
-        "                    max_bytes=16 * 2**20, timeout_s=60)\n"
-        "    except StoreError as exc:\n"
-        "        print(exc)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
-    proc = subprocess.run([sys.executable, "-c", script, pg_url], capture_output=True, text=True, timeout=120)
-    before_mib, message, peak_mib = proc.stdout.strip().splitlines()
+    message, added_mib = _refused_with_peak(pg_url, "SELECT repeat('x', 40000000) AS a, "
+                                                    "repeat('y', 40000000) AS b", max_bytes=16 * 2**20)
     assert "larger than the result cap of 16,777,216 bytes" in message
-    assert int(peak_mib) - int(before_mib) < 40, proc.stdout
+    assert added_mib < 40
 
 
 @pytest.mark.postgres
