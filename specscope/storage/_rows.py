@@ -166,11 +166,10 @@ _KEYS: dict[str, tuple[tuple[str, ...], bool]] = {  # statement -> (key columns,
 
 
 # Where each statement writes: the columns whose types check_row compares values with.
+# (a plain insert is named after its table)
 _TABLES = {"runs": schema.runs, "rank_start": schema.run_ranks, "rank_status": schema.run_ranks,
            "request_start": schema.requests, "request_end": schema.requests,
-           "verify_steps": schema.verify_steps, "tensor_events": schema.tensor_events,
-           "provenance": schema.provenance, "load_reports": schema.load_reports,
-           "findings": schema.findings}
+           **{name: schema.metadata.tables[name] for name in INSERT_COLUMNS}}
 _INT64 = 2**63
 
 
