@@ -47,12 +47,17 @@ POSTGRES_REFUSED = [
 ]
 
 
-@pytest.fixture
-def db(store_url: str) -> str:
-    with open_store(store_url) as store:
+def _seed(url: str) -> str:
+    """A store at ``url`` holding one run, ``run-a``."""
+    with open_store(url) as store:
         store.write([ev.RunStart(run_id="run-a", engine="reference", engine_version="1", target_model="t",
                                  draft_model="d", config={}, ts_wall=1.0)])
-    return store_url
+    return url
+
+
+@pytest.fixture
+def db(store_url: str) -> str:
+    return _seed(store_url)
 
 
 def _snapshot(url: str) -> list[tuple]:
@@ -221,9 +226,7 @@ def test_postgres_refuses_before_running(sql: str, pg_url: str, tmp_path: Path) 
     """On the superuser connection of the test server: the statement is refused by its parse, so the
     program never ran and no file was written (the server could write to /tmp)."""
     marker = Path("/tmp") / f"specscope-refused-{tmp_path.name}"
-    with open_store(pg_url) as store:
-        store.write([ev.RunStart(run_id="run-a", engine="reference", engine_version="1", target_model="t",
-                                 draft_model="d", config={}, ts_wall=1.0)])
+    _seed(pg_url)
     with open_store(pg_url, read_only=True) as store:
         with pytest.raises(ReadOnlyViolation) as info:
             store.query(sql.format(marker=marker))
