@@ -258,7 +258,7 @@ def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
                 held = conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
                                             f" AND objid = {_PG_MIGRATION_LOCK}").scalar()
             assert held == 0
-            with open_store(pg_url, busy_timeout_s=5) as writer:  # takes the migration lock
+            with open_store(pg_url, lock_timeout_s=5) as writer:  # takes the migration lock
                 writer.write([ev.RunStart(run_id="run-b", engine="e", engine_version="1", target_model="t",
                                           draft_model="d", config={}, ts_wall=1.0)])
     finally:
@@ -268,7 +268,7 @@ def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
 @pytest.mark.postgres
 def test_migration_lock_wait_is_bounded(pg_url: str) -> None:
     """Any session holding the store's migration lock (a tool of the reader's own) makes a writer's
-    open fail after busy_timeout_s with one line naming the lock, instead of waiting forever."""
+    open fail after lock_timeout_s with one line naming the lock, instead of waiting forever."""
     import sqlalchemy as sa
 
     from specscope.storage.store import _PG_MIGRATION_LOCK
@@ -278,10 +278,10 @@ def test_migration_lock_wait_is_bounded(pg_url: str) -> None:
     with holder.connect() as conn:
         conn.exec_driver_sql(f"SELECT pg_advisory_lock({_PG_MIGRATION_LOCK})")
         with pytest.raises(StoreError, match="migration lock") as info:
-            open_store(pg_url, busy_timeout_s=0.5)
+            open_store(pg_url, lock_timeout_s=0.5)
         assert "\n" not in str(info.value)
     holder.dispose()
-    open_store(pg_url, busy_timeout_s=5).close()  # the lock is gone with its session
+    open_store(pg_url, lock_timeout_s=5).close()  # the lock is gone with its session
 
 
 @pytest.mark.postgres
@@ -298,9 +298,13 @@ def test_postgres_statement_runs_once(pg_url: str) -> None:
 
     def scans() -> int:
         with admin.connect() as conn:
-            while conn.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                                       f"'{name}'").scalar():  # the reader's store is closed
-                conn.exec_driver_sql("SELECT pg_sleep(0.05)")  # its stats arrive when it exits
+            for _ in range(2_400):  # its stats arrive when its backend exits (the store is closed)
+                if not conn.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE application_name "
+                                            f"= '{name}'").scalar():
+                    break
+                conn.exec_driver_sql("SELECT pg_sleep(0.05)")
+            else:
+                pytest.fail(f"a backend named {name} is still there after 120 s")
             conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
             return conn.exec_driver_sql("SELECT coalesce(seq_scan, 0) FROM pg_stat_user_tables WHERE "
                                         "relname = 'runs' AND schemaname = current_schema()").scalar()

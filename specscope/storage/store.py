@@ -46,6 +46,7 @@ from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, bad_va
 from specscope.storage.queries import Query, fetch
 
 _PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
+DEFAULT_LOCK_TIMEOUT_S = 120.0  # longest wait for it (seconds; open_store's lock_timeout_s)
 _PG_QUERY_CANCELED = "57014"  # SQLSTATE query_canceled: statement_timeout expired
 
 
@@ -462,7 +463,8 @@ def _write_statements(dialect: str) -> dict[str, sa.Executable]:
 
 
 def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False,
-               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, bulk: str | None = None,
+               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+               bulk: str | None = None,
                tracer: Callable[[str, Any, float], None] | None = None) -> Store:
     """Open (and by default create) a trace store, applying pending schema migrations.
 
@@ -471,8 +473,10 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
             ``postgresql+psycopg://user@host:5432/db``; ``postgresql://`` means psycopg 3).
         create: create the store (and the SQLite file's parent directories) when missing.
         read_only: every connection refuses writes; never creates nor upgrades (implies no create).
-        busy_timeout_s: how long a SQLite writer waits for another writer's lock, and opening a
-            PostgreSQL store for the migration lock (seconds; then StoreError).
+        busy_timeout_s: how long a SQLite writer waits for another writer's lock (seconds).
+        lock_timeout_s: how long opening a PostgreSQL store waits for the migration lock (seconds;
+            then StoreError): another process may be upgrading a large store (the version 8 step
+            takes about 30 s for 1M verify steps), or any session may hold the lock's key.
         bulk: how plain inserts reach the database (``storage/_bulk.py``): ``"copy"`` (PostgreSQL
             COPY, the default there) or ``"executemany"`` (the default on SQLite).
         tracer: called as ``tracer(sql, parameters, seconds)`` after every statement the store runs
@@ -502,7 +506,7 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
     try:
         with translate("opening", target.display):
             version = (_check_read_only(target, read_engine) if write_engine is None
-                       else _prepare(target, write_engine, create, busy_timeout_s))
+                       else _prepare(target, write_engine, create, lock_timeout_s))
     except BaseException:
         for engine in (read_engine, write_engine):
             if engine is not None:
