@@ -32,6 +32,12 @@ CHUNK_BYTES = 4 * 2**20
 """Bytes of one value-reading chunk (row slices of a large tensor). Larger chunks read faster but
 fragment the allocator: on a 1.8 GB draft, 8 MiB chunks raised peak RSS by ~220 MiB, 4 MiB by ~110 MiB, 2 MiB by ~70 MiB (but ran 2x slower)."""
 
+SPARSE_MIN_BYTES = 64 * 2**20
+"""Files declaring at least this much tensor data are refused when less than a quarter of it is
+stored on disk (a sparse file: reading its holes takes as long as reading real weights, a 4 KB file
+can declare a TiB). Checkpoints do not compress below that on a compressing file system (weights are
+near-random bits)."""
+
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
                 "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
@@ -144,19 +150,34 @@ class CheckpointReader:
         return _read_json(self.config_path, "config") if self.config_path is not None else None
 
     def _read_header(self, file: Path) -> None:
+        # safetensors itself refuses a header whose tensors do not exactly cover the file's length
+        declared = 0
         with _open(file) as f:
             for key in f.keys():
                 sl = f.get_slice(key)
-                self.tensors[key] = TensorInfo(key, file, sl.get_dtype(), tuple(sl.get_shape()))
+                info = self.tensors[key] = TensorInfo(key, file, sl.get_dtype(), tuple(sl.get_shape()))
+                declared += info.nbytes
+        stored = file.stat().st_blocks * 512
+        if declared >= SPARSE_MIN_BYTES and 0 < stored < declared // 4:  # 0: a file system that does not say
+            raise CheckpointError(f"{file} declares {declared:,} bytes of tensor data but stores only {stored:,} "
+                                  "on disk (a sparse file): not a checkpoint to read")
 
     @property
     def total_bytes(self) -> int:
         """Bytes of tensor data over all files."""
         return sum(t.nbytes for t in self.tensors.values())
 
-    def get(self, name: str) -> np.ndarray:
-        """The whole tensor ``name`` (use for small tensors: ``d2t``, ``t2d``, norm weights)."""
+    def get(self, name: str, max_bytes: int | None = None) -> np.ndarray:
+        """The whole tensor ``name`` (use for small tensors: ``d2t``, ``t2d``, norm weights).
+
+        Raises:
+            CheckpointError: its header declares more than ``max_bytes`` (checked before reading).
+        """
         info = self.tensors[name]
+        if max_bytes is not None and info.nbytes > max_bytes:
+            raise CheckpointError(f"tensor {name} of {info.file} declares shape {list(info.shape)} "
+                                  f"({info.nbytes:,} bytes), more than the {max_bytes:,} such a tensor can "
+                                  "be; not read")
         with _open(info.file) as f:
             try:
                 return f.get_tensor(name)

@@ -188,6 +188,10 @@ class RequestStart:
     prompt_key: str | None = None
     ts_wall: float = field(default_factory=now)
 
+    def __post_init__(self) -> None:
+        """Raises InvalidEvent: ``prompt_tokens`` not an int >= 0."""
+        _check_counts("request start", prompt_tokens=self.prompt_tokens)
+
     @property
     def sampling(self) -> str | None:
         """The request's sampling group (None: settings unknown)."""
@@ -231,6 +235,10 @@ class RequestEnd:
     text: str | None = None
     ts_wall: float = field(default_factory=now)
 
+    def __post_init__(self) -> None:
+        """Raises InvalidEvent: ``output_tokens`` or ``verify_steps`` not an int >= 0."""
+        _check_counts("request end", output_tokens=self.output_tokens, verify_steps=self.verify_steps)
+
 
 @dataclass(frozen=True, slots=True)
 class VerifyStep:
@@ -262,8 +270,9 @@ class VerifyStep:
 
         Raises:
             InvalidEvent: ``proposed`` outside ``0..MAX_PROPOSED``, ``accepted`` outside
-                ``0..proposed``, or a mask that is not ``'0'``/``'1'``, not ``proposed`` long, or
-                whose count of ``'1'`` differs from ``accepted``.
+                ``0..proposed``, a mask that is not ``'0'``/``'1'``, not ``proposed`` long, or
+                whose count of ``'1'`` differs from ``accepted``, or ``emitted`` that is not a tuple
+                of at most ``accepted + 1`` strings (fewer when EOS or the token budget cut the step).
         """
         if not (_is_int(self.proposed) and _is_int(self.accepted) and _is_int(self.step)):
             raise InvalidEvent(f"verify step: proposed, accepted and step must be ints, got "
@@ -272,6 +281,12 @@ class VerifyStep:
             raise InvalidEvent(f"verify step: proposed={self.proposed} outside 0..{MAX_PROPOSED}")
         if not 0 <= self.accepted <= self.proposed:
             raise InvalidEvent(f"verify step: accepted={self.accepted} outside 0..proposed={self.proposed}")
+        emitted = self.emitted
+        if emitted is not None and (not isinstance(emitted, tuple) or len(emitted) > self.accepted + 1
+                                    or not all(isinstance(token, str) for token in emitted)):
+            shown = repr(emitted)
+            raise InvalidEvent(f"verify step: emitted must be a tuple of at most accepted + 1 = "
+                               f"{self.accepted + 1} decoded tokens (str), got {shown[:80]}")
         mask = self.accepted_mask
         if mask is None:
             return
@@ -451,6 +466,12 @@ SEVERITIES = ("error", "warning", "info")
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_counts(what: str, **counts: Any) -> None:
+    for name, value in counts.items():
+        if not _is_int(value) or value < 0:
+            raise InvalidEvent(f"{what}: {name} must be an int >= 0, got {value!r}")
 
 
 def by_severity(findings) -> list[Finding]:

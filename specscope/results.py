@@ -1,17 +1,33 @@
 """Query results as text: an aligned table, CSV or JSON (``specscope query`` and the dashboard's SQL
-page share them; neither imports the other)."""
+page share them; neither imports the other), and the one JSON writer of every ``--json`` output.
+
+JSON is strict (RFC 8259): a non-finite number (NaN, +/-Infinity; a float column of SQLite, a
+PostgreSQL ``'NaN'::float``) is written as ``null``, never as the ``NaN`` / ``Infinity`` tokens that
+``json.dumps`` emits by default and other parsers refuse. The aligned table escapes control
+characters of stored text (``\x1b`` as the four characters ``\x1b``), so a value cannot move the
+cursor, recolour or retitle the terminal that shows it.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 from decimal import Decimal
 from typing import Any, TextIO
+
+# every C0 control (tab and newline too: one row stays one line), DEL and C1 (ECMA-48 introducers)
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def to_json(value: Any, indent: int | None = 2) -> str:
+    """Strict JSON of ``value``: non-finite floats as null, Decimals as numbers, bytes as hex."""
+    return json.dumps(portable(value), default=_json_value, indent=indent, allow_nan=False)
 
 
 def write_json(columns: list[str], rows: list[tuple], out: TextIO) -> None:
     """A JSON list with one object per row (NULL -> null, PostgreSQL numerics -> numbers)."""
-    json.dump([dict(zip(columns, row)) for row in rows], out, default=_json_value, indent=1)
+    out.write(to_json([dict(zip(columns, row)) for row in rows], indent=1))
     out.write("\n")
 
 
@@ -42,12 +58,29 @@ def write_table(columns: list[str], rows: list[tuple], out: TextIO) -> None:
 
 
 def _text(value: Any) -> str:
-    return "NULL" if value is None else str(value)
+    return "NULL" if value is None else str(value).translate(_CONTROLS)
+
+
+def portable(value: Any) -> Any:
+    """``value`` with non-finite floats as None and Decimals as floats (their digits as text beyond a
+    float's range), through dicts, lists and tuples: what strict JSON and Arrow tables (the dashboard's
+    dataframes: Decimal precision at most 76) can hold."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Decimal):  # NaN -> null; beyond a float's range -> its digits as text
+        if not value.is_finite():
+            return None
+        return float(value) if math.isfinite(float(value)) else str(value)
+    if isinstance(value, dict):
+        return {key: portable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(item) for item in value]
+    return value
 
 
 def _json_value(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return float(value)
+    if hasattr(value, "item"):  # numpy scalars in evidence
+        return portable(value.item())
     if isinstance(value, (bytes, memoryview)):
         return bytes(value).hex()
     return str(value)

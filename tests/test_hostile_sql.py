@@ -47,12 +47,17 @@ POSTGRES_REFUSED = [
 ]
 
 
-@pytest.fixture
-def db(store_url: str) -> str:
-    with open_store(store_url) as store:
+def _seed(url: str) -> str:
+    """A store at ``url`` holding one run, ``run-a``."""
+    with open_store(url) as store:
         store.write([ev.RunStart(run_id="run-a", engine="reference", engine_version="1", target_model="t",
                                  draft_model="d", config={}, ts_wall=1.0)])
-    return store_url
+    return url
+
+
+@pytest.fixture
+def db(store_url: str) -> str:
+    return _seed(store_url)
 
 
 def _snapshot(url: str) -> list[tuple]:
@@ -186,3 +191,219 @@ def test_sql_page_in_chromium_shows_the_denials(tmp_path: Path) -> None:
         browser_tests._stop(proc)
     assert not attached.exists()
     assert _snapshot(store)[0][0] == "run-sql"
+
+
+# -- round two (issue 23): refused before running, whatever the role; once; bounded per value ------
+
+# statement -> what the refusal names; each would run a program, touch a server file, hold a lock
+# or a large object, or escape the transaction, if it ran at all
+POSTGRES_REFUSED_BEFORE_RUNNING = {
+    "COPY (SELECT 1) TO PROGRAM 'touch {marker}'": "COPY",
+    "COPY (SELECT 1) TO '{marker}'": "COPY",
+    "COPY runs TO STDOUT": "COPY",
+    "SELECT pg_read_file('/etc/hostname')": "pg_read_file() (server files",
+    "SELECT * FROM pg_catalog.pg_ls_dir('.')": "pg_ls_dir() (server files",
+    "SELECT lo_import('/etc/hostname')": "lo_import() (large objects)",
+    "SELECT pg_advisory_lock(1)": "pg_advisory_lock() (advisory locks)",
+    "SELECT pg_try_advisory_lock(1)": "pg_try_advisory_lock() (advisory locks)",
+    "SELECT set_config('statement_timeout', '0', false)": "set_config() (sessions",
+    "SELECT pg_terminate_backend(pg_backend_pid())": "pg_terminate_backend() (sessions",
+    "SELECT query_to_xml('SELECT pg_advisory_lock(1)', true, true, '')": "query_to_xml() (SQL run from a string)",
+    "SELECT * FROM pg_largeobject": "pg_largeobject (large objects)",
+    "WITH gone AS (DELETE FROM runs RETURNING *) SELECT * FROM gone": "DELETE inside a query",
+    "SELECT * FROM runs FOR UPDATE": "row locks",
+    "SELECT * INTO copied FROM runs": "SELECT INTO",
+    "LOCK TABLE runs": "LOCK",
+    "DO $$ BEGIN PERFORM pg_advisory_lock(1); END $$": "DO",
+    "LISTEN specscope": "LISTEN",
+    "PREPARE p AS SELECT 1": "PREPARE",
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("sql", list(POSTGRES_REFUSED_BEFORE_RUNNING))
+def test_postgres_refuses_before_running(sql: str, pg_url: str, tmp_path: Path) -> None:
+    """On the superuser connection of the test server: the statement is refused by its parse, so the
+    program never ran and no file was written (the server could write to /tmp)."""
+    marker = Path("/tmp") / f"specscope-refused-{tmp_path.name}"
+    _seed(pg_url)
+    with open_store(pg_url, read_only=True) as store:
+        with pytest.raises(ReadOnlyViolation) as info:
+            store.query(sql.format(marker=marker))
+    message = str(info.value)
+    assert "\n" not in message and POSTGRES_REFUSED_BEFORE_RUNNING[sql] in message and "not allowed" in message
+    assert not marker.exists()
+    assert _snapshot(pg_url) == [("run-a", "reference")]
+
+
+@pytest.mark.postgres
+def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
+    """A lock the reader's statement could take (here a role's own function doing what
+    pg_advisory_lock does, which the parse cannot see through) dies with the reader's connection:
+    a writer opening the store afterwards is not held up, and no advisory lock remains."""
+    import sqlalchemy as sa
+
+    with open_store(pg_url):
+        pass
+    admin = sa.create_engine(pg_url)
+    with admin.begin() as conn:  # what a role with CREATE on its schema could have left there
+        conn.exec_driver_sql("CREATE FUNCTION grab(key bigint) RETURNS void LANGUAGE sql AS "
+                             "'SELECT pg_advisory_lock(key)'")
+    try:
+        from specscope.storage.store import _PG_MIGRATION_LOCK
+
+        with open_store(pg_url, read_only=True) as reader:
+            assert len(reader.query(f"SELECT grab({_PG_MIGRATION_LOCK})").rows) == 1
+            with admin.connect() as conn:
+                held = conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                            f" AND objid = {_PG_MIGRATION_LOCK}").scalar()
+            assert held == 0
+            with open_store(pg_url, lock_timeout_s=5) as writer:  # takes the migration lock
+                writer.write([ev.RunStart(run_id="run-b", engine="e", engine_version="1", target_model="t",
+                                          draft_model="d", config={}, ts_wall=1.0)])
+    finally:
+        admin.dispose()
+
+
+@pytest.mark.postgres
+def test_migration_lock_wait_is_bounded(pg_url: str) -> None:
+    """Any session holding the store's migration lock (a tool of the reader's own) makes a writer's
+    open fail after lock_timeout_s with one line naming the lock, instead of waiting forever."""
+    import sqlalchemy as sa
+
+    from specscope.storage.store import _PG_MIGRATION_LOCK
+
+    open_store(pg_url).close()
+    holder = sa.create_engine(pg_url)
+    with holder.connect() as conn:
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({_PG_MIGRATION_LOCK})")
+        with pytest.raises(StoreError, match="migration lock") as info:
+            open_store(pg_url, lock_timeout_s=0.5)
+        assert "\n" not in str(info.value)
+    holder.dispose()
+    open_store(pg_url, lock_timeout_s=5).close()  # the lock is gone with its session
+
+
+@pytest.mark.postgres
+def test_postgres_statement_runs_once(pg_url: str) -> None:
+    """A SELECT with no rows runs once (it ran twice to learn its columns): the reader's sequential
+    scans of runs, counted by the server's statistics once the reader's session has ended, grow by
+    exactly one, and the columns are there without a row."""
+    import sqlalchemy as sa
+
+    name = "specscope-once"
+    url = str(sa.make_url(pg_url).update_query_dict({"application_name": name}))
+    open_store(pg_url).close()
+    admin = sa.create_engine(pg_url)
+
+    def scans() -> int:
+        with admin.connect() as conn:
+            for _ in range(2_400):  # its stats arrive when its backend exits (the store is closed)
+                if not conn.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE application_name "
+                                            f"= '{name}'").scalar():
+                    break
+                conn.exec_driver_sql("SELECT pg_sleep(0.05)")
+            else:
+                pytest.fail(f"a backend named {name} is still there after 120 s")
+            conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+            return conn.exec_driver_sql("SELECT coalesce(seq_scan, 0) FROM pg_stat_user_tables WHERE "
+                                        "relname = 'runs' AND schemaname = current_schema()").scalar()
+
+    try:
+        before = scans()
+        with open_store(url, read_only=True) as reader:
+            result = reader.query("SELECT run_id, engine FROM runs WHERE started_wall < 0")
+        assert result.columns == ["run_id", "engine"] and result.rows == []
+        assert scans() == before + 1
+    finally:
+        admin.dispose()
+
+
+def _refused_with_peak(url: str, sql: str, **options) -> tuple[str, int]:
+    """(the StoreError's message, MiB the statement added to the peak RSS) of ``Store.query(sql)``
+    in a fresh subprocess, after one small query warmed it up."""
+    script = (
+        "import resource, sys\n"
+        "from specscope.storage import open_store\n"
+        "from specscope.errors import StoreError\n"
+        "with open_store(sys.argv[1], read_only=True) as store:\n"
+        "    store.query('SELECT 1')\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "    try:\n"
+        f"        store.query(sys.argv[2], timeout_s=60, **{options!r})\n"
+        "    except StoreError as exc:\n"
+        "        print(exc)\n"
+        "    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+    proc = subprocess.run([sys.executable, "-c", script, url, sql], capture_output=True, text=True, timeout=120)
+    message, added = proc.stdout.strip().splitlines()
+    return message, int(added)
+
+
+def test_value_over_the_byte_cap_stops_while_computed(tmp_path: Path) -> None:
+    """Three 200 MB zeroblobs under a 64 MiB cap: refused as the first is built (it peaked at 1.2 GB
+    before); the query adds less than one of them to the subprocess's peak RSS."""
+    url = str(tmp_path / "store.db")
+    open_store(url).close()
+    message, added_mib = _refused_with_peak(url, "SELECT zeroblob(200000000), zeroblob(200000000), "
+                                                 "zeroblob(200000000)")
+    assert "larger than the per-value limit of 4,194,304 bytes" in message
+    assert added_mib < 190
+
+
+def test_nested_replace_is_bounded_per_row(tmp_path: Path) -> None:
+    """Nested replace() on a large string ran 7.4 s under a 1 s limit (SQLite checks its progress
+    handler only between rows, never between the calls computing one row). Each call's value is now
+    bounded while it is computed (4 MiB), and so is the count of calls in a statement."""
+    url = str(tmp_path / "store.db")
+    open_store(url).close()
+    nested = "hex(zeroblob(30000000))"  # 60 MB of text, under the 64 MiB result cap
+    for _ in range(25):
+        nested = f"replace({nested}, '0', '1')"
+    many = " + ".join(["abs(1)"] * 300)
+    with open_store(url, read_only=True) as store:
+        with pytest.raises(StoreError, match="larger than the per-value limit of 4,194,304 bytes"):
+            store.query(f"SELECT length({nested})", timeout_s=1)
+        with pytest.raises(ReadOnlyViolation, match="more than 256 functions"):
+            store.query(f"SELECT {many}")
+        assert store.query(f"SELECT {' + '.join(['abs(1)'] * 200)}").rows == [(200,)]
+        assert store.query("SELECT 1").rows == [(1,)]
+
+
+@pytest.mark.parametrize("timeout_s", [1e306, float("inf"), float("nan"), 0, -1])
+def test_time_limit_out_of_range_is_refused(db: str, timeout_s: float) -> None:
+    with open_store(db, read_only=True) as store:
+        with pytest.raises(StoreError, match="time limit must be > 0 and at most 86400"):
+            store.query("SELECT 1", timeout_s=timeout_s)
+
+
+def test_non_utf8_sql_is_one_line(db: str) -> None:
+    with open_store(db, read_only=True) as store:
+        with pytest.raises(StoreError, match="not UTF-8 text"):
+            store.query(b"SELECT '\xff'".decode("utf-8", "surrogateescape"))
+
+
+@pytest.mark.postgres
+def test_postgres_row_over_the_byte_cap_never_reaches_the_client(pg_url: str) -> None:
+    """Two 40 MB values in one row under the SQL page's 16 MiB cap: the server stops the statement
+    at that row (the whole row used to arrive before the cap applied)."""
+    open_store(pg_url).close()
+    message, added_mib = _refused_with_peak(pg_url, "SELECT repeat('x', 40000000) AS a, "
+                                                    "repeat('y', 40000000) AS b", max_bytes=16 * 2**20)
+    assert "larger than the result cap of 16,777,216 bytes" in message
+    assert added_mib < 40
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("sql, rows", [
+    ("SELECT x FROM generate_series(1, 4) x ORDER BY x DESC", [(4,), (3,), (2,), (1,)]),
+    ("SELECT 1 AS q, 2 AS q -- a trailing comment", [(1, 2)]),
+    ("SELECT 'é€' AS x; -- after the semicolon", [("é€",)]),
+    ("WITH t AS (SELECT 1 AS a) SELECT * FROM t", [(1,)]),
+    ("VALUES (1, 'a'), (2, 'b')", [(1, "a"), (2, "b")]),
+    ("SELECT '50%' AS p", [("50%",)]),
+])
+def test_postgres_queries_keep_their_rows_under_the_cap(sql: str, rows: list, pg_url: str) -> None:
+    """The cap's wrapping keeps order, duplicate column names, comments, CTEs and VALUES."""
+    open_store(pg_url).close()
+    with open_store(pg_url, read_only=True) as store:
+        assert store.query(sql).rows == rows

@@ -82,3 +82,44 @@ def test_subprocess_bad_input_has_no_traceback(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+
+
+def _sparse_checkpoint(folder: Path, key: str, dtype: str, shape: list[int], item: int) -> Path:
+    """A safetensors file whose header declares ``shape`` and whose data is one hole: a few KB on
+    disk, the declared size in length (safetensors checks that the data covers the length)."""
+    nbytes = item
+    for d in shape:
+        nbytes *= d
+    header = json.dumps({key: {"dtype": dtype, "shape": shape, "data_offsets": [0, nbytes]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path = folder / "model.safetensors"
+    with path.open("wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + nbytes)
+    return path
+
+
+@pytest.mark.parametrize("key, dtype, shape, item", [
+    ("d2t", "I64", [2**27], 8),  # 1 GiB of d2t (inspect peaked at 7.5 GB)
+    ("lm_head.weight", "BF16", [2**20, 2**19], 2),  # 1 TiB (ran > 60 s)
+])
+def test_sparse_checkpoint_declaring_huge_tensors(key, dtype, shape, item, copy, tmp_path) -> None:
+    """Refused from its header, before any value is read: one line, exit 2, little memory."""
+    _sparse_checkpoint(copy, key, dtype, shape, item)
+    script = ("import resource, sys\nfrom specscope.cli import main\ncode = main(['inspect', sys.argv[1]])\n"
+              "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(copy)], capture_output=True, text=True, timeout=120)
+    code, peak_mib = proc.stdout.split()
+    assert code == "2" and proc.stderr.count("\n") == 1 and "a sparse file" in proc.stderr, proc.stderr
+    assert int(peak_mib) < 1024, proc.stdout
+
+
+def test_vocab_map_larger_than_any_vocabulary(copy, capsys) -> None:
+    """A real (not sparse) d2t of 5M entries, 40 MB: refused from its declared shape, not loaded."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(copy / "model.safetensors"))
+    tensors["d2t"] = np.zeros(5 * 2**20, dtype=np.int64)
+    save_file(tensors, str(copy / "model.safetensors"))
+    _fail([str(copy)], capsys, "more than the 33,554,432 such a tensor can be")

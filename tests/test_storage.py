@@ -156,7 +156,7 @@ def test_first_run_start_wins_and_rank_rows_merge(store: Store) -> None:
 
 
 def test_a_failing_batch_writes_nothing(store: Store) -> None:
-    bad = ev.RequestStart(run_id=RUN, request_id="q2", rank=0, prompt_tokens=None)  # NOT NULL column
+    bad = ev.RankStart(run_id=RUN, rank=0, world_size=1, host=None, pid=1, device="cpu")  # NOT NULL column
     with pytest.raises(StoreError, match="writing to"):
         store.write([_run_start(), *_verify_steps(RUN, "q1", [1, 2]), bad], counters={(RUN, 0): (4, 0)})
     assert _rows(store, "SELECT COUNT(*) FROM runs") == [(0,)]

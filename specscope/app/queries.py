@@ -132,7 +132,8 @@ def marked_tokens(steps: list[Row]) -> list[Row]:
     for row in steps:
         for index, token in enumerate(row["emitted"] or ()):
             source = "draft" if index < row["accepted"] else "target"
-            marked.append({"token": token, "step": row["step"], "source": source})
+            # str(): a store written before VerifyStep checked ``emitted`` may hold token ids
+            marked.append({"token": str(token), "step": row["step"], "source": source})
     return marked
 
 

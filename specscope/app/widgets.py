@@ -15,7 +15,7 @@ from typing import Any
 
 import streamlit as st
 
-from specscope.app import DB_ENV, queries
+from specscope.app import DB_ENV, queries, trace_threshold
 from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import SpecscopeError
 from specscope.events import Finding, by_severity
@@ -40,11 +40,6 @@ def db_url() -> str:
     return os.environ.get(DB_ENV, "")
 
 
-TRACE_ENV = "SPECSCOPE_TRACE_SQL"
-"""Set to a number of seconds: every statement the pages run that takes longer is logged (logger
-``specscope``) with its time, to explain a slow page."""
-
-
 def _slow_statements(threshold_s: float):
     def trace(sql: str, parameters: Any, seconds: float) -> None:
         if seconds >= threshold_s:
@@ -55,9 +50,9 @@ def _slow_statements(threshold_s: float):
 
 @st.cache_resource(show_spinner=False)
 def _open(url: str) -> Store:
-    threshold = os.environ.get(TRACE_ENV)
+    threshold = trace_threshold()
     return open_store(url, create=False, read_only=True,
-                      tracer=None if threshold is None else _slow_statements(float(threshold)))
+                      tracer=None if threshold is None else _slow_statements(threshold))
 
 
 def store() -> Store:

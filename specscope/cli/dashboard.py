@@ -1,8 +1,9 @@
 """`specscope dashboard`: serve the Streamlit dashboard on a trace store.
 
 The store is opened first, so a file or database that is not a specscope store, or a newer schema, is
-one line and exit 2 before any server starts. A store that does not exist yet is created empty (and
-an older one upgraded, as an engine's collector would): the dashboard can be opened before the engine
+one line and exit 2 before any server starts, and so is an existing empty file (a user's file is never
+turned into a store) or a bad :data:`specscope.app.TRACE_ENV`. A store that does not exist yet is
+created empty (and an older one upgraded, as an engine's collector would): the dashboard can be opened before the engine
 writes, shows how to instrument it, and switches to the run as soon as its first event arrives. Then
 ``streamlit run`` of :data:`specscope.app.ENTRY` replaces this process (same interpreter, headless, no
 usage stats), with the store in the :data:`specscope.app.DB_ENV` environment variable.
@@ -15,9 +16,10 @@ import os
 import sys
 from typing import NoReturn
 
-from specscope.cli._types import add_db_argument
-from specscope.app import ACCENT, DB_ENV, ENTRY
-from specscope.storage import open_store
+from specscope.app import ACCENT, DB_ENV, ENTRY, trace_threshold
+from specscope.cli._types import add_db_argument, port
+from specscope.errors import ConfigError
+from specscope.storage import open_store, store_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("dashboard", help="serve the live dashboard on a store",
                             description="Serve the specscope dashboard (Streamlit) on a trace store.")
     add_db_argument(parser)
-    parser.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
+    parser.add_argument("--port", type=port, default=8501, help="port to listen on (default 8501)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.set_defaults(func=run)
 
@@ -43,6 +45,11 @@ def streamlit_command(host: str, port: int) -> list[str]:
 def run(args: argparse.Namespace) -> NoReturn:
     """Check the store, then become the Streamlit server (``os.execve``): Ctrl-C, or a signal sent to
     this process id, stops the server itself; a child process would outlive a killed parent."""
+    trace_threshold()  # raises ConfigError: one line, exit 2, before the server starts
+    path = store_file(args.db)
+    if path is not None and path.is_file() and path.stat().st_size == 0:
+        raise ConfigError(f"{args.db} is an empty file, not a specscope store: give a store, or a path "
+                          "that does not exist yet (the dashboard creates the store there)")
     with open_store(args.db):
         pass  # raises StoreError / SchemaVersionError: one line, exit 2 (cli/__init__.py)
     print(f"specscope dashboard on http://{args.host}:{args.port} (store {args.db})", flush=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from specscope.cli._types import non_negative_int
+from specscope.cli._types import non_negative_int, port
 from specscope.engine.faults import FAULTS, parse_rank_fault
 from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compiled", action="store_true",
                    help="--engine vllm: serve vLLM's default compiled mode (torch.compile) instead of eager")
     p.add_argument("--no-dashboard", action="store_true", help="run once and print the doctor summary")
-    p.add_argument("--port", type=int, default=8501, help="dashboard port")
+    p.add_argument("--port", type=port, default=8501, help="dashboard port")
     p.add_argument("--host", default="127.0.0.1", help="dashboard address")
     p.set_defaults(func=run)
 
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from specscope.doctor import checkpoint_findings, diagnose, render_text, save_findings
     from specscope.storage import open_store
 
+    open_store(args.db).close()  # a location that cannot hold a store fails here, before any engine runs
     runners = {"vllm": _run_vllm, "llama.cpp": _run_llamacpp, "reference": _run_reference}
     run_ids = runners[args.engine](args)
     with open_store(args.db) as store:

@@ -9,10 +9,10 @@ line on stderr).
 from __future__ import annotations
 
 import argparse
-import json
 
 from specscope.cli._types import add_db_argument, add_json_argument
 from specscope.doctor import checkpoint_findings, diagnose, render_text
+from specscope.results import to_json
 from specscope.storage import open_store
 
 
@@ -37,5 +37,5 @@ def run(args: argparse.Namespace) -> int:
         # the verdict here must be the same one (and a stored checkpoint error fails the run).
         report = report.with_checkpoint([f for run in report.runs
                                          for f in checkpoint_findings(store, run.run_id)])
-    print(json.dumps(report.to_dict(), indent=2) if args.json else render_text(report))
+    print(to_json(report.to_dict()) if args.json else render_text(report))
     return report.exit_code

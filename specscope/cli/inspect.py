@@ -6,10 +6,9 @@ Exit status: 0 no error finding, 1 at least one error finding, 2 unusable input 
 
 from __future__ import annotations
 
-import json
-
 from specscope.conventions import ENGINES
 from specscope.inspector import SERVE_DTYPES, inspect_checkpoint, render_text
+from specscope.results import to_json
 
 
 def register(sub) -> None:
@@ -34,5 +33,5 @@ def run(args) -> int:
     """Inspect ``args.path`` and print the report; returns the exit status (0 / 1)."""
     report = inspect_checkpoint(args.path, engine=args.engine, target_config=args.target_config,
                                 serve_dtype=args.serve_dtype, target=args.target, compare=args.compare)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else render_text(report))
+    print(to_json(report.to_dict()) if args.json else render_text(report))
     return report.exit_code

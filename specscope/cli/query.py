@@ -2,7 +2,9 @@
 
 The store is opened read-only (never created nor upgraded) and the database itself refuses writes,
 ATTACH, temp objects and extension loading (see :meth:`specscope.storage.Store.query`); the statement
-has ``--timeout`` seconds (default 2) and the result at most 64 MiB. A refused statement, bad SQL, the
+has ``--timeout`` seconds (default 2, at most a day) and the result at most 64 MiB (a single value too).
+The table escapes control characters of stored text; ``--json`` is strict JSON (non-finite numbers
+as null). A refused statement, bad SQL, the
 time limit or a missing store exits with status 2; a result cut by ``--limit`` or the byte cap says so
 on stderr.
 Tables and views to query: specscope/storage/schema.py and specscope/storage/views.py.
@@ -15,7 +17,7 @@ import sys
 
 from specscope.cli._types import add_db_argument
 from specscope.results import write_csv, write_json, write_table
-from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, open_store
+from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, MAX_QUERY_TIMEOUT_S, open_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of rows: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
@@ -66,6 +71,6 @@ def _positive_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    if not 0 < value <= MAX_QUERY_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be > 0 and at most {MAX_QUERY_TIMEOUT_S:g} seconds, got {text}")
     return value

@@ -38,6 +38,7 @@ logger = logging.getLogger("specscope")
 Key = tuple[str, int]  # (run_id, rank)
 FIRST_BACKOFF_S = 0.05  # wait after the first failed write; doubled per failure in a row
 MAX_BACKOFF_S = 2.0  # longest wait between two write attempts on a failing store (seconds)
+EXIT_TIMEOUT_S = 30.0  # longest wait of the close at interpreter exit for the writer (seconds)
 
 
 class _FlushMarker:
@@ -91,7 +92,7 @@ class Collector:
         self._closing = False
         self._start_writer()
         _LIVE.add(self)
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
 
     def _start_writer(self) -> None:
         """Fresh state and writer thread (at construction, and in a forked child)."""
@@ -105,6 +106,7 @@ class Collector:
         self._stop = threading.Event()  # set by close(): cuts a backoff wait short
         self._closed = False
         self._lossy_close = False  # events were lost at or after close: flush() answers False
+        self._dropped_reported = 0  # `dropped` as the last flush() saw it
         self._lock = threading.Lock()  # serialises flush()'s marker with the writer's shutdown
         self._drop_lock = threading.Lock()  # guards dropped and _emit_drops (the rare path)
         self._emit_drops: dict[Key, int] = {}
@@ -140,7 +142,7 @@ class Collector:
         raises; when ``capacity`` events are held, or after close, the event is dropped and counted
         for its (run_id, rank)."""
         queue = self._queue
-        if self._closed or len(queue) + self._in_flight >= self._capacity:
+        if self._closing or len(queue) + self._in_flight >= self._capacity:
             self._drop(event)
             return
         queue.append(event)
@@ -154,23 +156,31 @@ class Collector:
 
         Returns:
             True when all of them were committed (the store holds them, durably); False when the
-            timeout (seconds) expired first, any event emitted since the previous flush was dropped
-            by a failed or rejected write, or the collector is closed and lost events at or after
-            its close.
+            timeout (seconds) expired first, any event was dropped since the previous flush (a full
+            buffer, a failed or rejected write: how many is in :attr:`dropped`), or the collector
+            is closed and lost events at or after its close.
         """
         with self._lock:
             if self._closed:  # the writer has stopped: nothing more can be written
-                return not self._lossy_close
+                return not self._lossy_close and not self._new_drops()
             marker = _FlushMarker()
             self._queue.append(marker)
         self._wake.set()
-        return marker.done.wait(timeout_s) and marker.committed
+        done = marker.done.wait(timeout_s) and marker.committed
+        return not self._new_drops() and done
+
+    def _new_drops(self) -> bool:
+        """Whether events were dropped since the previous call (by any flush)."""
+        with self._drop_lock:
+            seen, self._dropped_reported = self._dropped_reported, self.dropped
+        return self.dropped != seen
 
     def close(self, timeout_s: float | None = None) -> None:
         """Flush, stop the writer thread and close a store this collector opened. Idempotent;
-        events emitted afterwards are dropped and counted. On a failing store it does not retry:
-        what is still queued is dropped and counted."""
-        atexit.unregister(self.close)
+        events emitted once close has begun are dropped and counted (so threads that keep emitting
+        cannot keep it waiting). On a failing store it does not retry: what is still queued is
+        dropped and counted. At interpreter exit it waits at most :data:`EXIT_TIMEOUT_S`."""
+        atexit.unregister(self._close_at_exit)
         self._closing = True
         self._stop.set()
         self._wake.set()
@@ -180,12 +190,15 @@ class Collector:
             if self._store_url is not None and self._store is not None:
                 self._store.close()
 
+    def _close_at_exit(self) -> None:
+        self.close(EXIT_TIMEOUT_S)
+
     def _drop(self, event: Event) -> None:
         key = (getattr(event, "run_id", None), getattr(event, "rank", 0))
         with self._drop_lock:
             self.dropped += 1
             self._emit_drops[key] = self._emit_drops.get(key, 0) + 1
-            if self._closed:
+            if self._closing:
                 self._lossy_close = True
 
     # --- writer thread -------------------------------------------------------------------------
@@ -195,7 +208,7 @@ class Collector:
             self._loop()
         finally:  # also when the loop died of a bug: no flush may wait forever
             with self._lock:
-                self._closed = True  # emit() drops from now on: nobody would write it
+                self._closing = self._closed = True  # emit() drops from now on: nobody would write it
             self._abandon()
 
     def _loop(self) -> None:

@@ -12,6 +12,11 @@ from specscope.checkpoint_reader import CheckpointReader
 from specscope.inspector._stats import TensorStats, tensor_stats
 
 
+MAP_MAX_BYTES = 32 * 2**20
+"""Most bytes a vocabulary map (``d2t`` int64, ``t2d`` bool) may declare: 4M int64 entries, 16x the
+largest vocabularies in use (262,144). The checks hold a few int64 copies of it at once."""
+
+
 @dataclass
 class CheckContext:
     """Inputs of the checks, with values read lazily and cached (each tensor read at most once).
@@ -42,9 +47,13 @@ class CheckContext:
         return info.shape if info is not None else None
 
     def value(self, key: str) -> np.ndarray:
-        """The whole (small) tensor ``key``: ``d2t``, ``t2d``."""
+        """The whole (small) tensor ``key``: ``d2t``, ``t2d``; at most :data:`MAP_MAX_BYTES`.
+
+        Raises:
+            CheckpointError: its header declares more (before anything is read).
+        """
         if key not in self._values:
-            self._values[key] = self.reader.get(key)
+            self._values[key] = self.reader.get(key, max_bytes=MAP_MAX_BYTES)
         return self._values[key]
 
     def stats(self, key: str) -> TensorStats:

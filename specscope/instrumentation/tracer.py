@@ -215,14 +215,24 @@ class Tracer:
         engine applies them (``temperature`` 0 = greedy; None = not known) and optionally the prompt
         (token ids or text; only its :func:`~specscope.events.prompt_key` is stored, so runs over the
         same prompts compare request by request). Without target hooks, the next draft call counts
-        as target-fed."""
+        as target-fed.
+
+        Never raises into the engine: a prompt length that is not a whole number >= 0, or a sampling
+        setting that is not a number, drops the call (counted in ``hook_errors``, logged once), and
+        the request stays unknown to the tracer.
+        """
         self.start()
-        request_id = str(request_id)
+        try:
+            request_id = str(request_id)
+            event = RequestStart(self.run_id, request_id, self.rank, _whole(prompt_tokens),
+                                 _number(temperature, float), _number(top_p, float), _number(top_k, int),
+                                 None if prompt is None else prompt_key(prompt))
+        except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
+            self._hook_failed("start_request", exc)
+            return
         self._steps[request_id] = 0
         self.hook_state.new_step(request_id, 0)
-        self._emit(RequestStart(self.run_id, request_id, self.rank, int(prompt_tokens),
-                                _number(temperature, float), _number(top_p, float), _number(top_k, int),
-                                None if prompt is None else prompt_key(prompt)))
+        self._emit(event)
 
     # -- losslessness audit (docs/design.md, "Losslessness audit") -----------------------------
 
@@ -289,14 +299,27 @@ class Tracer:
             self.status()
 
     def finish_request(self, request_id: str, output_tokens: int, text: str | None = None) -> None:
-        """A request finished with ``output_tokens`` generated tokens (bonus tokens included)."""
+        """A request finished with ``output_tokens`` generated tokens (bonus tokens included).
+
+        Never raises into the engine: finishing a request that was never started or is already
+        finished, or a token count that is not a whole number >= 0, drops the call (counted in
+        ``hook_errors``, logged once); the first finish of a request is the one stored.
+        """
         self.start()
-        request_id = str(request_id)
-        steps = self._steps.pop(request_id, 0)
+        try:
+            request_id = str(request_id)
+            if request_id not in self._steps:
+                raise LookupError(f"request {request_id!r} was never started or is already finished")
+            event = RequestEnd(self.run_id, request_id, self.rank, _whole(output_tokens),
+                               self._steps[request_id], text)
+        except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
+            self._hook_failed("finish_request", exc)
+            return
+        del self._steps[request_id]
         self._flush_groups(request_id)
         if self.hook_state.request == request_id:
             self.hook_state.request = self.hook_state.step = None
-        self._emit(RequestEnd(self.run_id, request_id, self.rank, int(output_tokens), steps, text))
+        self._emit(event)
 
     def _step_detail(self, request_id: str) -> bool:
         """Whether ``request_id`` keeps per-step rows: crc32 of the id below ``step_sample`` of 2**32
@@ -322,6 +345,15 @@ class Tracer:
 def _number(value: Any, kind: type) -> Any:
     """``value`` as ``kind`` (a tensor or numpy scalar too), None kept."""
     return None if value is None else kind(value)
+
+
+def _whole(value: object) -> int:
+    """``value`` as an int when it is a whole number (an int, or a float / numpy scalar without a
+    fraction); ValueError / TypeError otherwise (NaN, 2.5, a string)."""
+    number = int(value)
+    if number != value:
+        raise ValueError(f"{value!r} is not a whole number")
+    return number
 
 
 def _sampling(sampling: SamplingConfig | None, **fields: int | bool | None) -> SamplingConfig:

@@ -7,9 +7,9 @@ per call), read-only ``connect()`` / ``query(sql)`` / ``fetch(named query)``. Ta
 :mod:`.migrations`.
 """
 
-from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S
+from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S, MAX_QUERY_TIMEOUT_S
 from specscope.storage.schema import SCHEMA_VERSION
-from specscope.storage.store import QueryResult, Store, open_store
+from specscope.storage.store import QueryResult, Store, open_store, store_file
 
-__all__ = ["DEFAULT_MAX_RESULT_BYTES", "DEFAULT_QUERY_TIMEOUT_S", "SCHEMA_VERSION", "QueryResult", "Store",
-           "open_store"]
+__all__ = ["DEFAULT_MAX_RESULT_BYTES", "DEFAULT_QUERY_TIMEOUT_S", "MAX_QUERY_TIMEOUT_S", "SCHEMA_VERSION",
+           "QueryResult", "Store", "open_store", "store_file"]

@@ -54,8 +54,8 @@ def parse_target(url_or_path: str) -> Target:
         return Target(display=url_or_path, sqlite_path=Path(url_or_path).expanduser())
     try:
         url = sa.make_url(url_or_path)
-    except sa.exc.ArgumentError as exc:
-        raise StoreError(f"not a database URL: {url_or_path!r}") from exc
+    except (sa.exc.ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise StoreError(f"not a database URL: {url_or_path!r} ({exc})") from exc
     backend = url.get_backend_name()  # the driver name loads the dialect: unknown schemes raise there
     if backend == "sqlite":
         if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from specscope import events as ev
+from specscope.storage import schema
 
 Row = dict[str, Any]
 Counters = Mapping[tuple[str, int], tuple[int, int]]
@@ -164,13 +165,80 @@ _KEYS: dict[str, tuple[tuple[str, ...], bool]] = {  # statement -> (key columns,
 }
 
 
+# Where each statement writes: the columns whose types check_row compares values with.
+# (a plain insert is named after its table)
+_TABLES = {"runs": schema.runs, "rank_start": schema.run_ranks, "rank_status": schema.run_ranks,
+           "request_start": schema.requests, "request_end": schema.requests,
+           **{name: schema.metadata.tables[name] for name in INSERT_COLUMNS}}
+_INT64 = 2**63
+
+
+def _column_types(statement: str) -> dict[str, type]:
+    table = _TABLES[statement]
+    return {column.name: column.type.python_type for column in table.columns}
+
+
+_TYPES = {statement: _column_types(statement) for statement in _TABLES}
+_TUPLE_TYPES = {statement: tuple(_TYPES[statement][c] for c in columns)
+                for statement, columns in INSERT_COLUMNS.items()}
+
+
+def _bad_value(expected: type, value: Any) -> str | None:
+    """Why ``value`` cannot be stored in a column of Python type ``expected`` on both databases
+    (None when it can): an int outside 64 bits, text that is not UTF-8-encodable or holds NUL
+    (PostgreSQL refuses it), or a value of another type (a list where a number goes)."""
+    if value is None:
+        return None
+    if expected is str:
+        if not isinstance(value, str):
+            return f"{type(value).__name__} where text goes"
+        if "\x00" in value:
+            return "text with a NUL character"
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return "text that is not valid Unicode (a lone surrogate)"
+        return None
+    if expected is float:
+        return None if isinstance(value, (int, float)) else f"{type(value).__name__} where a number goes"
+    if not isinstance(value, int):  # int and bool columns
+        return f"{type(value).__name__} where an integer goes"
+    return None if -_INT64 <= value < _INT64 else "an integer outside 64 bits"
+
+
+def bad_value(grouped: Mapping[str, list[Row | tuple]]) -> str | None:
+    """The first value of ``grouped`` (:func:`group_rows`) that a database could not store as it is,
+    named with its column and why; None when every value fits its column.
+
+    Run after a write failed (never before: a clean batch pays nothing), to tell a batch that holds
+    a bad value from a store that cannot be written."""
+    for statement, rows in grouped.items():
+        if statement not in _TABLES:
+            continue
+        for row in rows:
+            if isinstance(row, tuple):
+                names, types, values = INSERT_COLUMNS[statement], _TUPLE_TYPES[statement], row
+            else:
+                names, values = tuple(row), tuple(row.values())
+                types = tuple(_TYPES[statement][name.removeprefix("b_")] for name in names)
+            for name, expected, value in zip(names, types, values):
+                reason = _bad_value(expected, value)
+                if reason is not None:
+                    shown = repr(value)
+                    return (f"{_TABLES[statement].name}.{name.removeprefix('b_')}: {reason} "
+                            f"({shown[:60] + '...' if len(shown) > 60 else shown})")
+    return None
+
+
 def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
     """Rows per statement name of :data:`STATEMENTS` (statements without rows are absent): tuples in
     :data:`INSERT_COLUMNS` order for the plain inserts, dicts of column values for the others.
 
     Raises:
         KeyError: an object whose ``kind`` is not an event kind of :mod:`specscope.events`;
-        AttributeError / TypeError: an event with fields of the wrong type.
+        AttributeError / TypeError / ValueError / RecursionError: an event with fields of the wrong
+        type or a value no database column can hold (``emitted`` nested past the recursion limit).
     """
     grouped: dict[str, list[Row]] = {}
     for event in events:

@@ -6,9 +6,11 @@ see :mod:`specscope.storage._errors`.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,14 +33,20 @@ from specscope.storage._errors import translate
 from specscope.storage._guard import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_QUERY_TIMEOUT_S,
+    MAX_QUERY_TIMEOUT_S,
+    ROW_OVER_CAP,
     ResultCap,
     SqliteGuard,
+    capped_select,
+    check_postgres,
     postgres_timeout_sql,
+    row_bytes,
 )
-from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, counter_rows, group_rows
+from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, bad_value, counter_rows, group_rows
 from specscope.storage.queries import Query, fetch
 
 _PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
+DEFAULT_LOCK_TIMEOUT_S = 120.0  # longest wait for it (seconds; open_store's lock_timeout_s)
 _PG_QUERY_CANCELED = "57014"  # SQLSTATE query_canceled: statement_timeout expired
 
 
@@ -68,6 +76,8 @@ class Store:
         self._bulk_insert = _bulk.choose(self.dialect, bulk)
         # PostgreSQL user queries stream through a raw psycopg cursor the engine events do not see
         self._trace_query = tracer if self.dialect == "postgresql" else None
+        self._sqlite_path = target.sqlite_path
+        self._file_id = _file_id(target.sqlite_path) if target.sqlite_path is not None else None
 
     def __repr__(self) -> str:
         mode = "read-only" if self.read_only else "read-write"
@@ -112,12 +122,11 @@ class Store:
                 refused an event's values (too long for its column, out of range, a constraint).
             StoreError: the database refused the transaction (locked, unreachable, full, read-only).
         """
-        if self._write_engine is None:
-            raise ReadOnlyViolation(f"store {self.url} was opened read-only")
+        self._check_writable()
         try:
             grouped = group_rows(events)
             summaries = _summaries.batch_rows(grouped.get("verify_steps", ()), grouped.get("tensor_events", ()))
-        except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        except (KeyError, AttributeError, TypeError, ValueError, RecursionError) as exc:
             raise EventRejected(f"writing to {self.url}: not a specscope event or a malformed one: "
                                 f"{type(exc).__name__}: {exc}") from exc
         if counters:
@@ -126,17 +135,38 @@ class Store:
                 grouped["counters"] = rows
         if not grouped:
             return
-        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
-            for name in STATEMENTS:
-                rows = grouped.get(name)
-                if not rows:
-                    continue
-                if name in self._inserts:
-                    self._bulk_insert(conn, name, self._inserts[name], rows)
-                else:
+        try:
+            with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
+                for name in STATEMENTS:
+                    rows = grouped.get(name)
+                    if not rows:
+                        continue
+                    if name in self._inserts:
+                        self._bulk_insert(conn, name, self._inserts[name], rows)
+                    else:
+                        conn.execute(self._statements[name], rows)
+                for name, rows in summaries.items():  # in the same transaction as the rows they sum up
                     conn.execute(self._statements[name], rows)
-            for name, rows in summaries.items():  # in the same transaction as the rows they sum up
-                conn.execute(self._statements[name], rows)
+        except EventRejected:
+            raise
+        except (StoreError, UnicodeError, OverflowError, TypeError, ValueError) as exc:
+            # A value no database can hold fails in the driver (a lone surrogate, an int past 64
+            # bits, a list where a number goes) as something other than a value error: name it,
+            # so that the collector sets that event aside instead of losing the batch.
+            bad = bad_value(grouped)
+            if bad is None and isinstance(exc, StoreError):
+                raise
+            raise EventRejected(f"writing to {self.url}: {bad or f'{type(exc).__name__}: {exc}'}") from exc
+
+    def _check_writable(self) -> None:
+        """Raise ReadOnlyViolation on a read-only store, and (SQLite) StoreError when the store's file
+        was deleted or replaced since it was opened: the open connections would go on writing to the
+        deleted file, every write reporting success and every event lost."""
+        if self._write_engine is None:
+            raise ReadOnlyViolation(f"store {self.url} was opened read-only")
+        if self._sqlite_path is not None and _file_id(self._sqlite_path) != self._file_id:
+            raise StoreError(f"writing to {self.url}: the store file was deleted or replaced while open; "
+                             "nothing more is written to it (open the store again to start a new one)")
 
     def replace_findings(self, source: str, run_ids: Sequence[str], findings: Sequence[Finding]) -> None:
         """Delete the ``source`` findings (``"doctor"`` / ``"inspect"``) of ``run_ids`` and write
@@ -146,8 +176,7 @@ class Store:
             ReadOnlyViolation: the store was opened read-only.
             StoreError: as :meth:`write`.
         """
-        if self._write_engine is None:
-            raise ReadOnlyViolation(f"store {self.url} was opened read-only")
+        self._check_writable()
         try:
             if any(f.kind != "finding" for f in findings):
                 raise TypeError("only Finding events can replace findings")
@@ -172,8 +201,7 @@ class Store:
             ReadOnlyViolation: the store was opened read-only.
             StoreError: the database refused the transaction.
         """
-        if self._write_engine is None:
-            raise ReadOnlyViolation(f"store {self.url} was opened read-only")
+        self._check_writable()
         with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
             _summaries.rebuild(conn)
 
@@ -200,44 +228,67 @@ class Store:
     def query(self, sql: str, params: Mapping[str, Any] | None = None, limit: int | None = None, *,
               timeout_s: float | None = DEFAULT_QUERY_TIMEOUT_S,
               max_bytes: int | None = DEFAULT_MAX_RESULT_BYTES) -> QueryResult:
-        """Run ONE user SQL statement on a read-only connection; return ``(column names, rows)``.
+        """Run ONE user SQL statement on a read-only connection, once; return ``(column names, rows)``.
 
         Without ``params`` the SQL is sent as written; with ``params`` it may name ``:param``
         placeholders (SQLAlchemy ``text()``). The database enforces read-only for every statement
         class (:mod:`specscope.storage._guard`: on SQLite an authorizer denying ATTACH / DETACH /
         VACUUM INTO, writes, temp objects, transactions, state-changing PRAGMAs and
-        ``load_extension``, on a ``mode=ro`` + ``query_only`` connection; on PostgreSQL a read-only
-        transaction sent through the extended protocol, so a second statement cannot follow a
-        ``COMMIT``), and the transaction is rolled back afterwards. ``timeout_s`` (seconds, None = no
-        limit; default 2 s) bounds the statement, fetch included; ``limit`` (rows) and ``max_bytes``
-        (values as text; default 64 MiB) cap what is returned: the result's ``truncated`` then names
-        the cap. A statement that returns no rows gives ``([], [])``.
+        ``load_extension``, on a ``mode=ro`` + ``query_only`` connection; on PostgreSQL the statement
+        is parsed first and anything but one query, or a call reaching locks, sessions, files,
+        programs or large objects, is refused before it runs; the query then runs in a read-only
+        transaction on a connection closed afterwards). ``timeout_s`` (seconds, None = no limit;
+        default 2 s, at most a day) bounds the statement, fetch included; ``limit`` (rows) and
+        ``max_bytes`` (values as text; default 64 MiB) cap what is returned: the result's
+        ``truncated`` then names the cap; a single value larger than ``max_bytes`` stops the
+        statement (SQLite: while it is computed). A statement that returns no rows gives
+        ``([], [])`` (SQLite only: on PostgreSQL such a statement is refused).
 
         Raises:
             ReadOnlyViolation: the statement tried to write or to reach outside the store; nothing
                 changed and no file was created.
             StoreError: the database rejected the SQL (its message), an empty query, more than one
-                statement, a negative limit, or the time limit expired.
+                statement, SQL that is not UTF-8 text, a negative limit, a value over ``max_bytes``,
+                or the time limit expired.
         """
         if not sql.strip():
             raise StoreError("the query is empty: give one SQL statement")
+        try:
+            sql.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a non-UTF-8 byte from argv arrives as a lone surrogate
+            raise StoreError(f"the query is not UTF-8 text (character {exc.start + 1} is not valid)") from None
         if limit is not None and limit < 0:
             raise StoreError(f"query limit must be >= 0, got {limit}")
-        if timeout_s is not None and not timeout_s > 0:
-            raise StoreError(f"query time limit must be > 0 seconds, got {timeout_s}")
+        if timeout_s is not None and not 0 < timeout_s <= MAX_QUERY_TIMEOUT_S:
+            raise StoreError(f"query time limit must be > 0 and at most {MAX_QUERY_TIMEOUT_S:g} seconds, "
+                             f"got {timeout_s}")
         cap = ResultCap(limit, max_bytes)
+        if self.dialect == "postgresql":
+            sent, sent_params = sql, params
+            if params is not None:  # :name placeholders -> psycopg's, before the check parses it
+                compiled = sa.text(sql).compile(dialect=PGDialect_psycopg())
+                sent, sent_params = compiled.string, compiled.construct_params(dict(params))
+            select = check_postgres(sent, self.url)
+            if select is not None and max_bytes is not None:
+                sent = capped_select(select, max_bytes)
         with translate("query on", self.url), self._read_engine.connect() as conn:
             conn.begin()  # the BEGIN of the read engine runs before the guard denies transactions
-            try:
-                if self.dialect == "postgresql":
-                    started = time.perf_counter()
-                    columns, rows = _query_postgres(conn, sql, params, cap, timeout_s, self.url)
-                    if self._trace_query is not None:
-                        self._trace_query(sql, params, time.perf_counter() - started)
-                else:
+            if self.dialect == "postgresql":
+                started = time.perf_counter()
+                try:
+                    columns, rows = _query_postgres(conn, sent, sent_params, cap, timeout_s, self.url,
+                                                    select is not None)
+                finally:
+                    # closing the connection ends its session: an advisory lock or setting the
+                    # statement took (a new function, a role's own) dies with it
+                    conn.invalidate()
+                if self._trace_query is not None:
+                    self._trace_query(sql, params, time.perf_counter() - started)
+            else:
+                try:
                     columns, rows = _query_sqlite(conn, sql, params, cap, timeout_s, self.url)
-            finally:
-                conn.rollback()
+                finally:
+                    conn.rollback()
         return QueryResult(columns, rows, cap.truncated)
 
 
@@ -266,11 +317,15 @@ def _timed_out(url: str, timeout_s: float | None) -> StoreError:
                       "query or raise the limit (specscope query --timeout, the SQL page's Time limit)")
 
 
+def _too_big(url: str, max_bytes: int, what: str = "a row is larger than the result cap") -> StoreError:
+    return StoreError(f"query on {url}: {what} of {max_bytes:,} bytes; select less of it (substr, length)")
+
+
 def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
                   timeout_s: float | None, url: str) -> tuple[list[str], list[tuple]]:
     # sqlite3 itself refuses a second statement ("You can only execute one statement at a time").
     raw = conn.connection.dbapi_connection
-    guard = SqliteGuard(timeout_s)
+    guard = SqliteGuard(timeout_s, cap.max_bytes)
     guard.install(raw)
     try:
         result = conn.exec_driver_sql(sql) if params is None else conn.execute(sa.text(sql), dict(params))
@@ -283,27 +338,42 @@ def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None, 
                                     "read-only: SELECT, WITH and schema PRAGMAs only)") from exc
         if guard.timed_out:
             raise _timed_out(url, timeout_s) from exc
+        if getattr(exc.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG:
+            raise _too_big(url, guard.value_limit, "a value is larger than the per-value limit") from exc
         raise
     finally:
         guard.remove(raw)
 
 
+_FETCH_BYTES = 2**20  # a server-side cursor's fetch brings about this much (at least one row)
+_FETCH_ROWS = 1000  # and at most this many rows
+
+
 def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
-                    timeout_s: float | None, url: str) -> tuple[list[str], list[tuple]]:
-    # psycopg sends a query without parameters through the simple protocol, which runs several
-    # ';'-separated statements ("COMMIT; SET ...; INSERT ..." would escape the read-only
-    # transaction). binary=True makes it use the extended protocol: one statement only.
+                    timeout_s: float | None, url: str, declarable: bool) -> tuple[list[str], list[tuple]]:
+    # A SELECT runs through a server-side cursor (DECLARE, then FETCH of about _FETCH_BYTES at a
+    # time): its columns are known without a row and nothing is run twice; EXPLAIN and SHOW, whose
+    # result is a row or a few, stream. binary=True: the extended protocol, one statement only.
     import psycopg  # the PostgreSQL driver is optional (extra "postgres"); this store needs it
 
     raw = conn.connection.dbapi_connection
-    if params is not None:
-        compiled = sa.text(sql).compile(dialect=conn.dialect)
-        sql, params = compiled.string, compiled.construct_params(dict(params))
-    with raw.cursor() as cursor:
-        timeout_sql = postgres_timeout_sql(timeout_s)
-        if timeout_sql is not None:
-            cursor.execute(timeout_sql)
-        try:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def limit_time() -> None:  # before each round trip: the statement gets the time that is left
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _timed_out(url, timeout_s)
+            raw.execute(postgres_timeout_sql(left))
+
+    try:
+        limit_time()
+        if declarable:
+            with raw.cursor(name="specscope_user_query") as cursor:
+                cursor.execute(sql, params, binary=True)
+                columns = [column.name for column in cursor.description]
+                return columns, cap.take(_fetched(cursor, limit_time))
+        with raw.cursor() as cursor:
             # stream(): rows arrive one by one (a plain cursor would hold the whole result in memory
             # before the caps apply); leaving it early cancels the statement.
             stream = cursor.stream(sql, params, binary=True)
@@ -311,19 +381,36 @@ def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None
                 rows = cap.take(stream)
             finally:
                 stream.close()
-            if cursor.description is None and not rows:
-                # An empty stream carries no column names: run it once more to learn them.
-                cursor.execute(sql, params, binary=True)
-            if cursor.description is None:
-                return [], []
-            return [column.name for column in cursor.description], rows
-        except psycopg.Error as exc:
-            if exc.sqlstate == _PG_QUERY_CANCELED:
-                raise _timed_out(url, timeout_s) from exc
-            if exc.sqlstate is None:  # psycopg's own refusal: COMMIT, SET, COPY ... return no result
-                raise StoreError(f"query on {url}: the statement returns no result; only queries "
-                                 "run here") from exc
-            raise
+            return [column.name for column in cursor.description or ()], rows
+    except psycopg.Error as exc:
+        if exc.sqlstate == _PG_QUERY_CANCELED:
+            raise _timed_out(url, timeout_s) from exc
+        if ROW_OVER_CAP in str(exc) and cap.max_bytes is not None:
+            raise _too_big(url, cap.max_bytes) from exc
+        raise
+
+
+def _fetched(cursor: Any, limit_time: Callable[[], None]) -> Iterator[tuple]:
+    """The rows of a server-side cursor, fetched in batches sized to about ``_FETCH_BYTES`` by the
+    rows seen so far (one row at first), so that large rows come one at a time."""
+    size = 1
+    while True:
+        limit_time()
+        batch = cursor.fetchmany(size)
+        yield from batch
+        if len(batch) < size:
+            return
+        per_row = max(1, sum(row_bytes(row) for row in batch) // len(batch))
+        size = max(1, min(_FETCH_ROWS, _FETCH_BYTES // per_row))
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``; None when it does not exist."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _insert_sql(dialect: str) -> dict[str, str]:
@@ -360,8 +447,11 @@ def _write_statements(dialect: str) -> dict[str, sa.Executable]:
         "events_written": ranks.c.events_written + counters.excluded.events_written,
         "events_dropped": ranks.c.events_dropped + counters.excluded.events_dropped,
         "last_seen_wall": counters.excluded.last_seen_wall})
+    # the first RequestEnd of a request is the one kept: a second one (a producer finishing twice)
+    # matches no row
     request_end = sa.update(requests).where(requests.c.run_id == sa.bindparam("b_run_id"),
-                                            requests.c.request_id == sa.bindparam("b_request_id"))
+                                            requests.c.request_id == sa.bindparam("b_request_id"),
+                                            requests.c.finished_wall.is_(None))
     return _summaries.upserts(dialect) | {
         "runs": insert(schema.runs).on_conflict_do_nothing(index_elements=["run_id"]),
         "rank_start": rank_start,
@@ -373,7 +463,8 @@ def _write_statements(dialect: str) -> dict[str, sa.Executable]:
 
 
 def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False,
-               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, bulk: str | None = None,
+               busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+               bulk: str | None = None,
                tracer: Callable[[str, Any, float], None] | None = None) -> Store:
     """Open (and by default create) a trace store, applying pending schema migrations.
 
@@ -383,6 +474,9 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
         create: create the store (and the SQLite file's parent directories) when missing.
         read_only: every connection refuses writes; never creates nor upgrades (implies no create).
         busy_timeout_s: how long a SQLite writer waits for another writer's lock (seconds).
+        lock_timeout_s: how long opening a PostgreSQL store waits for the migration lock (seconds;
+            then StoreError): another process may be upgrading a large store (the version 8 step
+            takes about 30 s for 1M verify steps), or any session may hold the lock's key.
         bulk: how plain inserts reach the database (``storage/_bulk.py``): ``"copy"`` (PostgreSQL
             COPY, the default there) or ``"executemany"`` (the default on SQLite).
         tracer: called as ``tracer(sql, parameters, seconds)`` after every statement the store runs
@@ -412,13 +506,22 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
     try:
         with translate("opening", target.display):
             version = (_check_read_only(target, read_engine) if write_engine is None
-                       else _prepare(target, write_engine, create))
+                       else _prepare(target, write_engine, create, lock_timeout_s))
     except BaseException:
         for engine in (read_engine, write_engine):
             if engine is not None:
                 engine.dispose()
         raise
     return Store(target, write_engine, read_engine, version, bulk, tracer)
+
+
+def store_file(url_or_path: str) -> Path | None:
+    """The SQLite file a store location names (a path or ``sqlite:///`` URL); None for PostgreSQL.
+
+    Raises:
+        StoreError: as :func:`open_store` for a location that is not a store URL or path.
+    """
+    return parse_target(url_or_path).sqlite_path
 
 
 def _check_sqlite_path(target: Target, create: bool) -> None:
@@ -443,11 +546,29 @@ def _check_read_only(target: Target, engine: Engine) -> int:
     return state.version
 
 
-def _prepare(target: Target, engine: Engine, create: bool) -> int:
+def _migration_lock(target: Target, conn: Connection, lock_timeout_s: float) -> None:
+    """Take the PostgreSQL migration lock, waiting at most ``lock_timeout_s``: any session can take
+    an advisory lock of the same key (a reader's own tool, another program), and a writer must not
+    wait on it forever (``SET LOCAL lock_timeout``, undone with the transaction)."""
+    import psycopg
+
+    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, int(lock_timeout_s * 1000))}")
+    try:
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+    except sa.exc.OperationalError as exc:
+        if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+            raise
+        raise StoreError(f"opening {target.display}: another session has held the store's migration lock "
+                         f"(pg_advisory_xact_lock {_PG_MIGRATION_LOCK}) for over {lock_timeout_s:g} s; "
+                         "find it in pg_locks (locktype 'advisory')") from exc
+    conn.exec_driver_sql("SET LOCAL lock_timeout = DEFAULT")
+
+
+def _prepare(target: Target, engine: Engine, create: bool, lock_timeout_s: float) -> int:
     """Validate the store and bring it to SCHEMA_VERSION in one locked transaction."""
     with engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE, so concurrent openers queue here
         if target.dialect == "postgresql":
-            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+            _migration_lock(target, conn, lock_timeout_s)
         state = migrations.inspect_state(conn)
         _validate(target, state, create)
         if state.version < schema.SCHEMA_VERSION:

@@ -1,0 +1,238 @@
+"""One bad value costs only itself (issue 23): values no database column can hold, in a batch of good
+events, through a real Collector into real SQLite and PostgreSQL stores; flush() reporting every
+drop; close() while other threads keep emitting; the store deleted mid-run; the tracer's request
+calls given nonsense. Each bad value is set aside alone, counted, and never costs another event."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from _list_sink import ListSink
+from specscope import events as ev
+from specscope.collector import Collector
+from specscope.errors import EventRejected, InvalidEvent, StoreError
+from specscope.instrumentation import Tracer
+from specscope.storage import Store, open_store
+
+RUN = "run-v"
+GOOD = 5_000
+HANG = 120.0  # a flush / join still waiting after this long is a hang (detector, not a timing check)
+
+
+def _step(i: int, **changes) -> ev.VerifyStep:
+    return ev.VerifyStep(**{**dict(run_id=RUN, request_id=f"q{i % 50}", rank=0, step=i, proposed=2,
+                                   accepted=1, draft_s=0.01, verify_s=0.02, emitted=("a", "b"),
+                                   ts_wall=1000.0 + i), **changes})
+
+
+def _nested(depth: int) -> tuple:
+    value: tuple = ("x",)
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+def _bypass(event: ev.VerifyStep, **fields) -> ev.VerifyStep:
+    """The event with fields set past its constructor's checks, as a producer outside the tracer
+    (or a future bug) could hand the collector."""
+    for name, value in fields.items():
+        object.__setattr__(event, name, value)
+    return event
+
+
+def _start(request_id: str, **changes) -> ev.RequestStart:
+    return ev.RequestStart(**{**dict(run_id=RUN, request_id=request_id, rank=0, prompt_tokens=3,
+                                     ts_wall=999.0), **changes})
+
+
+# name -> a bad event of that kind (each alone must be set aside)
+BAD = {
+    "lone surrogate in request_id": lambda: _start("q\udcff"),
+    "lone surrogate in text": lambda: ev.RequestEnd(run_id=RUN, request_id="q1", rank=0, output_tokens=3,
+                                                    verify_steps=1, text="bad \ud800 text"),
+    "NUL in request_id": lambda: _start("q\x00"),
+    "int >= 2**64": lambda: _bypass(_step(1), step=2**64),
+    "emitted nested past the recursion limit": lambda: _bypass(_step(2), emitted=_nested(5_000)),
+    "draft_s as a list": lambda: _step(3, draft_s=[0.1, 0.2]),
+    "verify_s as a string": lambda: _step(4, verify_s="0.02"),
+}
+
+
+# what SQLite stores as it is (its text may hold NUL; a REAL column keeps a string as text): nothing
+# is lost there either; PostgreSQL refuses both, and then the event alone is set aside
+STORED_BY_SQLITE = {"NUL in request_id", "verify_s as a string"}
+
+
+def _rejected(bad: str, url: str) -> int:
+    return 0 if bad in STORED_BY_SQLITE and not url.startswith("postgresql") else 1
+
+
+def _count(store: Store, table: str) -> int:
+    return store.query(f"SELECT COUNT(*) FROM {table}").rows[0][0]
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+def test_one_bad_value_costs_only_itself(bad: str, store_url: str) -> None:
+    with open_store(store_url) as store, Collector(store, batch_size=GOOD + 10, flush_interval_s=60) as c:
+        c.emit(ev.RunStart(run_id=RUN, engine="e", engine_version="1", target_model="t", draft_model="d",
+                           config={}, ts_wall=1.0))
+        for i in range(GOOD // 2):
+            c.emit(_step(i))
+        c.emit(BAD[bad]())
+        for i in range(GOOD // 2, GOOD):
+            c.emit(_step(i))
+        rejected = _rejected(bad, store_url)
+        assert c.flush(HANG) is not bool(rejected)  # one was dropped: flush says so
+        assert (c.written, c.dropped, c.rejected) == (GOOD + 2 - rejected, rejected, rejected)
+        assert c.flush(HANG)  # nothing dropped since
+        c.close()
+        assert _count(store, "verify_steps") >= GOOD
+        assert store.query("SELECT events_written, events_dropped FROM run_ranks").rows == [
+            (GOOD + 2 - rejected, rejected)]
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+def test_store_write_names_the_bad_value(bad: str, store_url: str) -> None:
+    if not _rejected(bad, store_url):
+        pytest.skip("SQLite stores this value as it is")
+    with open_store(store_url) as store, pytest.raises(EventRejected) as info:
+        store.write([_start("q1"), BAD[bad]()])
+    assert "\n" not in str(info.value)
+
+
+def test_flush_reports_drops_of_a_full_buffer(tmp_path: Path) -> None:
+    """A full queue drops events: flush() answers False (it answered True with 290,001 dropped)."""
+    with Collector(str(tmp_path / "s.db"), capacity=100, batch_size=10, flush_interval_s=60) as c:
+        for i in range(1_000):
+            c.emit(_step(i))
+        assert c.dropped >= 800
+        assert not c.flush(HANG)
+        assert c.flush(HANG)
+
+
+def test_close_returns_while_threads_keep_emitting(store_url: str) -> None:
+    """close() used to wait for an empty queue while emitters kept filling it: now what is emitted
+    once close began is dropped and counted, and close returns."""
+    stop = threading.Event()
+    with open_store(store_url) as store:
+        c = Collector(store, capacity=1_000, batch_size=100, flush_interval_s=0.01)
+
+        def emitter(offset: int) -> None:
+            i = 0
+            while not stop.is_set():
+                c.emit(_step(offset + i))
+                i += 1
+
+        threads = [threading.Thread(target=emitter, args=(n * 10**9,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        try:
+            while c.written < 300:  # the writer is busy with a steady stream
+                c.flush(HANG)
+            closer = threading.Thread(target=c.close)
+            closer.start()
+            closer.join(HANG)
+            assert not closer.is_alive()
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(HANG)
+        assert c.dropped > 0 and not c.flush(HANG)
+        assert _count(store, "verify_steps") == c.written
+
+
+def test_deleting_the_store_mid_run_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The SQLite file deleted under a running collector: writes stop with an error logged once,
+    events are counted as dropped and flush() answers False (it answered True, everything lost)."""
+    path = tmp_path / "s.db"
+    with caplog.at_level(logging.ERROR, logger="specscope"), Collector(str(path), flush_interval_s=60) as c:
+        c.emit(_step(0))
+        assert c.flush(HANG)
+        path.unlink()
+        for i in range(1, 11):
+            c.emit(_step(i))
+        assert not c.flush(HANG)
+        assert (c.written, c.dropped) == (1, 10)
+    assert any("deleted or replaced" in r.getMessage() for r in caplog.records)
+    with pytest.raises(StoreError, match="deleted or replaced"):
+        store = open_store(str(tmp_path / "t.db"))
+        try:
+            (tmp_path / "t.db").unlink()
+            store.write([_step(0)])
+        finally:
+            store.close()
+
+
+def _tracer(sink: ListSink) -> Tracer:
+    config = ev.RunConfig(aux_layer_ids_resolved=(2,), target_hidden_size=8, expected_fused_width=8, k=2,
+                          num_target_layers=4)
+    return Tracer(sink, engine="e", engine_version="0", target_model="t", draft_model="d", config=config)
+
+
+@pytest.mark.parametrize("calls, errors", [
+    ([("start", "q", 3), ("finish", "q", 5), ("finish", "q", 9)], 1),  # the second finish
+    ([("finish", "ghost", 5)], 1),  # never started
+    ([("start", "q", -1), ("finish", "q", 2)], 2),  # negative prompt: never registered
+    ([("start", "q", 3), ("finish", "q", -4)], 1),  # negative output tokens
+    ([("start", "q", math.nan), ("finish", "q", 2)], 2),  # NaN: not half-registered
+    ([("start", "q", 2.5)], 1),
+])
+def test_request_calls_given_nonsense_are_counted_never_raised(calls: list, errors: int) -> None:
+    sink = ListSink()
+    with _tracer(sink) as tracer:
+        for what, request_id, tokens in calls:
+            if what == "start":
+                tracer.start_request(request_id, tokens)
+            else:
+                tracer.finish_request(request_id, tokens)
+    assert tracer.hook_errors == errors
+    starts, ends = sink.of(ev.RequestStart), sink.of(ev.RequestEnd)
+    assert all(e.prompt_tokens >= 0 for e in starts) and all(e.output_tokens >= 0 for e in ends)
+    assert len(ends) <= len(starts) and len({e.request_id for e in ends}) == len(ends)
+
+
+def test_second_request_end_keeps_the_first(store: Store) -> None:
+    """At the store, too: a second RequestEnd of a request (any producer) changes nothing."""
+    store.write([_start("q"), ev.RequestEnd(run_id=RUN, request_id="q", rank=0, output_tokens=5,
+                                            verify_steps=2, text="first", ts_wall=1.0)])
+    store.write([ev.RequestEnd(run_id=RUN, request_id="q", rank=0, output_tokens=9, verify_steps=7,
+                               text="second", ts_wall=2.0)])
+    assert store.query("SELECT output_tokens, text FROM requests").rows == [(5, "first")]
+
+
+@pytest.mark.parametrize("fields", [
+    dict(emitted=(1, 2)),  # token ids, not decoded text
+    dict(emitted=("a", "b", "c")),  # more than accepted + 1
+    dict(emitted=["a", "b"]),  # not a tuple
+])
+def test_verify_step_refuses_bad_emitted(fields: dict) -> None:
+    with pytest.raises(InvalidEvent, match="emitted"):
+        _step(0, **fields)
+
+
+@pytest.mark.parametrize("fields", [dict(prompt_tokens=-1), dict(prompt_tokens=math.nan),
+                                    dict(prompt_tokens=None)])
+def test_request_start_refuses_bad_counts(fields: dict) -> None:
+    with pytest.raises(InvalidEvent, match="prompt_tokens"):
+        _start("q", **fields)
+
+
+def test_requests_page_rows_tolerate_token_ids(tmp_path: Path) -> None:
+    """A store written before the check, holding token ids as ``emitted``: the Requests page's token
+    rows are text (they broke the page with a traceback)."""
+    from specscope.app.queries import marked_tokens, request_steps
+
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        store.write([_start("q1"), _step(1)])
+    with sqlite3.connect(path) as conn:  # what an older specscope let through
+        conn.execute("UPDATE verify_steps SET emitted = '[464, 1337]'")
+    with open_store(path, read_only=True) as store:
+        tokens = marked_tokens(request_steps(store, RUN, "q1"))
+    assert [t["token"] for t in tokens] == ["464", "1337"]

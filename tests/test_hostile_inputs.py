@@ -1,0 +1,152 @@
+"""Hostile CLI and dashboard inputs (issue 23): each is one line on stderr and exit 2 (or a clear
+message on the page), never a traceback; ``--json`` is strict JSON; the table escapes terminal
+control sequences of stored data. Real stores, the real CLI (in-process, and as a subprocess where
+argv bytes matter), the real Streamlit app (AppTest)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from _dashboard_traces import trace, write_store
+from specscope import events as ev
+from specscope.app import DB_ENV, ENTRY, TRACE_ENV
+from specscope.cli import main
+from specscope.results import to_json
+from specscope.storage import open_store
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of the CLI run in-process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def _one_line_exit_2(code: int, err: str) -> None:
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.fixture
+def db(store_url: str) -> str:
+    with open_store(store_url) as store:
+        store.write([ev.RunStart(run_id="run-\x1b[2J\x1b]0;pwned\x07", engine="e", engine_version="1",
+                                 target_model="t", draft_model="d", config={}, ts_wall=1.0)])
+    return store_url
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u@h:notaport/db", "postgresql+psycopg://[::1/db", "postgresql://u@127.0.0.1:99999/db",
+    "postgresql+psycopg2://u@h/db", "mysql://u@h/db", "sqlite:///:memory:",
+])
+def test_malformed_store_urls(url: str) -> None:
+    code, _, err = _cli(["query", "--db", url, "SELECT 1"])
+    _one_line_exit_2(code, err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "--timeout", "1e306"], ["query", "--timeout", "nan"], ["query", "--timeout", "inf"],
+    ["query", "--limit", "lots"],
+])
+def test_out_of_range_query_flags(argv: list[str], db: str) -> None:
+    code, _, err = _cli([argv[0], "--db", db, *argv[1:], "SELECT 1"])
+    _one_line_exit_2(code, err)
+    assert err.startswith("specscope: error: argument")
+
+
+@pytest.mark.parametrize("port", ["-1", "99999", "http"])
+def test_dashboard_port_out_of_range(port: str, tmp_path: Path) -> None:
+    code, _, err = _cli(["dashboard", "--db", str(tmp_path / "s.db"), "--port", port])
+    _one_line_exit_2(code, err)
+    assert "not a TCP port" in err and not (tmp_path / "s.db").exists()
+
+
+def test_dashboard_refuses_a_users_empty_file(tmp_path: Path) -> None:
+    mine = tmp_path / "notes.txt"
+    mine.touch()
+    code, _, err = _cli(["dashboard", "--db", str(mine)])
+    _one_line_exit_2(code, err)
+    assert "empty file" in err and mine.read_bytes() == b""
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
+def test_bad_trace_sql_setting(value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRACE_ENV, value)
+    code, _, err = _cli(["dashboard", "--db", str(tmp_path / "s.db")])
+    _one_line_exit_2(code, err)
+    assert TRACE_ENV in err
+    store = write_store(tmp_path / "t.db", [trace("run-t", requests=1, steps=2)])
+    monkeypatch.setenv(DB_ENV, store)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    assert not at.exception and any(TRACE_ENV in e.value for e in at.error)
+
+
+def test_demo_into_a_directory_fails_before_the_engine(tmp_path: Path) -> None:
+    """Fails at once, without importing torch or loading a model (it ran the whole engine first)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "specscope", "demo", "--db",
+                           str(tmp_path), "--no-dashboard"], capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and lines == [f"specscope demo: error: {tmp_path} is a directory, not a "
+                                              "specscope store"]
+    assert not any(line.rstrip().endswith("| torch") for line in proc.stderr.splitlines())
+
+
+def test_non_utf8_sql_from_argv(db: str) -> None:
+    proc = subprocess.run([os.fsencode(sys.executable), b"-m", b"specscope", b"query", b"--db", os.fsencode(db),
+                           b"SELECT '\xff\xfe'"], capture_output=True, timeout=120)
+    assert proc.returncode == 2 and b"Traceback" not in proc.stderr
+    assert proc.stderr.count(b"\n") == 1 and b"not UTF-8 text" in proc.stderr
+
+
+@pytest.mark.parametrize("sql", ["COPY runs TO STDOUT", "SELECT 1; SELECT 2", "SELEC 1"])
+def test_statements_that_are_not_one_query(sql: str, db: str) -> None:
+    code, _, err = _cli(["query", "--db", db, sql])
+    _one_line_exit_2(code, err)
+
+
+def test_json_is_strict_and_table_is_escaped(db: str) -> None:
+    nonfinite = ("SELECT CAST('NaN' AS float) AS a, CAST('Infinity' AS float) AS b" if db.startswith("postgresql")
+                 else "SELECT 1e999 AS a, -1e999 AS b")
+    code, out, _ = _cli(["query", "--db", db, "--json", nonfinite])
+    assert code == 0 and json.loads(out, parse_constant=lambda name: pytest.fail(name)) == [{"a": None, "b": None}]
+    code, out, _ = _cli(["query", "--db", db, "SELECT run_id FROM runs"])
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert "run-\\x1b[2J\\x1b]0;pwned\\x07" in out
+
+
+def test_to_json_of_a_report_with_nonfinite_evidence() -> None:
+    import numpy as np
+    from decimal import Decimal
+
+    text = to_json({"ratio": float("nan"), "gap": np.float32("inf"), "big": Decimal(10) ** 400,
+                    "ok": [1.5, Decimal("2.5")]})
+    assert json.loads(text) == {"ratio": None, "gap": None, "big": "1.000000000000000000000000000E+400",
+                                "ok": [1.5, 2.5]}
+
+
+@pytest.mark.postgres
+def test_sql_page_shows_huge_numerics(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SELECT 10::numeric ^ 100`` on the SQL page: a table, not a traceback."""
+    with open_store(pg_url) as store:
+        for events in [trace("run-n", requests=1, steps=2)]:
+            store.write(events)
+    monkeypatch.setenv(DB_ENV, pg_url)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    at.switch_page("pages/sql.py").run()
+    at.text_area[0].set_value("SELECT 10::numeric ^ 100 AS huge, 'NaN'::numeric AS nan, 1.5::numeric AS x")
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not [e.value for e in at.error]
+    assert len(at.dataframe) == 1
