@@ -46,6 +46,7 @@ demo: $(STAMP)
 	$(BIN)/specscope demo
 
 test: $(STAMP) browser prometheus
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -13,7 +13,7 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from specscope.errors import ConfigError, InvalidEvent
 from specscope.metrics import chain_mask
@@ -478,5 +478,5 @@ def by_severity(findings) -> list[Finding]:
     """Findings sorted errors first, then warnings, then info; stable within a severity."""
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
-Event = Union[RunStart, RankStart, RankStatus, RequestStart, RequestEnd, VerifyStep, VerifyGroup, TensorEvent,
-              ProvenanceEvent, LoadReport, LosslessAudit, Finding]
+Event = (RunStart | RankStart | RankStatus | RequestStart | RequestEnd | VerifyStep | VerifyGroup | TensorEvent
+         | ProvenanceEvent | LoadReport | LosslessAudit | Finding)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from _list_sink import ListSink  # noqa: F401 - re-exported for the tests
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from _list_sink import ListSink  # noqa: F401 - re-exported for the tests
 from specscope.events import RunConfig
 
 HIDDEN = 64

@@ -26,8 +26,8 @@ import sys
 import time
 
 import torch
-
 from _draft_fixture import AUX, HIDDEN, TinyEagle3Draft, run_config
+
 from specscope import events as ev
 from specscope.collector import Collector
 from specscope.instrumentation import Tracer, instrument

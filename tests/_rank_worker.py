@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-
 from _list_sink import ListSink
+
 from specscope.events import RankStart, RunConfig, RunStart
 from specscope.instrumentation import Tracer
 

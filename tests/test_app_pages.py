@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from _dashboard_traces import trace, write_store
 from streamlit.testing.v1 import AppTest
 
-from _dashboard_traces import trace, write_store
-from specscope.storage.queries import RUNS
 from specscope.app import DB_ENV, ENTRY
 from specscope.app.snippet import SNIPPET
 from specscope.storage import open_store
+from specscope.storage.queries import RUNS
 
 PAGES = ("overview", "requests", "gpus", "tensors", "findings", "sql")
 
@@ -183,6 +183,7 @@ def test_snippet_is_the_readme_one_and_runs_against_real_modules(tmp_path, monke
     has evidence (no NOT_OBSERVED), the serving-loop calls take the values the snippet names."""
     safetensors_torch = pytest.importorskip("safetensors.torch")
     from _draft_fixture import AUX, K, make_models, run_engine
+
     from specscope.doctor import diagnose
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -229,6 +230,7 @@ def doctor_store(tmp_path_factory) -> str:
     """One run per doctor scenario of tests/_traces.py, each with the stored checkpoint warning
     AUX_LAYER_IDS_CONVENTION, and the doctor's findings saved (as `specscope demo` does)."""
     import _traces as T
+
     from specscope.doctor import diagnose, save_findings
 
     path = str(tmp_path_factory.mktemp("agree") / "store.db")
@@ -248,6 +250,7 @@ def _codes(messages: list[str]) -> list[str]:
 @pytest.mark.parametrize("name", AGREEMENT_TRACES)
 def test_pages_show_the_doctors_findings(monkeypatch, doctor_store, name):
     import _traces as T
+
     from specscope.doctor import CONTRACT_CODES, checkpoint_findings, diagnose
 
     run_id = getattr(T, name)().run_id

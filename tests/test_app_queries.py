@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from _dashboard_traces import AUX, FUSED, HIDDEN, LAYERS, T0, K, accepted_pattern, trace
 
-from _dashboard_traces import AUX, FUSED, HIDDEN, K, LAYERS, T0, accepted_pattern, trace
 from specscope import events as ev
 from specscope import metrics, points
 from specscope.app import charts, queries

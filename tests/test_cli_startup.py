@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _traces as T
 import pytest
 
-import _traces as T
 from specscope.cli import BROKEN_PIPE_EXIT, main
 from specscope.storage import open_store
 

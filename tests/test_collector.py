@@ -127,7 +127,7 @@ def test_unwritable_path_keeps_the_engine_going(tmp_path, caplog: pytest.LogCapt
     not_a_dir.write_text("x")  # a file where a directory should be: unwritable even for root
     with caplog.at_level(logging.ERROR, logger="specscope"):
         collector = Collector(str(not_a_dir / "store.db"), batch_size=4, flush_interval_s=0.01)
-        for round_ in range(3):
+        for _ in range(3):
             for i in range(8):
                 collector.emit(_tensor(i))
             assert not collector.flush(timeout_s=60)

@@ -115,8 +115,8 @@ def test_doctor_json_has_what_if_k_per_run(real, capsys):
 def test_dashboard_overview_gives_the_verdict(real, monkeypatch):
     monkeypatch.setenv(DB_ENV, real["db"])
     at = AppTest.from_file(str(ENTRY), default_timeout=120).run()
-    at.sidebar.selectbox[0].set_value(real["no-aux"]).run()
-    at.sidebar.selectbox(key="compare").set_value(real["healthy"]).run()
+    at.selectbox(key="run_picker").set_value(real["no-aux"]).run()
+    at.selectbox(key="compare").set_value(real["healthy"]).run()
     assert not at.exception
     (box,) = [e.value for e in at.error if e.value.startswith("**regression**")]
     assert "95% CI" in box and f"paired over {PROMPTS} requests" in box
@@ -128,8 +128,8 @@ def test_dashboard_overview_gives_the_verdict(real, monkeypatch):
     assert "Per-position acceptance, base vs candidate" in charts
     assert charts.count("What if k were smaller") == 2  # one per run panel
     # healthy against healthy over other prompts: no verdict of change is forced
-    at.sidebar.selectbox[0].set_value(real["other-prompts"]).run()
-    at.sidebar.selectbox(key="compare").set_value(real["healthy"]).run()
+    at.selectbox(key="run_picker").set_value(real["other-prompts"]).run()
+    at.selectbox(key="compare").set_value(real["healthy"]).run()
     assert not at.exception and not [e for e in at.error if "regression" in e.value]
     assert any("different prompts" in c.value for c in at.caption)
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from _dashboard_traces import trace, write_store
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -13,11 +13,11 @@ import sys
 import pytest
 import sqlalchemy as sa
 
-from specscope.storage.queries import RUNS
 from specscope.demo import DemoOptions, run_demo
 from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import ConfigError
 from specscope.storage import open_store
+from specscope.storage.queries import RUNS
 
 pytestmark = pytest.mark.slow
 

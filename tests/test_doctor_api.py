@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 
+import _traces as T
 import pytest
 import sqlalchemy as sa
 
-import _traces as T
 import specscope.doctor as doctor
-from specscope.storage.queries import RUNS
 from specscope.doctor import CODES, SEVERITY, diagnose, render_text, save_findings
 from specscope.errors import ConfigError, ReadOnlyViolation
 from specscope.events import Finding
 from specscope.storage import open_store
+from specscope.storage.queries import RUNS
 
 RUNTIME_CODES = {  # docs/design.md "Findings", runtime
     "AUX_NOT_FUSED": "error", "AUX_CAPTURE_SILENT": "error", "AUX_CAPTURE_PARTIAL": "error",

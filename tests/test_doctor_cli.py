@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import _traces as T
 import pytest
 
-import _traces as T
 from specscope.cli import main
 from specscope.storage import open_store
 

@@ -3,9 +3,9 @@ gives its code with the evidence numbers; the healthy run gives no error or warn
 
 from __future__ import annotations
 
+import _traces as T
 import pytest
 
-import _traces as T
 from specscope.doctor import diagnose
 from specscope.doctor._rules_capture import classify
 from specscope.doctor._rules_health import prefix_rename

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from streamlit.testing.v1 import AppTest
 
 from specscope.app import DB_ENV, ENTRY, queries

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 import torch
-
 from _list_sink import ListSink
+
 from specscope import events as ev
 from specscope.collector import Collector
 from specscope.errors import ConfigError, InvalidEvent
@@ -49,7 +49,7 @@ def test_flush_racing_close_always_returns(tmp_path) -> None:
         for i in range(20):
             collector.emit(_tensor(round_ * 100 + i))
         results: list[bool] = []
-        flusher = threading.Thread(target=lambda: results.append(collector.flush()))
+        flusher = threading.Thread(target=lambda results=results, collector=collector: results.append(collector.flush()))
         closer = threading.Thread(target=collector.close)
         flusher.start()
         closer.start()

@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from _list_sink import ListSink
+
 from specscope import events as ev
 from specscope.collector import Collector
 from specscope.errors import EventRejected, InvalidEvent, StoreError

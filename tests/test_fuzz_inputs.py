@@ -17,11 +17,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _dashboard_traces import trace, write_store
+from _list_sink import ListSink
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _dashboard_traces import trace, write_store
-from _list_sink import ListSink
 from specscope import events as ev
 from specscope.cli import main
 from specscope.collector import Collector

@@ -4,9 +4,9 @@ lexical MAX 'eager'), the Tensors page names each rank's mode, the doctor names 
 from __future__ import annotations
 
 import pytest
+from _dashboard_traces import trace, write_store
 from streamlit.testing.v1 import AppTest
 
-from _dashboard_traces import trace, write_store
 from specscope import events as ev
 from specscope.app import DB_ENV, ENTRY, queries
 from specscope.doctor import diagnose

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _list_sink import ListSink
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from _list_sink import ListSink
 from specscope import RunConfig, Tracer
 from specscope.adapters.hf_assisted import AssistedGeneration
 from specscope.events import RequestEnd, TensorEvent, VerifyStep

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _dashboard_traces import trace, write_store
 from streamlit.testing.v1 import AppTest
 
-from _dashboard_traces import trace, write_store
 from specscope import events as ev
 from specscope.app import DB_ENV, ENTRY, TRACE_ENV
 from specscope.cli import main
@@ -127,8 +127,9 @@ def test_json_is_strict_and_table_is_escaped(db: str) -> None:
 
 
 def test_to_json_of_a_report_with_nonfinite_evidence() -> None:
-    import numpy as np
     from decimal import Decimal
+
+    import numpy as np
 
     text = to_json({"ratio": float("nan"), "gap": np.float32("inf"), "big": Decimal(10) ** 400,
                     "ok": [1.5, Decimal("2.5")]})
@@ -144,7 +145,7 @@ def test_sql_page_shows_huge_numerics(pg_url: str, monkeypatch: pytest.MonkeyPat
             store.write(events)
     monkeypatch.setenv(DB_ENV, pg_url)
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
-    at.switch_page("pages/sql.py").run()
+    at.switch_page("screens/sql.py").run()
     at.text_area[0].set_value("SELECT 10::numeric ^ 100 AS huge, 'NaN'::numeric AS nan, 1.5::numeric AS x")
     at.button[0].click().run()
     assert not at.exception, [e.value for e in at.exception]

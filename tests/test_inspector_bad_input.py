@@ -13,7 +13,6 @@ import pytest
 from specscope.cli import main
 
 
-
 def _fail(argv: list[str], capsys, needle: str) -> None:
     rc = main(["inspect", *argv])
     captured = capsys.readouterr()

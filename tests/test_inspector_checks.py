@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specscope.checkpoint_reader import CheckpointReader
 from specscope.cli import main
 from specscope.inspector import CODES, inspect_checkpoint
-from specscope.checkpoint_reader import CheckpointReader
 
 TARGET = {"hidden_size": 64, "vocab_size": 1000, "num_hidden_layers": 30}
 

@@ -14,14 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _tiny_eagle3 as tiny
 import gguf
 import numpy as np
 import pytest
 import torch
+from _draft_fixture import ListSink, run_config
 from safetensors.torch import save_file
 
-import _tiny_eagle3 as tiny
-from _draft_fixture import ListSink, run_config
 from specscope.cli import main
 from specscope.errors import CheckpointError
 from specscope.instrumentation import Tracer, check_load

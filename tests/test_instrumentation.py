@@ -6,9 +6,9 @@ import logging
 
 import pytest
 import torch
+from _draft_fixture import AUX, HIDDEN, LAYERS, K, ListSink, TinyEagle3Draft, make_models, run_config, run_engine
 
 import specscope.instrumentation as instrumentation
-from _draft_fixture import AUX, HIDDEN, K, LAYERS, ListSink, TinyEagle3Draft, make_models, run_config, run_engine
 from specscope.errors import ConfigError, HookTargetError
 from specscope.events import (
     ProvenanceEvent,

@@ -5,9 +5,9 @@ compile of the whole engine (seen in a real vLLM server); compiled code must run
 from __future__ import annotations
 
 import torch
+from _list_sink import ListSink
 from torch import nn
 
-from _list_sink import ListSink
 from specscope import RunConfig, Tracer, instrument
 from specscope.events import ProvenanceEvent, TensorEvent
 

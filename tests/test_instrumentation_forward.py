@@ -9,10 +9,10 @@ import inspect
 
 import pytest
 import torch
+from _draft_fixture import HIDDEN, ListSink, TinyEagle3Draft, run_config
 from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
 from torch import nn
 
-from _draft_fixture import HIDDEN, ListSink, TinyEagle3Draft, run_config
 from specscope import points
 from specscope.events import TensorEvent
 from specscope.instrumentation import Tracer, instrument

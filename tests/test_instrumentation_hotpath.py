@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
+from _draft_fixture import HIDDEN, ListSink, TinyEagle3Draft, run_config
 from torch import nn
 
-from _draft_fixture import HIDDEN, ListSink, TinyEagle3Draft, run_config
-from specscope.events import TensorEvent
 from specscope import points
+from specscope.events import TensorEvent
 from specscope.instrumentation import SamplingConfig, Tracer, instrument
 
 

@@ -8,9 +8,9 @@ import json
 import pytest
 import sqlalchemy as sa
 import torch
+from _draft_fixture import AUX, HIDDEN, LAYERS, K, ListSink, TinyEagle3Draft, make_models, run_config, run_engine
 from safetensors.torch import save_file
 
-from _draft_fixture import AUX, HIDDEN, K, LAYERS, ListSink, TinyEagle3Draft, make_models, run_config, run_engine
 from specscope.collector import Collector
 from specscope.errors import CheckpointError, ConfigError
 from specscope.events import LoadReport

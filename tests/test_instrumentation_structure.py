@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from _draft_fixture import AUX, HIDDEN, ListSink, make_models, run_config, run_engine
 
 import specscope.instrumentation as instrumentation
-from _draft_fixture import AUX, HIDDEN, ListSink, make_models, run_config, run_engine
+from specscope import points
 from specscope.errors import ConfigError
 from specscope.events import TensorEvent
-from specscope import points
 from specscope.instrumentation import SamplingConfig, Tracer, instrument
 
 PACKAGE = "specscope.instrumentation"

@@ -214,7 +214,7 @@ def test_demo_stores_a_llamacpp_run_the_doctor_and_the_pages_read(tmp_path, monk
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]
     for page in ("requests", "gpus", "findings"):
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"screens/{page}.py").run()
         assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
 
 

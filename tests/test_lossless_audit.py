@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from specscope import metrics
 from specscope.doctor import diagnose
-from specscope.events import LosslessAudit, sampling_label
+from specscope.events import LosslessAudit, prompt_key, sampling_label
 from specscope.instrumentation import AuditSlot, token_stats
 from specscope.instrumentation._audit import Auditor, truncate
 from specscope.storage import open_store
@@ -101,7 +101,7 @@ def test_views_split_audit_and_acceptance_by_sampling_group(store):
     run = "r1"
     store.write([
         RunStart(run, "e", "1", "t", "d", {}),
-        RequestStart(run, "a", 0, 5, temperature=0.0, prompt="hi"),
+        RequestStart(run, "a", 0, 5, temperature=0.0, prompt_key=prompt_key("hi")),
         RequestStart(run, "b", 0, 5, temperature=0.8, top_p=0.9),
         VerifyStep(run, "a", 0, 0, 3, 2), VerifyStep(run, "b", 0, 0, 3, 0),
         LosslessAudit(run, 0, "a", "greedy", tokens=3, mismatches=1, epsilon=EPS,

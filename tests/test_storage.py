@@ -7,10 +7,10 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from specscope.storage.queries import RUNS
 from specscope import events as ev
 from specscope.errors import ReadOnlyViolation, StoreError
 from specscope.storage import Store, open_store
+from specscope.storage.queries import RUNS
 
 RUN = "run-1"
 

@@ -8,9 +8,9 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from specscope.storage.queries import RUNS
 from specscope.errors import SchemaVersionError, StoreError
 from specscope.storage import SCHEMA_VERSION, migrations, open_store, schema
+from specscope.storage.queries import RUNS
 from specscope.storage.views import VIEWS
 
 
@@ -152,7 +152,7 @@ def test_concurrent_first_opens_create_one_store(store_url: str, tmp_path) -> No
     for url in urls:
         errors: list[BaseException] = []
 
-        def opener() -> None:
+        def opener(url: str = url, errors: list[BaseException] = errors) -> None:
             try:
                 open_store(url).close()
             except BaseException as exc:  # collected and asserted below

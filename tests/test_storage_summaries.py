@@ -7,10 +7,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import pytest
 
 from specscope import events as ev
 from specscope import metrics

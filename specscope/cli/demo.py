@@ -72,9 +72,13 @@ def run(args: argparse.Namespace) -> int:
     from specscope.doctor import checkpoint_findings, diagnose, render_text, save_findings
     from specscope.storage import open_store
 
-    open_store(args.db).close()  # a location that cannot hold a store fails here, before any engine runs
-    runners = {"vllm": _run_vllm, "llama.cpp": _run_llamacpp, "reference": _run_reference}
-    run_ids = runners[args.engine](args)
+    # bad options, then a location that cannot hold a store, fail here: before any engine runs
+    reference = _reference_runs(args) if args.engine == "reference" else []
+    open_store(args.db).close()
+    if args.engine == "reference":
+        run_ids = _run_reference(args, reference)
+    else:
+        run_ids = {"vllm": _run_vllm, "llama.cpp": _run_llamacpp}[args.engine](args)
     with open_store(args.db) as store:
         reports = [diagnose(store, run_id) for run_id in run_ids]
         for report in reports:
@@ -153,9 +157,9 @@ def stopped(fault: str | None, error: str) -> str:
     return f"vLLM stopped unexpectedly (fault={fault or 'none'}): {error}"
 
 
-def _run_reference(args: argparse.Namespace) -> list[str]:
-    """The reference engine's runs (see the module doc)."""
-    from specscope.demo import DemoOptions, run_demo
+def _reference_runs(args: argparse.Namespace) -> list:
+    """The reference engine's runs (see the module doc), their options checked."""
+    from specscope.demo import DemoOptions
 
     if args.fault is not None and args.fault not in FAULTS:
         raise ConfigError(f"the reference engine has no fault {args.fault!r}; choose one of: "
@@ -173,6 +177,12 @@ def _run_reference(args: argparse.Namespace) -> list[str]:
                             rank_fault=args.rank_fault or parse_rank_fault(DEFAULT_RANK_FAULT), **common)]
     for opts in runs:
         opts.check()  # every run's options before the first one starts
+    return runs
+
+
+def _run_reference(args: argparse.Namespace, runs: list) -> list[str]:
+    from specscope.demo import run_demo
+
     run_ids = []
     for opts in runs:
         print(f"specscope demo: serving {opts.requests} requests, fault={opts.label or 'none'}, "

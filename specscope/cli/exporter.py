@@ -15,8 +15,6 @@ from specscope.fleet import serve_exporter
 from specscope.storage import open_store
 
 
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``exporter`` subcommand."""
     parser = sub.add_parser(

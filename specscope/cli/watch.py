@@ -4,7 +4,8 @@ TensorRT-LLM, llama.cpp; see :mod:`specscope.fleet`).
 
 Runs until ``--count`` scrapes or ``--duration`` have passed, or Ctrl-C or SIGTERM (both end the watch
 the same way: every rank marked finished, the store flushed); then prints one line per watched run.
-httpx's per-request log lines stay off (a line per scrape drowns the gap warnings). An endpoint that is down or answers garbage is a gap (one warning line), never an exit.
+httpx's per-request log lines stay off (a line per scrape drowns the gap warnings). An endpoint that
+is down or answers garbage is a gap (one warning line), never an exit.
 Exit status 0; 2 for bad arguments or an unusable store.
 """
 

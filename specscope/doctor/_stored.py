@@ -19,7 +19,6 @@ from specscope.events import Finding, by_severity
 from specscope.storage import Store
 from specscope.storage import queries as q
 
-
 SETTLED_BY_PROVENANCE = ("AUX_LAYER_IDS_CONVENTION",)
 """Checkpoint codes that a run's fingerprint evidence settles."""
 

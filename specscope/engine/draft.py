@@ -72,7 +72,7 @@ class DraftConfig:
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux}}
 
     @classmethod
-    def from_json(cls, data: dict) -> "DraftConfig":
+    def from_json(cls, data: dict) -> DraftConfig:
         """Parse a ``config.json`` dict. Raises ConfigError naming a missing or mistyped field."""
         names = {f for f in cls.__dataclass_fields__ if f not in ("aux_layer_ids", "extra")}
         try:
@@ -83,7 +83,7 @@ class DraftConfig:
             raise ConfigError(f"draft config.json is malformed: {exc}") from exc
 
     @classmethod
-    def load(cls, folder: str | Path) -> "DraftConfig":
+    def load(cls, folder: str | Path) -> DraftConfig:
         """Read ``folder/config.json``. Raises ConfigError if it is missing or not JSON."""
         path = Path(folder) / "config.json"
         try:

@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = [sorted((train[i] for i in perm[s:s + args.batch]), key=lambda e: len(e.aux))
                    for s in range(0, len(perm), args.batch)]
         total = 0.0
-        for bi, batch in enumerate(batches):
+        for batch in batches:
             frac = min(1.0, (time.time() - train_start) / budget_s)
             for group in opt.param_groups:
                 group["lr"] = args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
@@ -317,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             if time.time() - train_start > budget_s:
                 break
         acc = evaluate(draft, val, scale, args.depth)
-        history.append({"epoch": epoch, "loss": total / (bi + 1), "val_acc": acc})
-        _log(f"epoch {epoch}: loss {total / (bi + 1):.3f}  val acc per step {acc}", t0)
+        history.append({"epoch": epoch, "loss": total / len(batches), "val_acc": acc})
+        _log(f"epoch {epoch}: loss {total / len(batches):.3f}  val acc per step {acc}", t0)
         if acc[0] > best[0]:
             best = (acc[0], {k: v.clone() for k, v in draft.state_dict().items()})
     draft.load_state_dict(best[1])

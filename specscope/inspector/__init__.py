@@ -8,10 +8,10 @@ codes".
 """
 
 from specscope.inspector._config import DraftConfig, ModelSettings, TargetConfig, draft_config
-from specscope.inspector._target import load_target_config
 from specscope.inspector._findings import CODES, SEVERITY
 from specscope.inspector._inspect import CHECKS, SERVE_DTYPES, inspect_checkpoint
 from specscope.inspector._report import InspectionReport, render_text
+from specscope.inspector._target import load_target_config
 
 __all__ = [
     "CODES", "CHECKS", "DraftConfig", "InspectionReport", "ModelSettings", "SERVE_DTYPES", "SEVERITY",

@@ -6,11 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specscope.checkpoint_reader import CheckpointReader
 from specscope.conventions import LoadPlan
 from specscope.inspector._config import DraftConfig, TargetConfig
-from specscope.checkpoint_reader import CheckpointReader
 from specscope.inspector._stats import TensorStats, tensor_stats
-
 
 MAP_MAX_BYTES = 32 * 2**20
 """Most bytes a vocabulary map (``d2t`` int64, ``t2d`` bool) may declare: 4M int64 entries, 16x the

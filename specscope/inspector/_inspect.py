@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from specscope.checkpoint_reader import CheckpointReader
 from specscope.conventions import ENGINES, expected_draft_params, plan_load
 from specscope.errors import ConfigError
 from specscope.events import Finding, by_severity
@@ -23,12 +24,11 @@ from specscope.inspector._checks_values import check_fp16_range, check_nonfinite
 from specscope.inspector._checks_vocab import check_vocab_maps
 from specscope.inspector._compare import compare as compare_drafts
 from specscope.inspector._config import TargetConfig, draft_config
-from specscope.inspector._target import load_target_config, open_target_weights
 from specscope.inspector._context import CheckContext
 from specscope.inspector._findings import finding
 from specscope.inspector._format import check_format, detect_format
-from specscope.checkpoint_reader import CheckpointReader
 from specscope.inspector._report import InspectionReport, draft_key_rows
+from specscope.inspector._target import load_target_config, open_target_weights
 
 SERVE_DTYPES = ("bf16", "fp16", "fp32")
 CONFIG_CODES = ("AUX_LAYER_COUNT_MISMATCH", "AUX_LAYER_IDS_CONVENTION", "LM_HEAD_MISSING",

@@ -24,7 +24,6 @@ from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor, nn
 
 from specscope import points

@@ -14,9 +14,8 @@ the database inside the caller's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import functools
+from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection

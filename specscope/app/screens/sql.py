@@ -7,8 +7,8 @@ import io
 import streamlit as st
 
 from specscope.app import widgets
-from specscope.results import portable, write_csv
 from specscope.errors import SpecscopeError
+from specscope.results import portable, write_csv
 from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, schema, views
 from specscope.storage.queries import EXAMPLES
 
