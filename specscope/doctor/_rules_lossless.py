@@ -55,7 +55,7 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
         evidence = {**_evidence(g), "examples": examples.get(g.sampling, [])}
         if g.greedy_mismatches:
             message = (f"output is not the target's: {g.greedy_mismatches} of {g.tokens_audited} audited "
-                       f"greedy tokens ({g.sampling}) are not the target's argmax")
+                       "greedy tokens are not the target's argmax")
             fix = _GREEDY_FIX
         else:
             message = (f"output is not the target's distribution ({g.sampling}): {g.rare_observed} of "
