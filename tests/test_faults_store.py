@@ -3,7 +3,7 @@ for longer than the busy timeout, a full file system (RLIMIT_FSIZE), a read-only
 ``pgrestart``) PostgreSQL restarted mid-run.
 
 For each: the engine thread never raises, no engine step takes longer than :data:`STALL_BOUND_S`
-(the figure README states; healthy steps take about a millisecond), and once the store is back the run
+(the figure docs/robustness.md states; healthy steps take about a millisecond), and once the store is back the run
 records exactly how many events were lost: ``events_written`` + ``events_dropped`` in ``run_ranks`` =
 events the tracer emitted.
 """
@@ -25,7 +25,7 @@ from specscope.storage import open_store
 from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S
 
 HELPER = Path(__file__).with_name("_fault_engine.py")
-STALL_BOUND_S = 0.5  # longest engine step allowed under a fault (the worst observed is in README)
+STALL_BOUND_S = 0.5  # longest engine step allowed under a fault (the worst observed is in docs/robustness.md)
 FAULT_S = 2.0  # how long a fault lasts (the lock: longer than the busy timeout)
 
 

@@ -5,7 +5,7 @@ Mechanism (the convention of Hugging Face accelerate's ``add_hook_to_module``,
 the previous forward and the post body. ``nn.Module._call_impl`` calls ``self.forward`` on its fast
 path, which it leaves for a slower one as soon as any torch hook is registered on the module (or
 globally); that slow path alone cost about as much as the whole budget of a shape-only hook
-(README, "Performance"). Engines therefore run unchanged, with one extra Python frame per hooked
+(docs/performance.md, "Shape-only hook"). Engines therefore run unchanged, with one extra Python frame per hooked
 module call.
 
 The wrapper is bound with :class:`types.MethodType` and calls the class's ``forward`` function with

@@ -25,12 +25,12 @@ it is not one query or calls a function of a refused class:
   read engine's read-only transaction with ``SET LOCAL statement_timeout`` before every round trip
   (the time left), on a connection that is closed afterwards: nothing the statement did to its
   session (a lock, a setting) outlives it, whatever the role. The least-privilege role for the
-  dashboard and ``specscope query`` is README "PostgreSQL: the reader's role".
+  dashboard and ``specscope query`` is docs/robustness.md, "PostgreSQL: the reader's role".
 
 Results are capped in rows and in bytes (:class:`ResultCap`). Time limit default:
 :data:`DEFAULT_QUERY_TIMEOUT_S` (Datasette uses 1 s for the same job; each of the dashboard's own
-queries takes under 0.4 s on the 1M-verify-step benchmark store, README "Performance", and a user's
-ad-hoc aggregate gets five times that).
+queries takes under 0.4 s on the 1M-verify-step benchmark store, docs/performance.md, "Dashboard
+pages", and a user's ad-hoc aggregate gets five times that).
 """
 
 from __future__ import annotations
