@@ -10,6 +10,7 @@ and any exporter are separate objects that consume them (the vLLM ``SpecDecoding
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -431,6 +432,26 @@ class LosslessAudit:
     epsilon: float = 0.0
     example: dict[str, Any] | None = None
     ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        """The one check of an audit's figures (what the views sum and the bound reads).
+
+        Raises:
+            InvalidEvent: ``tokens`` not an int >= 1, ``mismatches`` / ``rare`` not ints in
+                ``0..tokens``, a sum or ``epsilon`` not a finite number >= 0, or ``example`` not a dict.
+        """
+        if not (_is_int(self.tokens) and self.tokens >= 1):
+            raise InvalidEvent(f"lossless audit: tokens must be an int >= 1, got {self.tokens!r}")
+        for name in ("mismatches", "rare"):
+            value = getattr(self, name)
+            if not (_is_int(value) and 0 <= value <= self.tokens):
+                raise InvalidEvent(f"lossless audit: {name}={value!r} outside 0..tokens={self.tokens}")
+        for name in ("rare_expected", "p_sum", "p2_sum", "epsilon"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise InvalidEvent(f"lossless audit: {name} must be a finite number >= 0, got {value!r}")
+        if self.example is not None and not isinstance(self.example, dict):
+            raise InvalidEvent(f"lossless audit: example must be a dict or None, got {type(self.example).__name__}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,3 +181,33 @@ def test_a_verifier_emitting_draft_tokens_is_named_with_acceptance_unchanged(aud
     example = evidence["examples"][0]
     assert example["emitted_token"] != example["target_argmax"] and "draft's token" in violation.fix
     assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("bad", [dict(tokens=0), dict(tokens=3, mismatches=-1), dict(tokens=3, mismatches=4),
+                                 dict(tokens=3, rare=1.5), dict(tokens=3, rare_expected=float("nan")),
+                                 dict(tokens=3, rare_expected=-1.0), dict(tokens=3, p_sum=float("inf")),
+                                 dict(tokens=3, example=["not", "a", "dict"])])
+def test_an_audit_that_contradicts_itself_is_refused_at_the_boundary(bad):
+    from specscope.errors import InvalidEvent
+
+    with pytest.raises(InvalidEvent, match="lossless audit"):
+        LosslessAudit("r", 0, "q", "T=0.8", **bad)
+
+
+def test_rows_written_around_the_store_do_not_break_the_view_or_the_doctor(store):
+    """A zero-token row or a list as example (raw SQL, a restored dump): NULL means, no division
+    error, the example skipped, the group judged on what is there."""
+    from specscope.events import RunStart
+
+    store.write([RunStart("raw", "e", "1", "t", "d", {}),
+                 LosslessAudit("raw", 0, "q", "greedy", tokens=4, mismatches=1, example={"position": 0})])
+    with store._write_engine.begin() as conn:  # noqa: SLF001 - the test writes around the Store on purpose
+        conn.exec_driver_sql("INSERT INTO lossless_audit (run_id, rank, request_id, sampling, tokens, mismatches, "
+                             "rare, rare_expected, p_sum, p2_sum, epsilon, example, ts_wall) VALUES "
+                             "('raw', 0, 'z', 'T=1', 0, 0, 0, 0, 0, 0, 0.0001, '[1]', 0)")
+    _, rows = store.query("SELECT sampling, tokens_audited, mean_p_emitted, verdict FROM v_lossless_audit "
+                          "ORDER BY sampling")
+    assert [tuple(r) for r in rows] == [("T=1", 0, None, "passed"), ("greedy", 4, 0.0, "violation")]
+    report = diagnose(store, "raw")
+    (violation,) = [f for f in report.findings if f.code == "LOSSLESS_VIOLATION"]
+    assert violation.evidence["examples"] == [{"position": 0, "request_id": "q"}]

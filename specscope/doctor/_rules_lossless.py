@@ -29,11 +29,15 @@ _SAMPLED_FIX = ("The emitted tokens are not draws from the target's distribution
                 "serve sampled traffic without it.")
 
 
+def _number(value: object) -> float | None:
+    return None if value is None else float(value)
+
+
 def _evidence(group: SimpleNamespace) -> dict:
     return {"sampling": group.sampling, "requests": int(group.requests),
             "tokens_audited": int(group.tokens_audited), "greedy_mismatches": int(group.greedy_mismatches),
-            "rare_observed": int(group.rare_observed), "rare_expected": float(group.rare_expected),
-            "rare_threshold": float(group.rare_threshold), "epsilon": float(group.epsilon),
+            "rare_observed": int(group.rare_observed), "rare_expected": _number(group.rare_expected),
+            "rare_threshold": _number(group.rare_threshold), "epsilon": _number(group.epsilon),
             "mean_p_emitted": group.mean_p_emitted, "mean_p_expected": group.mean_p_expected}
 
 
@@ -41,15 +45,15 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
     """LOSSLESS_VIOLATION [error], per sampling group whose audit failed: a greedy token that is not
     the target's argmax, or more rare tokens than a lossless engine emits but with probability 1e-3.
     LOSSLESS_AUDITED [info] when every audited group passed (a run that was checked says so)."""
-    groups = ctx.lossless_audit
+    groups = [g for g in ctx.lossless_audit if int(g.tokens_audited or 0) > 0]
     failed = [g for g in groups if g.verdict == "violation"]
     examples: dict[str, list] = {}
     if failed:
         for row in ctx.rows(q.AUDIT_EXAMPLES, limit=_EXAMPLES * len(failed) * 4):
             kept = examples.setdefault(row.sampling, [])
-            if len(kept) < _EXAMPLES:
-                kept.append({"request_id": row.request_id,
-                             **parse_json(row.example, "lossless_audit.example", ctx.run_id)})
+            example = parse_json(row.example, "lossless_audit.example", ctx.run_id)
+            if len(kept) < _EXAMPLES and isinstance(example, dict):  # rows written around the Store may not be
+                kept.append({**example, "request_id": row.request_id})
     out = []
     for g in failed:
         evidence = {**_evidence(g), "examples": examples.get(g.sampling, [])}
@@ -60,8 +64,8 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
         else:
             message = (f"output is not the target's distribution ({g.sampling}): {g.rare_observed} of "
                        f"{g.tokens_audited} audited tokens had target probability < {g.epsilon:g}, where "
-                       f"a lossless engine emits {g.rare_expected:.1f} on average and more than "
-                       f"{g.rare_threshold:.1f} with probability under 1e-3")
+                       f"a lossless engine emits {float(g.rare_expected):.1f} on average and more than "
+                       f"{float(g.rare_threshold):.1f} with probability under 1e-3")
             fix = _SAMPLED_FIX
         out.append(finding("LOSSLESS_VIOLATION", ctx.run_id, message, evidence, fix))
     if groups and not failed:

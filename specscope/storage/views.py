@@ -40,7 +40,7 @@ def rare_threshold(expected: str) -> str:
     P(X - mu >= t) <= exp(-t^2 / (2 (mu + t / 3))) solved for t, X >= mu + L/3 + sqrt((L/3)^2 + 2 L mu),
     L = ln(1 / alpha)."""
     third = math.log(1 / LOSSLESS_ALPHA) / 3
-    return f"({expected} + {third!r} + SQRT({third * third!r} + {6 * third!r} * {expected}))"
+    return f"({expected} + {third!r} + SQRT({third * third!r} + {6 * third!r} * ABS({expected})))"
 
 
 def mean_acceptance_length(accepted: str, steps: str) -> str:
@@ -164,8 +164,8 @@ GROUP BY v.run_id, COALESCE(q.sampling, 'unknown')
 SELECT run_id, sampling, COUNT(DISTINCT request_id) AS requests, SUM(tokens) AS tokens_audited,
        SUM(mismatches) AS greedy_mismatches, SUM(rare) AS rare_observed,
        SUM(rare_expected) AS rare_expected, {rare_threshold("SUM(rare_expected)")} AS rare_threshold,
-       CAST(SUM(p_sum) AS DOUBLE PRECISION) / SUM(tokens) AS mean_p_emitted,
-       CAST(SUM(p2_sum) AS DOUBLE PRECISION) / SUM(tokens) AS mean_p_expected,
+       CASE WHEN SUM(tokens) > 0 THEN CAST(SUM(p_sum) AS DOUBLE PRECISION) / SUM(tokens) END AS mean_p_emitted,
+       CASE WHEN SUM(tokens) > 0 THEN CAST(SUM(p2_sum) AS DOUBLE PRECISION) / SUM(tokens) END AS mean_p_expected,
        MAX(epsilon) AS epsilon,
        CASE WHEN SUM(mismatches) > 0 OR SUM(rare) >= {rare_threshold("SUM(rare_expected)")}
             THEN 'violation' ELSE 'passed' END AS verdict
