@@ -254,3 +254,36 @@ def test_doctor_what_if_k_without_timings_has_no_throughput(tmp_path):
         (run,) = diagnose(store).runs
     assert run.what_if_k == [{"k": 1, "mean_acceptance_length": 2.0, "tokens_per_s": None},
                              {"k": 2, "mean_acceptance_length": 2.0, "tokens_per_s": None}]
+
+
+def _mixed_run(store, run_id: str, groups: dict[float, tuple[int, list[int]]]) -> None:
+    """A run whose requests at temperature t (0 greedy) number n, each accepting ``accepted`` drafts
+    of 4 per step over their steps (the same prompts per group, so they pair)."""
+    events = [RunStart(run_id, "e", "1", "t", "d", {})]
+    for temperature, (n, accepted) in groups.items():
+        for i in range(n):
+            rid = f"{run_id}-{temperature}-{i}"
+            events.append(RequestStart(run_id, rid, 0, 5, temperature=temperature,
+                                       prompt_key=f"{temperature}-{i}"))
+            events += [VerifyStep(run_id, rid, 0, s, 4, a) for s, a in enumerate(accepted)]
+            events.append(RequestEnd(run_id, rid, 0, len(accepted) + sum(accepted), len(accepted)))
+    store.write(events)
+
+
+def test_the_verdict_is_per_sampling_group_not_over_a_different_mix(tmp_path, capsys):
+    """Greedy and sampled requests accept differently by design: a candidate that serves more sampled
+    requests is not a regression when each group accepts as before."""
+    db = str(tmp_path / "mix.db")
+    greedy, sampled = [3, 2, 3, 2], [0, 1, 0, 0]
+    with open_store(db) as store:
+        _mixed_run(store, "base", {0.0: (8, greedy), 0.8: (3, sampled)})
+        _mixed_run(store, "cand", {0.0: (3, greedy), 0.8: (8, sampled)})
+        _mixed_run(store, "only-sampled", {0.8: (8, sampled)})
+        _mixed_run(store, "only-greedy", {0.0: (8, greedy)})
+    assert main(["compare", "--base-db", db, "--base-run", "base", "--db", db, "--run", "cand", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "no change" and set(report["groups"]) == {"greedy", "T=0.8"}
+    # runs that share no sampling group: nothing to compare, said in one line
+    assert main(["compare", "--base-db", db, "--base-run", "only-greedy", "--db", db, "--run", "only-sampled"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "share no sampling group" in err

@@ -28,7 +28,16 @@ class Comparison:
 
     @property
     def verdict(self) -> str:
-        return self.overall.verdict
+        """Per sampling group where both runs served one (acceptance differs by design across groups,
+        so a pooled figure over different mixes is no verdict): a regression in any group is a
+        regression, else an improvement in any is an improvement; otherwise the pooled verdict."""
+        if not self.groups:
+            return self.overall.verdict
+        verdicts = {diff.verdict for diff in self.groups.values()}
+        for verdict in ("regression", "improvement"):
+            if verdict in verdicts:
+                return verdict
+        return "no change"
 
     @property
     def exit_code(self) -> int:
@@ -39,6 +48,7 @@ class Comparison:
         """``base`` / ``candidate`` (run, acceptance), ``delta``, ``ci95``, ``verdict``, ``paired`` and
         the rest of :meth:`Difference.to_dict`, ``groups`` and ``moved``."""
         return {"base": self.base.to_dict(), "candidate": self.candidate.to_dict(), **self.overall.to_dict(),
+                "verdict": self.verdict,
                 "groups": {name: diff.to_dict() for name, diff in self.groups.items()}, "moved": self.moved}
 
 
@@ -65,6 +75,11 @@ def compare(base_store: Store, candidate_store: Store, base_run: str | None = No
         ours, theirs = split_groups(base.requests, base.groups), split_groups(candidate.requests, candidate.groups)
         groups = {name: difference(ours[name], theirs[name], seed=seed) for name in sorted(ours.keys() & theirs.keys())
                   if min(len(ours[name]), len(theirs[name])) >= MIN_REQUESTS}
+        known = (set(base.groups) - {"unknown"}, set(candidate.groups) - {"unknown"})
+        if all(known) and not known[0] & known[1]:
+            raise ConfigError(f"the runs share no sampling group (base: {', '.join(sorted(known[0]))}; candidate: "
+                              f"{', '.join(sorted(known[1]))}): acceptance differs by design across sampling "
+                              "settings, so there is nothing to compare")
     return Comparison(base, candidate, overall, groups, moved(base.requests, candidate.requests))
 
 
