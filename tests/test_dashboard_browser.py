@@ -218,7 +218,7 @@ def test_overview_compare_gives_the_verdict_in_chromium(server, tmp_path):
     with _chromium_page(tmp_path) as (page, shots):
         page.goto(server)
         page.wait_for_function(SETTLED, timeout=60_000)
-        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(
+        page.locator('[data-testid="stSelectbox"]').filter(
             has_text="Compare side by side with").click()
         page.get_by_role("option").last.click()
         page.get_by_text("Did acceptance change?").first.wait_for(timeout=60_000)
