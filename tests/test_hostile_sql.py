@@ -323,17 +323,19 @@ def _refused_with_peak(url: str, sql: str, **options) -> tuple[str, int]:
     """(the StoreError's message, MiB the statement added to the peak RSS) of ``Store.query(sql)``
     in a fresh subprocess, after one small query warmed it up."""
     script = (
-        "import resource, sys\n"
+        "import re, sys\n"
+        "def peak():  # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)\n"
+        "    return int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
         "from specscope.storage import open_store\n"
         "from specscope.errors import StoreError\n"
         "with open_store(sys.argv[1], read_only=True) as store:\n"
         "    store.query('SELECT 1')\n"
-        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "    before = peak()\n"
         "    try:\n"
         f"        store.query(sys.argv[2], timeout_s=60, **{options!r})\n"
         "    except StoreError as exc:\n"
         "        print(exc)\n"
-        "    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+        "    print((peak() - before) // 1024)\n")
     proc = subprocess.run([sys.executable, "-c", script, url, sql], capture_output=True, text=True, timeout=120)
     message, added = proc.stdout.strip().splitlines()
     return message, int(added)
