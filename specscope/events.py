@@ -21,6 +21,9 @@ from specscope.metrics import chain_mask
 
 Shape = tuple[int, ...]
 MAX_PROPOSED = 64  # draft tokens per verify step the store holds a mask for (verify_steps.accepted_mask)
+MAX_COUNT = 2**31 - 1
+"""Largest count a store's INTEGER column holds on every database (PostgreSQL's int4): larger values
+are refused at the boundary, never wrapped by a binary COPY."""
 
 
 def now() -> float:
@@ -278,6 +281,8 @@ class VerifyStep:
         if not (_is_int(self.proposed) and _is_int(self.accepted) and _is_int(self.step)):
             raise InvalidEvent(f"verify step: proposed, accepted and step must be ints, got "
                                f"{self.proposed!r}, {self.accepted!r}, {self.step!r}")
+        if not 0 <= self.step <= MAX_COUNT and self.step != -1:
+            raise InvalidEvent(f"verify step: step={self.step} outside 0..{MAX_COUNT}")
         if not 0 <= self.proposed <= MAX_PROPOSED:
             raise InvalidEvent(f"verify step: proposed={self.proposed} outside 0..{MAX_PROPOSED}")
         if not 0 <= self.accepted <= self.proposed:
@@ -440,8 +445,8 @@ class LosslessAudit:
             InvalidEvent: ``tokens`` not an int >= 1, ``mismatches`` / ``rare`` not ints in
                 ``0..tokens``, a sum or ``epsilon`` not a finite number >= 0, or ``example`` not a dict.
         """
-        if not (_is_int(self.tokens) and self.tokens >= 1):
-            raise InvalidEvent(f"lossless audit: tokens must be an int >= 1, got {self.tokens!r}")
+        if not (_is_int(self.tokens) and 1 <= self.tokens <= MAX_COUNT):
+            raise InvalidEvent(f"lossless audit: tokens must be an int in 1..{MAX_COUNT}, got {self.tokens!r}")
         for name in ("mismatches", "rare"):
             value = getattr(self, name)
             if not (_is_int(value) and 0 <= value <= self.tokens):

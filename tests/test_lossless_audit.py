@@ -211,3 +211,14 @@ def test_rows_written_around_the_store_do_not_break_the_view_or_the_doctor(store
     report = diagnose(store, "raw")
     (violation,) = [f for f in report.findings if f.code == "LOSSLESS_VIOLATION"]
     assert violation.evidence["examples"] == [{"position": 0, "request_id": "q"}]
+
+
+def test_counts_past_a_database_integer_are_refused_not_wrapped():
+    """PostgreSQL's binary COPY would store 2**31 tokens as -2**31 (a violation read as passed)."""
+    from specscope.errors import InvalidEvent
+    from specscope.events import VerifyStep
+
+    with pytest.raises(InvalidEvent, match="tokens"):
+        LosslessAudit("r", 0, "q", "greedy", tokens=2**31)
+    with pytest.raises(InvalidEvent, match="step"):
+        VerifyStep("r", "q", 0, 2**32 + 1, 4, 1)
