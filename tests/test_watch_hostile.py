@@ -174,3 +174,12 @@ def test_sigterm_ends_the_watch_like_ctrl_c(servers, tmp_path) -> None:
     assert "llama.cpp" in out
     with open_store(str(db), read_only=True) as store:
         assert store.query("SELECT COUNT(*) FROM run_ranks WHERE ended_wall IS NOT NULL")[1] == [(1,)]
+
+
+def test_credentials_in_an_endpoint_stay_out_of_the_store():
+    """A user, password or query token in the endpoint URL is used to scrape but never stored."""
+    from specscope.fleet import public_endpoint
+
+    assert public_endpoint("http://admin:hunter2@127.0.0.1:9400/metrics?token=SECRET") == \
+        "http://127.0.0.1:9400/metrics"
+    assert public_endpoint("http://[::1]:9400/metrics") == "http://[::1]:9400/metrics"

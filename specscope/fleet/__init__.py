@@ -18,7 +18,8 @@ from specscope.fleet._conventions import (
     window,
 )
 from specscope.fleet._exporter import StoreCollector, serve_exporter
-from specscope.fleet._watch import ScrapeResult, Watcher, normalize_endpoint, watch
+from specscope.fleet._watch import ScrapeResult, Watcher, normalize_endpoint, public_endpoint, watch
 
 __all__ = ["CONVENTIONS", "Reading", "ScrapeResult", "StoreCollector", "Watcher", "Window", "check_reading",
-           "is_reset", "normalize_endpoint", "parse_exposition", "serve_exporter", "watch", "window"]
+           "is_reset", "normalize_endpoint", "parse_exposition", "public_endpoint", "serve_exporter", "watch",
+           "window"]

@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -61,6 +61,13 @@ def normalize_endpoint(endpoint: str) -> str:
     if not parts.netloc:
         raise ValueError(f"endpoint {endpoint!r} names no host")
     return url if parts.path not in ("", "/") else f"{parts.scheme}://{parts.netloc}/metrics"
+
+
+def public_endpoint(endpoint: str) -> str:
+    """``endpoint`` as stored with a run: without user, password and query (tokens stay out of the
+    store, where every reader of it would see them)."""
+    parts = urlsplit(endpoint)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 @dataclass(frozen=True)
@@ -218,9 +225,10 @@ class Watcher:
             self.run_ids.append(run_id)
             k = len(reading.positions.get("accepted_pos", {})) or None
             events.append(RunStart(run_id, engine=reading.engine, engine_version="",
-                                   target_model=reading.model or endpoint, draft_model="",
-                                   config={"source": "prometheus", "endpoint": endpoint, "k": k},
-                                   world_size=world_size, host=urlsplit(endpoint).netloc, ts_wall=now))
+                                   target_model=reading.model or public_endpoint(endpoint), draft_model="",
+                                   config={"source": "prometheus", "endpoint": public_endpoint(endpoint), "k": k},
+                                   world_size=world_size, host=urlsplit(public_endpoint(endpoint)).netloc,
+                                   ts_wall=now))
         return run_id
 
     def _rank(self, run_id: str, endpoint: str, reading: Reading, world_size: int, events: list[Event],
@@ -229,7 +237,8 @@ class Watcher:
         if reading.labels not in ranks:
             ranks[reading.labels] = rank = len(ranks)
             device = ",".join(f"{k}={v}" for k, v in reading.labels)[:64]
-            events.append(RankStart(run_id, rank, world_size=world_size, host=urlsplit(endpoint).netloc, pid=0,
+            events.append(RankStart(run_id, rank, world_size=world_size, host=urlsplit(public_endpoint(endpoint)).netloc,
+                                    pid=0,
                                     device=device, ts_wall=now))
         return ranks[reading.labels]
 
