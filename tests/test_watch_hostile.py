@@ -147,6 +147,10 @@ def test_watch_logs_no_line_per_scrape(servers, tmp_path, caplog) -> None:
     caplog.set_level(logging.DEBUG)
     assert main(["watch", "--db", str(tmp_path / "w.db"), "--interval", "10ms", "--count", "3", srv.url]) == 0
     assert not [r for r in caplog.records if "HTTP Request" in r.getMessage()]
+    caplog.clear()  # asked for: one line per request
+    assert main(["watch", "--db", str(tmp_path / "v.db"), "--interval", "10ms", "--count", "3", "--verbose",
+                 srv.url]) == 0
+    assert len([r for r in caplog.records if "HTTP Request" in r.getMessage()]) == 3
 
 
 def test_sigterm_ends_the_watch_like_ctrl_c(servers, tmp_path) -> None:

@@ -4,7 +4,7 @@ TensorRT-LLM, llama.cpp; see :mod:`specscope.fleet`).
 
 Runs until ``--count`` scrapes or ``--duration`` have passed, or Ctrl-C or SIGTERM (both end the watch
 the same way: every rank marked finished, the store flushed); then prints one line per watched run.
-httpx's per-request log lines stay off (a line per scrape drowns the gap warnings). An endpoint that
+httpx's per-request log lines stay off unless ``--verbose`` (a line per scrape drowns the gap warnings). An endpoint that
 is down or answers garbage is a gap (one warning line), never an exit.
 Exit status 0; 2 for bad arguments or an unusable store.
 """
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("endpoints", nargs="+", metavar="ENDPOINT",
                         help="a metrics URL, or host:port (then /metrics)")
     parser.add_argument("--interval", type=seconds, default=5.0, help="time between scrapes (default 5s)")
+    parser.add_argument("--verbose", action="store_true", help="log every HTTP request of every scrape")
     until = parser.add_mutually_exclusive_group()
     until.add_argument("--count", type=positive_int, help="stop after N scrapes (the first is the baseline)")
     until.add_argument("--duration", type=seconds, help="stop after this long (e.g. 10m)")
@@ -62,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Watch, then print one line per watched run; 0 (errors: exit 2 via the CLI shell)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
     with open_store(args.db) as store, _stopped_by_sigterm() as stop:
         try:
             run_ids = watch(store, args.endpoints, interval_s=args.interval, count=args.count,
