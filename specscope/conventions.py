@@ -110,6 +110,19 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
     return (2, num_layers // 2, num_layers - 3)
 
 
+AUX_IDS_SORTED_UNIQUE = frozenset({"vllm"})
+"""Engines that sort and deduplicate the aux layer ids before capturing (vLLM 0.32
+``vllm/model_executor/models/interfaces.py`` ``_set_aux_hidden_state_layers``: ``tuple(sorted(set(layers)))``);
+the others capture and fuse the ids in the configured order, repeats included."""
+
+
+VOCAB_SIZE_PADDING_SERVED = frozenset({"vllm"})
+"""Engines that serve a draft whose config ``vocab_size`` exceeds the target's as if it were the
+target's: vLLM 0.32 uses it only as the width of the draft's logits, scattered from ``d2t`` with -inf
+elsewhere (``Eagle3LlamaForCausalLM.compute_logits``), and as the rows of a draft embedding it replaces
+by the target's when the draft ships none (``llm_base_proposer._maybe_share_embeddings``)."""
+
+
 def physical_capture_layers(engine: str, aux_ids: Sequence[int] | None,
                             num_layers: int | None) -> tuple[int, ...]:
     """The capture points ("hidden state entering layer i") ``engine`` uses for ``aux_ids``.
@@ -118,7 +131,9 @@ def physical_capture_layers(engine: str, aux_ids: Sequence[int] | None,
     the engine default (then ``num_layers`` is required). SGLang reads an explicit id as the 0-based
     layer whose *output* is captured and adds +1 (``python/sglang/srt/models/llama.py``
     ``set_eagle3_layers_to_capture``); vLLM (``set_aux_hidden_state_layers``), speculators, EAGLE and
-    the reference engine read ids as ``hidden_states`` boundary indices, unchanged.
+    the reference engine read ids as ``hidden_states`` boundary indices. The result is in the order the
+    engine fuses them: engines in :data:`AUX_IDS_SORTED_UNIQUE` capture ``sorted(set(ids))``, so a
+    reversed list is fused ascending there and a repeated id is captured once.
     Raises :class:`ConfigError` for an unknown engine or when defaults are asked without ``num_layers``.
     """
     loader_convention(engine)
@@ -127,7 +142,8 @@ def physical_capture_layers(engine: str, aux_ids: Sequence[int] | None,
             raise ConfigError("default aux layers need the target's number of layers")
         return default_aux_layer_ids(num_layers)
     shift = 1 if engine == "sglang" else 0
-    return tuple(int(i) + shift for i in aux_ids)
+    layers = tuple(int(i) + shift for i in aux_ids)
+    return tuple(sorted(set(layers))) if engine in AUX_IDS_SORTED_UNIQUE else layers
 
 
 def map_checkpoint_key(engine: str, key: str) -> str | None:
@@ -281,7 +297,7 @@ CONTRACT: MappingProxyType = MappingProxyType({
                                       "sliding_window without layer_types runs full attention"),
         "head_dim": SettingFact("draft", _VLLM_LLAMA),
         "aux_layer_ids": SettingFact("draft", "vLLM 0.32 vllm/v1/worker/gpu_model_runner.py",
-                                     "eagle_aux_hidden_state_layer_ids of the draft, used as given"),
+                                     "eagle_aux_hidden_state_layer_ids of the draft, sorted and deduplicated"),
         "tie_word_embeddings": SettingFact("ignored", _VLLM_MODEL, "Eagle3LlamaForCausalLM always builds "
                                            "its own lm_head of draft_vocab_size rows"),
     }),
@@ -449,11 +465,11 @@ def draft_key_fact(engine: str, key: str) -> SettingFact:
 
 
 __all__ = [
-    "AUX_LAYER_COUNT", "BEHAVIOUR_DEFAULTS", "CONTRACT", "CONTRACT_SETTINGS", "DRAFT_BEHAVIOUR_KEYS", "DRAFT_KEYS",
+    "AUX_IDS_SORTED_UNIQUE", "AUX_LAYER_COUNT", "BEHAVIOUR_DEFAULTS", "CONTRACT", "CONTRACT_SETTINGS", "DRAFT_BEHAVIOUR_KEYS", "DRAFT_KEYS",
     "ENGINES",
     "LOADERS", "LoadPlan", "LoaderConvention", "OPTIONAL_KEYS", "READ_FROM", "SHARED_TENSORS", "SHARE_RULES",
     "SLIDING_WINDOW_NEEDS_LAYER_TYPES", "SettingFact",
-    "VOCAB_MAP_KEYS", "canonical_draft_keys", "contract_fact", "default_aux_layer_ids", "draft_key_fact",
+    "VOCAB_MAP_KEYS", "VOCAB_SIZE_PADDING_SERVED", "canonical_draft_keys", "contract_fact", "default_aux_layer_ids", "draft_key_fact",
     "expected_draft_params", "loader_convention", "map_checkpoint_key", "physical_capture_layers",
     "plan_load", "served_from",
 ]

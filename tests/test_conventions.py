@@ -24,6 +24,14 @@ def test_explicit_ids_mean_different_layers_per_engine():
         assert cv.physical_capture_layers(engine, [2, 12, 21], 24) == (2, 12, 21)
 
 
+def test_vllm_fuses_aux_ids_sorted_and_once_the_others_as_listed():
+    assert cv.physical_capture_layers("vllm", [27, 15, 2], 30) == (2, 15, 27)
+    assert cv.physical_capture_layers("vllm", [2, 15, 15], 30) == (2, 15)
+    assert cv.physical_capture_layers("sglang", [27, 15, 2], 30) == (28, 16, 3)
+    for engine in ("speculators", "eagle", "reference"):
+        assert cv.physical_capture_layers(engine, [2, 15, 15], 30) == (2, 15, 15)
+
+
 def test_defaults_agree_across_engines():
     assert {cv.physical_capture_layers(e, None, 30) for e in cv.ENGINES} == {(2, 15, 27)}
     with pytest.raises(ConfigError):

@@ -74,7 +74,7 @@ def test_healthy_case_raises_none(ckpt, target, capsys):
         rc, report = run(path, "--engine", engine, "--target-config", str(target()), "--serve-dtype", "fp16",
                          capsys=capsys)
         assert rc == 0 and codes(report) == {"CKPT_FORMAT"}, report["findings"]
-    assert len(CODES) == 29  # every code has a test: below, and the contract codes in test_inspector_contract.py
+    assert len(CODES) == 30  # every code has a test: below, and the contract codes in test_inspector_contract.py
 
 
 def test_ckpt_format(ckpt, capsys):
@@ -130,8 +130,19 @@ def test_aux_layer_count_mismatch(ckpt, capsys):
     ckpt.config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2, 15]}
     report = run(ckpt.write(), capsys=capsys)[1]
     assert only(report, "AUX_LAYER_COUNT_MISMATCH")["evidence"] == {
-        "aux_layer_ids": 2, "fc_aux_layers": 3, "fused_width": 128, "fc_in_features": 192}
+        "aux_layer_ids": 2, "captured_layers": 2, "fc_aux_layers": 3, "fused_width": 128, "fc_in_features": 192}
     assert "FC_SHAPE_MISMATCH" not in codes(report)
+
+
+@pytest.mark.parametrize("ids", [[27, 15, 2], [2, 15, 15]], ids=["reversed", "repeated"])
+def test_aux_layer_ids_order(ckpt, ids, capsys):
+    ckpt.config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
+    for engine in ("sglang", "vllm"):
+        f = only(run(ckpt.write(), "--engine", engine, capsys=capsys)[1], "AUX_LAYER_IDS_ORDER")
+        assert f["severity"] == "warning" and f["evidence"]["sorting_engines"] == ["vllm"]
+        assert f["evidence"]["sorted_unique"] == sorted(set(ids)) and f["evidence"]["repeated"] == (ids[1] == ids[2])
+    report = run(ckpt.write(), "--engine", "vllm", capsys=capsys)[1]
+    assert ("AUX_LAYER_COUNT_MISMATCH" in codes(report)) == (ids[1] == ids[2])
 
 
 def test_aux_layer_ids_convention(ckpt, target, capsys):

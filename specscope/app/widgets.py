@@ -18,7 +18,7 @@ import streamlit as st
 from specscope.app import DB_ENV, queries, trace_threshold
 from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import SpecscopeError
-from specscope.events import Finding, by_severity
+from specscope.events import Finding
 from specscope.storage import Store, open_store
 
 logger = logging.getLogger("specscope")
@@ -99,7 +99,7 @@ def query(name: str, *args: Any) -> Any:
 
 def _diagnosed(url: str, run_id: str) -> list[Finding]:
     store = _open(url)
-    return by_severity(diagnose(store, run_id).findings + checkpoint_findings(store, run_id))
+    return diagnose(store, run_id).with_checkpoint(checkpoint_findings(store, run_id)).findings
 
 
 _findings_live = st.cache_data(ttl=REFRESH_S, show_spinner=False)(_diagnosed)

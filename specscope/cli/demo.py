@@ -29,6 +29,7 @@ VLLM_CRASHES = {
                       "capture returns",
     "d2t-absolute": "absolute d2t ids index past the target vocabulary on the first draft",
     "unknown-key": "its draft loader refuses a checkpoint tensor it does not map",
+    "aux-duplicated": "it captures the repeated aux layer once, and fc's input is one layer short",
 }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specscope.events import Finding, by_severity
+from specscope.doctor._causes import relate
+from specscope.events import Finding
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,10 @@ class DoctorReport:
                 "findings": [f.to_dict() for f in self.findings]}
 
     def with_checkpoint(self, stored: list[Finding]) -> DoctorReport:
-        """This report plus the checkpoint findings stored with its runs, errors first; within a
+        """This report plus the checkpoint findings stored with its runs, each read in the light of
+        the runs' acceptance (:func:`specscope.doctor._causes.relate`): errors first; within a
         severity the checkpoint's come first (a broken checkpoint is the cause of what runs show)."""
-        return DoctorReport(self.runs, by_severity([*stored, *self.findings]))
+        return DoctorReport(self.runs, relate(self.runs, self.findings, stored))
 
 
 _LISTED = 3  # list items shown per evidence value in text; --json has them all

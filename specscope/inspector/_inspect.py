@@ -14,6 +14,7 @@ from specscope.inspector._checks_keys import check_keys_dropped, check_lm_head, 
 from specscope.inspector._checks_shapes import (
     check_aux_convention,
     check_aux_count,
+    check_aux_order,
     check_fc,
     check_head_rows,
     check_target_sizes,
@@ -31,13 +32,13 @@ from specscope.inspector._report import InspectionReport, draft_key_rows
 from specscope.inspector._target import load_target_config, open_target_weights
 
 SERVE_DTYPES = ("bf16", "fp16", "fp32")
-CONFIG_CODES = ("AUX_LAYER_COUNT_MISMATCH", "AUX_LAYER_IDS_CONVENTION", "LM_HEAD_MISSING",
+CONFIG_CODES = ("AUX_LAYER_COUNT_MISMATCH", "AUX_LAYER_IDS_CONVENTION", "AUX_LAYER_IDS_ORDER", "LM_HEAD_MISSING",
                 "DRAFT_VOCAB_MISMATCH", "D2T_IDENTITY_WITH_PRUNED_VOCAB", "TIED_EMBEDDINGS_MISMATCH")
 """Checks that read the draft's ``config.json`` (aux ids, draft vocabulary, tied embeddings)."""
 
 CHECKS: tuple[Callable[[CheckContext], list[Finding]], ...] = (
     check_format, check_keys_dropped, check_params_missing, check_lm_head, check_fc, check_aux_count,
-    check_aux_convention, check_vocab_maps, check_head_rows, check_target_sizes, check_tied,
+    check_aux_order, check_aux_convention, check_vocab_maps, check_head_rows, check_target_sizes, check_tied,
     check_untrained, check_nonfinite, check_fp16_range, *CONTRACT_CHECKS, check_shared,
 )
 

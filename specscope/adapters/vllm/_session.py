@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specscope.adapters.vllm import ENV_AUDIT_EVERY, ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
+from specscope.conventions import physical_capture_layers
 from specscope.events import Event, RankStart, RankStatus, RunConfig, RunStart
 
 logger = logging.getLogger("specscope")
@@ -60,8 +61,8 @@ def aux_layer_ids(vllm_config: Any) -> tuple[tuple[int, ...], tuple[int, ...] | 
     """``(resolved, configured)`` EAGLE-3 capture layers, as vLLM 0.32 resolves them.
 
     ``configured``: the draft config's ``eagle_aux_hidden_state_layer_ids`` (top level, or inside
-    ``eagle_config``), None when absent. ``resolved``: those ids, else the target's default
-    ``(2, n // 2, n - 3)``; vLLM captures "the hidden state entering layer i" for each
+    ``eagle_config``), None when absent. ``resolved``: those ids sorted and deduplicated, else the
+    target's default ``(2, n // 2, n - 3)``; vLLM captures "the hidden state entering layer i" for each
     (``GPUModelRunner._get_eagle3_aux_layers_from_config`` and
     ``SupportsEagle3.get_eagle3_default_aux_hidden_state_layers``, ``vllm/model_executor/models/
     interfaces.py``).
@@ -72,7 +73,7 @@ def aux_layer_ids(vllm_config: Any) -> tuple[tuple[int, ...], tuple[int, ...] | 
     if not ids:
         ids = (getattr(hf, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
     configured = tuple(int(i) for i in ids) if ids else None
-    return configured or (2, n // 2, n - 3), configured
+    return physical_capture_layers("vllm", configured, n), configured
 
 
 def run_config(vllm_config: Any, active: tuple[int, ...] | None = None) -> RunConfig:

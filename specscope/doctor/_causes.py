@@ -1,0 +1,68 @@
+"""Cause and effect read together: a run's checkpoint findings (static suspicions about the draft)
+against what its acceptance shows.
+
+A warning whose effect is acceptance (the engine feeds the draft differently than it may have been
+trained) is settled by a healthy run: it drops to info and says so, naming the figures. When
+acceptance collapses, the collapse finding names the run's checkpoint findings first, errors before
+warnings: the likeliest cause of the symptom. Checkpoint errors are never downgraded: an error
+means the inspected engine's documented behaviour breaks the draft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from specscope.doctor._rules_accept import COLLAPSE_AL, MIN_VERIFY_STEPS
+from specscope.events import Finding, by_severity
+
+if TYPE_CHECKING:
+    from specscope.doctor._report import RunSummary
+
+SETTLED_BY_ACCEPTANCE = ("AUX_LAYER_IDS_ORDER", "VOCAB_SIZE_MISMATCH", "VOCAB_MAP_MISMATCH", "ROPE_MISMATCH",
+                         "MAX_POSITIONS_MISMATCH", "D2T_IDENTITY_WITH_PRUNED_VOCAB")
+"""Checkpoint warning codes whose only effect on a served draft is lower acceptance."""
+
+COLLAPSE_CODES = ("ACCEPT_COLLAPSE", "ACCEPT_COLLAPSE_SAMPLED", "POSITION0_LOW")
+"""Runtime findings that are a symptom whose cause may sit in the checkpoint."""
+
+
+def _healthy(run: RunSummary) -> bool:
+    return (run.verify_steps >= MIN_VERIFY_STEPS and run.mean_acceptance_length is not None
+            and run.mean_acceptance_length > COLLAPSE_AL)
+
+
+def relate(runs: list[RunSummary], runtime: list[Finding], stored: list[Finding]) -> list[Finding]:
+    """``runtime`` and ``stored`` (checkpoint) findings of ``runs``, each read in the light of the
+    other, errors first and within a severity the checkpoint's first."""
+    by_run = {run.run_id: run for run in runs}
+    symptoms = {f.run_id for f in runtime if f.code in COLLAPSE_CODES}
+    suspects: dict[str, list[Finding]] = {}
+    for f in by_severity(stored):
+        if f.severity in ("error", "warning"):
+            suspects.setdefault(f.run_id, []).append(f)
+    settled = [_settled(f, by_run[f.run_id]) if f.run_id in by_run and f.run_id not in symptoms else f
+               for f in stored]
+    explained = [_explained(f, suspects[f.run_id]) if f.code in COLLAPSE_CODES and suspects.get(f.run_id) else f
+                 for f in runtime]
+    return by_severity([*settled, *explained])
+
+
+def _settled(f: Finding, run: RunSummary) -> Finding:
+    if f.severity != "warning" or f.code not in SETTLED_BY_ACCEPTANCE or not _healthy(run):
+        return f
+    return dataclasses.replace(
+        f, severity="info",
+        message=f"{f.message}; served here with healthy acceptance (AL {run.mean_acceptance_length:.2f} over "
+                f"{run.verify_steps} verify steps on {run.engine}): no effect measured",
+        evidence={**f.evidence, "served_mean_acceptance_length": run.mean_acceptance_length,
+                  "served_verify_steps": run.verify_steps})
+
+
+def _explained(f: Finding, causes: list[Finding]) -> Finding:
+    first = causes[0]
+    return dataclasses.replace(
+        f, message=f"{f.message}; likeliest cause, from the draft checkpoint: {first.code} ({first.message})"
+                   + (f"; also {', '.join(c.code for c in causes[1:])}" if len(causes) > 1 else ""),
+        evidence={**f.evidence, "likely_causes": [c.code for c in causes]},
+        fix=f"{first.fix} Then rerun: this symptom should clear. ({f.fix})")
