@@ -228,7 +228,9 @@ def prompt_key(prompt: str | Sequence[int]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RequestEnd:
-    """A request finished. ``output_tokens`` counts generated tokens (bonus tokens included)."""
+    """A request finished. ``output_tokens`` counts generated tokens (bonus tokens included);
+    ``text`` is what it generated, or ``output_ids`` its token ids for the collector to decode off the
+    engine thread (``Collector(tokenizer=)``)."""
 
     kind: ClassVar[str] = "request_end"
     run_id: str
@@ -238,10 +240,15 @@ class RequestEnd:
     verify_steps: int
     text: str | None = None
     ts_wall: float = field(default_factory=now)
+    output_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        """Raises InvalidEvent: ``output_tokens`` or ``verify_steps`` not an int >= 0."""
+        """Raises InvalidEvent: ``output_tokens`` or ``verify_steps`` not an int >= 0, or ``output_ids``
+        not a tuple of token ids."""
         _check_counts("request end", output_tokens=self.output_tokens, verify_steps=self.verify_steps)
+        ids = self.output_ids
+        if ids is not None and (not isinstance(ids, tuple) or not all(_is_int(i) and 0 <= i <= MAX_COUNT for i in ids)):
+            raise InvalidEvent(f"request end: output_ids must be a tuple of token ids, got {repr(ids)[:80]}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +260,8 @@ class VerifyStep:
     - ``accepted_mask``: per-position acceptance as a string of ``'0'``/``'1'``, position 0 first
       (``None`` = a chain's prefix, derived as ``'1' * accepted + '0' * (proposed - accepted)``).
     - ``draft_s`` / ``verify_s``: wall time of the draft and verify phases (seconds), when known.
-    - ``emitted``: decoded text of the emitted tokens, accepted drafts first, bonus token last.
+    - ``emitted``: decoded text of the emitted tokens, accepted drafts first, bonus token last;
+      ``emitted_ids``: their token ids instead, for the collector to decode off the engine thread.
     """
 
     kind: ClassVar[str] = "verify_step"
@@ -268,6 +276,7 @@ class VerifyStep:
     verify_s: float | None = None
     emitted: tuple[str, ...] | None = None
     ts_wall: float = field(default_factory=now)
+    emitted_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         """The one check of a verify step's figures, for every producer (tracer, adapters, tests).
@@ -293,6 +302,11 @@ class VerifyStep:
             shown = repr(emitted)
             raise InvalidEvent(f"verify step: emitted must be a tuple of at most accepted + 1 = "
                                f"{self.accepted + 1} decoded tokens (str), got {shown[:80]}")
+        ids = self.emitted_ids
+        if ids is not None and (not isinstance(ids, tuple) or len(ids) > self.accepted + 1
+                                or not all(_is_int(i) and 0 <= i <= MAX_COUNT for i in ids)):
+            raise InvalidEvent(f"verify step: emitted_ids must be a tuple of at most accepted + 1 = "
+                               f"{self.accepted + 1} token ids, got {repr(ids)[:80]}")
         mask = self.accepted_mask
         if mask is None:
             return

@@ -39,8 +39,10 @@ def accepted_pattern(fault: str | None, step: int, request: int) -> int:
 
 
 def trace(run_id: str, *, fault: str | None = None, requests: int = 6, steps: int = 12,
-          world_size: int = 1, t0: float = T0, finished: bool = True, dt: float = 0.05) -> list:
-    """The events of one run in emission order (times from ``t0``, one verify step every ``dt`` s)."""
+          world_size: int = 1, t0: float = T0, finished: bool = True, dt: float = 0.05,
+          temperatures: tuple[float | None, ...] = (None,)) -> list:
+    """The events of one run in emission order (times from ``t0``, one verify step every ``dt`` s);
+    request r samples at ``temperatures[r % len(temperatures)]`` (None: not reported)."""
     out: list = [ev.RunStart(run_id, "specscope-reference", "0.1.0", "HuggingFaceTB/SmolLM2-135M-Instruct",
                              "specscope/eagle3-smollm2-135m", CONFIG, fault=fault, world_size=world_size,
                              host="node-0", ts_wall=t0)]
@@ -64,7 +66,8 @@ def trace(run_id: str, *, fault: str | None = None, requests: int = 6, steps: in
 
     for r in range(requests):
         rank, request_id = r % world_size, f"req-{r}"
-        out.append(ev.RequestStart(run_id, request_id, rank, 24 + r, ts_wall=now))
+        out.append(ev.RequestStart(run_id, request_id, rank, 24 + r, temperatures[r % len(temperatures)],
+                                   ts_wall=now))
         emitted_total, words = 0, []
         for step in range(steps):
             now += dt

@@ -93,6 +93,17 @@ def test_compare_side_by_side(monkeypatch, two_runs):
     assert any("No error or warning findings" in s for s in texts(at, "success"))
 
 
+def test_requests_page_splits_acceptance_by_sampling_and_shows_the_text(monkeypatch, tmp_path):
+    db = write_store(tmp_path / "mixed.db", [trace("mixed-run", temperatures=(0.0, 0.8))])
+    at = visit(app(monkeypatch, db), "requests")
+    assert "Acceptance by sampling" in [h.value for h in at.subheader]
+    groups = at.dataframe[0].value.to_dict("records")
+    assert [g["sampling"] for g in groups] == ["T=0.8", "greedy"] and [g["requests"] for g in groups] == [3, 3]
+    assert set(at.dataframe[1].value["sampling"]) == {"greedy", "T=0.8"}
+    shown = [e.label for e in at.expander]
+    assert any(label.startswith("As returned") for label in shown)
+
+
 def test_faulty_run_pages(monkeypatch, two_runs):
     at = app(monkeypatch, two_runs)
     visit(at, "requests")

@@ -51,7 +51,7 @@ def runs(tmp_path_factory) -> tuple[str, dict]:
     folder = tmp_path_factory.mktemp("vllm")
     db = str(folder / "vllm.db")
     done = {}
-    for fault in (None, *FAULTS, *HELD_BACK):
+    for fault in (None, *FAULTS):
         done[fault] = vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
                                    workdir=folder / f"work-{fault}")
     os.environ[ENV_AUDIT_EVERY] = "1"
@@ -68,6 +68,19 @@ def runs(tmp_path_factory) -> tuple[str, dict]:
     return db, done
 
 
+@pytest.fixture(scope="module")
+def held_back(runs, tmp_path_factory) -> tuple[str, dict]:
+    """The :data:`HELD_BACK` drafts served as the healthy run was, into its store: ``(store path,
+    {fault: VllmRun, None: the healthy run})`` (a fixture of its own: each first test's time limit
+    covers the runs it waits for)."""
+    from specscope.engine import vllm_run
+
+    db, done = runs
+    folder = tmp_path_factory.mktemp("vllm-held-back")
+    return db, {None: done[None], **{fault: vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
+                                                         workdir=folder / f"work-{fault}") for fault in HELD_BACK}}
+
+
 def _rows(store, sql: str, run_id: str) -> list[tuple]:
     return [tuple(row) for row in store.query(sql, {"r": run_id})[1]]
 
@@ -80,6 +93,7 @@ def _findings(db: str, run_id: str) -> dict[str, object]:
     return {f.code: f for f in found}
 
 
+@pytest.mark.timeout(1200)  # the first test waits for the module's vLLM runs
 def test_healthy_run_equals_vllms_own_counters(runs):
     db, done = runs
     run = done[None]
@@ -187,9 +201,29 @@ def test_each_fault_is_named(runs, fault, code):
     assert code in found and found[code].severity == "error", sorted(found)
 
 
-@pytest.mark.parametrize("fault", SERVED_AS_HEALTHY)
-def test_a_draft_problem_vllm_never_acts_on_gets_no_error(runs, fault):
+@pytest.mark.parametrize("name", [None, "mixed"], ids=["greedy", "greedy-and-sampled"])
+def test_vllm_requests_store_what_vllm_returned_with_each_steps_tokens(runs, name):
     db, done = runs
+    run = done[name]
+    with open_store(db, read_only=True) as store:
+        texts = dict(_rows(store, "SELECT request_id, text FROM requests WHERE run_id = :r", run.run_id))
+        steps = _rows(store, "SELECT request_id, accepted, emitted FROM verify_steps WHERE run_id = :r AND step >= 0 "
+                             "ORDER BY request_id, step", run.run_id)
+    assert sorted(texts.values()) == sorted(run.texts)  # the text users got, sampled requests included
+    assert steps and all(emitted is not None for _, _, emitted in steps)
+    for request_id, text in texts.items():
+        tokens = [json.loads(emitted) for rid, _, emitted in steps if rid == request_id]
+        assert all(len(t) <= accepted + 1 for t, (_, accepted, _) in zip(tokens, (s for s in steps if s[0] == request_id)))
+        # after the first token (the prompt's, no verify step) the steps' tokens are the text, in order
+        # (tokens decoded one by one split a multi-byte character: compared where the text is ASCII)
+        if text.isascii():
+            assert text.endswith("".join(token for step in tokens for token in step)), request_id
+    assert any(text.isascii() for text in texts.values())
+
+
+@pytest.mark.parametrize("fault", SERVED_AS_HEALTHY)
+def test_a_draft_problem_vllm_never_acts_on_gets_no_error(held_back, fault):
+    db, done = held_back
     healthy, run = done[None], done[fault]
     # what vLLM did: the same drafts accepted and the same text as the healthy draft
     assert run.error is None and run.counters == healthy.counters and run.texts == healthy.texts
@@ -200,8 +234,8 @@ def test_a_draft_problem_vllm_never_acts_on_gets_no_error(runs, fault):
     assert settled.severity == "info" and "served here with healthy acceptance" in settled.message
 
 
-def test_a_repeated_aux_id_is_an_error_for_vllm_which_captures_it_once_and_fails(runs):
-    db, done = runs
+def test_a_repeated_aux_id_is_an_error_for_vllm_which_captures_it_once_and_fails(held_back):
+    db, done = held_back
     run = done["aux-duplicated"]
     assert "1728" in run.error and not run.counters  # fc's 3 x 576 fan-in met by 2 x 576: no draft ran
     found = _findings(db, run.run_id)
@@ -365,6 +399,11 @@ def test_openai_server_plugin_and_watch_equal_vllms_counters(tmp_path):
     # the server served only these requests: vLLM's totals are the window's increase
     assert tuple(plugin[0]) == expected
     assert [w[0] for w in widths] == [1728]
+    # stopped the way systemd, Docker and Kubernetes stop it (SIGTERM): the run ended, every rank's
+    # part written, never left 'running'
+    with open_store(plugin_db, read_only=True) as plugin_store:
+        _, status = plugin_store.query("SELECT status FROM v_run_summary WHERE run_id = 'served-run'")
+    assert [tuple(row) for row in status] == [("finished",)]
 
 
 def test_compiled_vllm_still_shows_its_capture_layers(runs):

@@ -93,7 +93,8 @@ def comparison(store: Store, candidate_run: str, base_run: str) -> Row:
 
 def requests(store: Store, run_id: str, order: str = "start", limit: int = 500) -> list[Row]:
     """Requests of a run from ``v_request_acceptance``: tokens, verify steps, AL, rate, duration (s),
-    ``step_detail`` (1: per-step rows kept; 0: sampled out, exact aggregates only).
+    ``step_detail`` (1: per-step rows kept; 0: sampled out, exact aggregates only), ``sampling``
+    (the request's sampling label) and ``text`` (what it generated; None when not recorded).
 
     ``order``: one of :data:`specscope.storage.queries.REQUEST_ORDERS` (start ascending; the others
     worst first: lowest AL, longest duration, most steps). At most ``limit`` rows.
@@ -104,6 +105,13 @@ def requests(store: Store, run_id: str, order: str = "start", limit: int = 500) 
     if order not in q.REQUEST_ORDERS:
         raise ValueError(f"unknown request order {order!r}; choose one of {', '.join(q.REQUEST_ORDERS)}")
     return store.fetch(q.REQUESTS, run_id=run_id, order=order, limit=limit)
+
+
+def sampling_acceptance(store: Store, run_id: str) -> list[Row]:
+    """Acceptance of each sampling group of a run (``v_sampling_acceptance``): ``sampling`` (the
+    label, e.g. ``greedy`` or ``T=0.8``; None: not reported), ``requests``, ``verify_steps``,
+    ``mean_acceptance_length``, ``acceptance_rate``."""
+    return store.fetch(q.SAMPLING_ACCEPTANCE, run_id=run_id)
 
 
 def request_steps(store: Store, run_id: str, request_id: str, limit: int = 5000) -> list[Row]:

@@ -28,7 +28,9 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
+from specscope.collector._decode import Decoder
 from specscope.errors import ConfigError, EventRejected
 from specscope.events import Event
 from specscope.storage import Store, open_store
@@ -63,6 +65,9 @@ class Collector:
         flush_interval_s: longest time (seconds) an event waits before the writer picks it up. One
             second keeps commits rare (each costs CPU the engine's compute threads feel on a small
             host) while the dashboard, refreshing every 2 s, still looks live.
+        tokenizer: decodes the token ids events carry (``VerifyStep.emitted_ids``,
+            ``RequestEnd.output_ids``) in the writer thread: anything with Hugging Face's
+            ``decode(ids, skip_special_tokens=)``; None stores no text for them.
 
     Raises:
         ConfigError: capacity or batch_size not an int >= 1, or flush_interval_s not a finite
@@ -79,7 +84,7 @@ class Collector:
     """
 
     def __init__(self, store: Store | str, *, capacity: int = 100_000, batch_size: int = 5_000,
-                 flush_interval_s: float = 1.0) -> None:
+                 flush_interval_s: float = 1.0, tokenizer: Any = None) -> None:
         if not (_is_count(capacity) and _is_count(batch_size) and isinstance(flush_interval_s, (int, float))
                 and not isinstance(flush_interval_s, bool) and 0 < flush_interval_s < float("inf")):
             raise ConfigError(f"collector needs capacity >= 1, batch_size >= 1 and flush_interval_s > 0"
@@ -89,6 +94,7 @@ class Collector:
         self._capacity = capacity
         self._batch_size = batch_size
         self._interval = flush_interval_s
+        self._decode = None if tokenizer is None else Decoder(tokenizer)
         self._closing = False
         self._start_writer()
         _LIVE.add(self)
@@ -226,6 +232,8 @@ class Collector:
                     break
                 chunk.append(item)
                 self._in_flight += 1
+            if self._decode is not None:
+                chunk = [self._decode(event) for event in chunk]
             committed = self._write(chunk)
             if not committed and chunk:
                 self._failed_since_marker = True

@@ -256,11 +256,12 @@ class Tracer:
     def record_verify(self, request_id: str, proposed: int, accepted: int,
                       accepted_mask: str | Sequence[int | bool] | None = None,
                       draft_s: float | None = None, verify_s: float | None = None,
-                      emitted: Sequence[str] | None = None) -> None:
+                      emitted: Sequence[str] | None = None, emitted_ids: Sequence[int] | None = None) -> None:
         """One verify step of ``request_id``: ``proposed`` / ``accepted`` draft tokens (tokens).
 
         ``accepted_mask``: ``'1101'`` or a sequence of bools/ints, position 0 first (None = chain
-        prefix); ``draft_s`` / ``verify_s``: phase wall times (s); ``emitted``: decoded tokens.
+        prefix); ``draft_s`` / ``verify_s``: phase wall times (s); ``emitted``: decoded tokens, or
+        ``emitted_ids``: their ids, decoded by the collector's tokenizer off the engine thread.
         Python values only: pass no tensors (reading one would sync the device). The step index is
         counted per request by the tracer; without target hooks, the next draft call counts as
         target-fed.
@@ -279,7 +280,8 @@ class Tracer:
             if accepted_mask is not None and not isinstance(accepted_mask, str):
                 accepted_mask = "".join("1" if bit else "0" for bit in accepted_mask)
             event = VerifyStep(self.run_id, request_id, self.rank, step, int(proposed), int(accepted),
-                               accepted_mask, draft_s, verify_s, None if emitted is None else tuple(emitted))
+                               accepted_mask, draft_s, verify_s, None if emitted is None else tuple(emitted),
+                               emitted_ids=None if emitted_ids is None else tuple(emitted_ids))
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
             self._hook_failed("record_verify", exc)
             return
@@ -298,8 +300,10 @@ class Tracer:
             self._flush_groups()
             self.status()
 
-    def finish_request(self, request_id: str, output_tokens: int, text: str | None = None) -> None:
-        """A request finished with ``output_tokens`` generated tokens (bonus tokens included).
+    def finish_request(self, request_id: str, output_tokens: int, text: str | None = None,
+                       output_ids: Sequence[int] | None = None) -> None:
+        """A request finished with ``output_tokens`` generated tokens (bonus tokens included), and
+        its ``text`` or its ``output_ids`` (decoded by the collector's tokenizer off the engine thread).
 
         Never raises into the engine: finishing a request that was never started or is already
         finished, or a token count that is not a whole number >= 0, drops the call (counted in
@@ -311,7 +315,8 @@ class Tracer:
             if request_id not in self._steps:
                 raise LookupError(f"request {request_id!r} was never started or is already finished")
             event = RequestEnd(self.run_id, request_id, self.rank, _whole(output_tokens),
-                               self._steps[request_id], text)
+                               self._steps[request_id], text,
+                               output_ids=None if output_ids is None else tuple(output_ids))
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
             self._hook_failed("finish_request", exc)
             return

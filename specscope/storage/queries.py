@@ -161,17 +161,20 @@ REQUEST_ORDERS = ("start", "acceptance length", "duration", "verify steps")
 """Orders of :data:`REQUESTS`: start ascending; the others worst first (lowest AL, longest, most steps)."""
 
 REQUESTS = Query("requests", """
-    SELECT request_id, rank, prompt_tokens, output_tokens, verify_steps, proposed, accepted,
-           mean_acceptance_length, acceptance_rate, started_wall, finished_wall, duration_s, step_detail
-    FROM v_request_acceptance WHERE run_id = :run_id
-    ORDER BY CASE WHEN :order = 'start' THEN started_wall END,
-             CASE WHEN :order = 'acceptance length' THEN mean_acceptance_length END,
-             CASE WHEN :order = 'duration' THEN duration_s END DESC,
-             CASE WHEN :order = 'verify steps' THEN verify_steps END DESC,
-             request_id
+    SELECT v.request_id, v.rank, v.prompt_tokens, v.output_tokens, v.verify_steps, v.proposed, v.accepted,
+           v.mean_acceptance_length, v.acceptance_rate, v.started_wall, v.finished_wall, v.duration_s,
+           v.step_detail, r.sampling, r.text
+    FROM v_request_acceptance v JOIN requests r ON r.run_id = v.run_id AND r.request_id = v.request_id
+    WHERE v.run_id = :run_id
+    ORDER BY CASE WHEN :order = 'start' THEN v.started_wall END,
+             CASE WHEN :order = 'acceptance length' THEN v.mean_acceptance_length END,
+             CASE WHEN :order = 'duration' THEN v.duration_s END DESC,
+             CASE WHEN :order = 'verify steps' THEN v.verify_steps END DESC,
+             v.request_id
     LIMIT :limit""")
 """Requests of a run (``v_request_acceptance``) in ``order`` (one of :data:`REQUEST_ORDERS`), at most
-``limit``: tokens, verify steps, AL, rate, start / finish, ``duration_s``, ``step_detail``."""
+``limit``: tokens, verify steps, AL, rate, start / finish, ``duration_s``, ``step_detail``, the
+request's ``sampling`` label (NULL: not reported) and generated ``text`` (NULL: not recorded)."""
 
 REQUEST_STEPS = Query("request_steps", """
     SELECT step, proposed, accepted, accepted_mask, draft_s, verify_s, emitted, ts_wall

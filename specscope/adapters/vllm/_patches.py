@@ -56,6 +56,7 @@ from specscope.adapters.vllm import _session, _verifier
 logger = logging.getLogger("specscope")
 
 _TRACER = "_specscope_tracer"  # attribute set on vLLM's Scheduler instance
+_PENDING = "_specscope_pending_steps"  # request id -> (drafts, accepted, output offset) of its last step
 WRAPPED = "__specscope_wraps__"
 """Attribute of every method specscope put in place of vLLM's: the original function (tools and tests
 ask whether a vLLM method is patched by its presence, not by where a file lives)."""
@@ -164,26 +165,52 @@ def _after_add_request(call: dict[str, Any]) -> None:
 
 
 def _after_spec_stats(call: dict[str, Any]) -> None:
-    tracer = getattr(call["self"], _TRACER, None)
+    scheduler = call["self"]
+    tracer = getattr(scheduler, _TRACER, None)
     drafts = call["num_draft_tokens"]
     if tracer is None or not drafts:  # vLLM counts no step without drafts either
         return
+    request_id = call["request_id"]
     invalid = call["num_invalid_spec_tokens"]
     if invalid:
-        drafts -= invalid.get(call["request_id"], 0)
-    tracer.record_verify(call["request_id"], proposed=drafts, accepted=call["num_accepted_tokens"])
+        drafts -= invalid.get(request_id, 0)
+    # vLLM appends this step's tokens right after this call: the step is recorded once they are in
+    # (at the request's next step or its end), with them.
+    pending = scheduler.__dict__.setdefault(_PENDING, {})
+    request = scheduler.requests.get(request_id)
+    _record_pending(tracer, pending, request_id, request)
+    pending[request_id] = (drafts, call["num_accepted_tokens"], None if request is None else request.num_output_tokens)
+
+
+def _record_pending(tracer: Any, pending: dict[str, tuple], request_id: str, request: Any) -> None:
+    """Record ``request_id``'s pending verify step, with the tokens it emitted: the accepted drafts,
+    then the bonus token (fewer when a stop condition cut the step)."""
+    step = pending.pop(request_id, None)
+    if step is None:
+        return
+    drafts, accepted, offset = step
+    emitted = None if request is None or offset is None else request.output_token_ids[offset:offset + accepted + 1]
+    tracer.record_verify(request_id, proposed=drafts, accepted=accepted, emitted_ids=emitted)
 
 
 def _after_free_request(call: dict[str, Any]) -> None:
-    tracer = getattr(call["self"], _TRACER, None)
+    scheduler = call["self"]
+    tracer = getattr(scheduler, _TRACER, None)
     if tracer is not None:
         request = call["request"]
-        tracer.finish_request(request.request_id, output_tokens=request.num_output_tokens)
+        _record_pending(tracer, scheduler.__dict__.get(_PENDING, {}), request.request_id, request)
+        tracer.finish_request(request.request_id, output_tokens=request.num_output_tokens,
+                              output_ids=request.output_token_ids)
 
 
 def _end_run(call: dict[str, Any]) -> None:
-    """vLLM shut the scheduler or a worker down: end this process's part of the run (final status,
-    hooks removed, everything written)."""
+    """vLLM shut the scheduler or a worker down: end this process's part of the run (its requests'
+    last verify steps recorded, final status, hooks removed, everything written)."""
+    scheduler = call["self"]
+    tracer = getattr(scheduler, _TRACER, None)
+    pending = scheduler.__dict__.get(_PENDING, {})
+    for request_id in list(pending) if tracer is not None else ():
+        _record_pending(tracer, pending, request_id, scheduler.requests.get(request_id))
     _session.close_all()
 
 

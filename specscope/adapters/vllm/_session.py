@@ -123,6 +123,37 @@ class _SchedulerOnlySink:
         self._collector.close()
 
 
+class LazyTokenizer:
+    """The target's tokenizer, loaded on the first ``decode`` (in the collector's writer thread, never
+    on vLLM's engine thread) with vLLM's own tokenizer settings; a load that fails fails every call."""
+
+    def __init__(self, name: str, revision: str | None, trust_remote_code: bool) -> None:
+        self._args = (name, revision, trust_remote_code)
+        self._tokenizer: Any = None
+        self._error: Exception | None = None
+
+    @classmethod
+    def of(cls, model_config: Any) -> LazyTokenizer | None:
+        """For vLLM's ``model_config``; None when vLLM runs without a tokenizer (token ids only)."""
+        if getattr(model_config, "skip_tokenizer_init", False) or not model_config.tokenizer:
+            return None
+        return cls(str(model_config.tokenizer), model_config.tokenizer_revision,
+                   bool(model_config.trust_remote_code))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        if self._tokenizer is None and self._error is None:
+            from transformers import AutoTokenizer
+
+            name, revision, trust = self._args
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=trust)
+            except Exception as exc:  # noqa: BLE001 - kept, so a missing tokenizer is not reloaded per call
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 class Session:
     """This process's collector and tracer for one run. ``has_model``: the tracer hooks models here."""
 
@@ -136,7 +167,9 @@ class Session:
         self.run_id = run_id()
         self.has_model = has_model
         self.collector_target = os.environ[ENV_DB]
-        self.collector = Collector(self.collector_target)
+        # Requests carry token ids (from the scheduler, which may share this process's session);
+        # the tokenizer loads only when the first ids reach the writer thread.
+        self.collector = Collector(self.collector_target, tokenizer=LazyTokenizer.of(vllm_config.model_config))
         sink = self.collector if has_model else _SchedulerOnlySink(self.collector)
         spec = vllm_config.speculative_config
         every = int(os.environ.get(ENV_PROVENANCE_EVERY, DEFAULT_PROVENANCE_EVERY))

@@ -19,8 +19,18 @@ def body() -> None:
     if not rows:
         st.info("No request recorded for this run yet.")
         return
+    groups = widgets.query("sampling_acceptance", run_id)
+    if len(groups) > 1:  # acceptance of greedy and sampled requests side by side: a collapse in one shows
+        st.subheader("Acceptance by sampling")
+        st.dataframe([{"sampling": g["sampling"] or "not reported", "requests": g["requests"],
+                       "verify steps": g["verify_steps"], "acceptance length": g["mean_acceptance_length"],
+                       "acceptance rate": g["acceptance_rate"]} for g in groups],
+                     hide_index=True, column_config={
+                         "acceptance length": st.column_config.NumberColumn(format="%.2f"),
+                         "acceptance rate": st.column_config.NumberColumn(format="percent")})
     st.caption(f"{summary['requests']:,} requests; showing {len(rows)}")
-    st.dataframe([{"request": r["request_id"], "rank": r["rank"], "prompt tokens": r["prompt_tokens"],
+    st.dataframe([{"request": r["request_id"], "rank": r["rank"], "sampling": r["sampling"],
+                   "prompt tokens": r["prompt_tokens"],
                    "output tokens": r["output_tokens"], "verify steps": r["verify_steps"],
                    "acceptance length": r["mean_acceptance_length"],
                    "acceptance rate": r["acceptance_rate"], "duration s": r["duration_s"],
@@ -43,10 +53,19 @@ def body() -> None:
                                         f"Per-position acceptance of {request_id}"), key="req-pos")
     st.subheader("Generated text")
     tokens = queries.marked_tokens(steps)
+    text = next(r["text"] for r in rows if r["request_id"] == request_id)
     if tokens:
         st.html(charts.marked_text(tokens))
+        if text is not None:
+            with st.expander("As returned (the whole output, the first token included)"):
+                st.text(text)
+    elif text is not None:
+        st.text(text)
+        st.caption("Per-step tokens were not recorded for this request (sampled out of step detail), so "
+                   "draft-accepted and bonus tokens are not marked.")
     else:
-        st.info("This engine did not record emitted tokens (VerifyStep.emitted).")
+        st.info("This run recorded no generated text for this request (its engine or recorder gives "
+                "token counts only).")
 
 
 widgets.live(body, summary["state"])

@@ -1,0 +1,97 @@
+"""Token ids decoded to text by the collector's writer thread (``Collector(tokenizer=)``), with the
+target's real tokenizer: what an engine that hands token ids (the vLLM plugin) gets stored."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+
+from specscope import events as ev
+from specscope.collector import Collector
+from specscope.storage import open_store
+
+RUN = "run-d"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from specscope.engine import target_folder
+
+    return AutoTokenizer.from_pretrained(target_folder())
+
+
+def _events(ids: list[int], step_ids: tuple[int, ...]) -> list:
+    return [ev.RunStart(RUN, "vllm", "0.32", "t", "d", config={}),
+            ev.RequestStart(RUN, "req", 0, prompt_tokens=3),
+            ev.VerifyStep(RUN, "req", 0, 0, 4, 2, emitted_ids=step_ids),
+            ev.RequestEnd(RUN, "req", 0, output_tokens=len(ids), verify_steps=1, output_ids=tuple(ids))]
+
+
+def _stored(db: str) -> tuple[list, str | None]:
+    with open_store(db, read_only=True) as store:
+        (emitted,) = store.query("SELECT emitted FROM verify_steps WHERE run_id = :r", {"r": RUN})[1][0]
+        (text,) = store.query("SELECT text FROM requests WHERE run_id = :r", {"r": RUN})[1][0]
+    return (None if emitted is None else json.loads(emitted)), text
+
+
+def test_ids_are_decoded_in_the_writer_thread(tmp_path, tokenizer):
+    ids = tokenizer.encode(" The octopus has three hearts.")
+    threads = set()
+
+    class Watched:
+        def decode(self, *args, **kwargs):
+            threads.add(threading.current_thread().name)
+            return tokenizer.decode(*args, **kwargs)
+
+    db = str(tmp_path / "d.db")
+    collector = Collector(db, tokenizer=Watched())
+    for event in _events(ids + [tokenizer.eos_token_id], tuple(ids[1:4])):
+        collector.emit(event)
+    collector.close()
+    emitted, text = _stored(db)
+    assert emitted == [tokenizer.decode([i]) for i in ids[1:4]]
+    assert text == " The octopus has three hearts."  # the EOS token skipped, as engines return text
+    assert threads and threading.main_thread().name not in threads
+
+
+def test_a_failing_tokenizer_stores_the_events_without_text(tmp_path, caplog):
+    class Broken:
+        def decode(self, *args, **kwargs):
+            raise OSError("tokenizer.json not found")
+
+    db = str(tmp_path / "d.db")
+    collector = Collector(db, tokenizer=Broken())
+    with caplog.at_level(logging.WARNING, logger="specscope.collector"):
+        for event in _events([5, 6, 7], (5, 6)):
+            collector.emit(event)
+        collector.close()
+    assert _stored(db) == (None, None)
+    assert collector.dropped == 0
+    assert sum("decoding token ids failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_without_a_tokenizer_ids_are_not_stored_as_text(tmp_path):
+    db = str(tmp_path / "d.db")
+    collector = Collector(db)
+    for event in _events([5, 6, 7], (5, 6)):
+        collector.emit(event)
+    collector.close()
+    assert _stored(db) == (None, None)
+
+
+@pytest.mark.parametrize("bad", [(1.5,), [1, 2], (-1,), ("a",)])
+def test_emitted_ids_are_validated_at_the_boundary(bad):
+    with pytest.raises(ev.InvalidEvent, match="emitted_ids"):
+        ev.VerifyStep(RUN, "req", 0, 0, 4, 2, emitted_ids=bad)
+    with pytest.raises(ev.InvalidEvent, match="output_ids"):
+        ev.RequestEnd(RUN, "req", 0, output_tokens=1, verify_steps=0, output_ids=bad)
+
+
+def test_more_emitted_ids_than_a_step_can_emit_are_refused():
+    with pytest.raises(ev.InvalidEvent, match="at most accepted \\+ 1 = 3"):
+        ev.VerifyStep(RUN, "req", 0, 0, 4, 2, emitted_ids=(1, 2, 3, 4))
