@@ -347,6 +347,16 @@ class VerifyGroup:
     accepted: int
     ts_wall: float = field(default_factory=now)
 
+    def __post_init__(self) -> None:
+        """Raises InvalidEvent: a count not an int in ``0..MAX_COUNT``, ``accepted > proposed``, or a
+        mask of other characters than ``'0'``/``'1'``."""
+        _check_counts("verify group", steps=self.steps, proposed=self.proposed, accepted=self.accepted)
+        if max(self.steps, self.proposed) > MAX_COUNT or self.accepted > self.proposed:
+            raise InvalidEvent(f"verify group: steps={self.steps}, proposed={self.proposed}, accepted={self.accepted}: "
+                               f"counts go up to {MAX_COUNT} and accepted cannot exceed proposed")
+        if not isinstance(self.accepted_mask, str) or self.accepted_mask.strip("01"):
+            raise InvalidEvent(f"verify group: accepted_mask {self.accepted_mask!r} is not a string of '0'/'1'")
+
 
 @dataclass(frozen=True, slots=True)
 class TensorEvent:

@@ -234,6 +234,16 @@ def test_verify_step_constructor_refuses_contradictions(fields: dict) -> None:
         ev.VerifyStep(run_id=RUN, request_id="q", rank=0, step=0, **fields)
 
 
+@pytest.mark.parametrize("fields", [
+    dict(steps=-1, proposed=0, accepted=0), dict(steps=2, proposed=3, accepted=4),
+    dict(steps=1, proposed=-3, accepted=0), dict(steps=2**31, proposed=0, accepted=0),
+    dict(steps=1, proposed=3, accepted=1, accepted_mask="1x0"), dict(steps=1.0, proposed=3, accepted=1),
+])
+def test_verify_group_constructor_refuses_contradictions(fields: dict) -> None:
+    with pytest.raises(InvalidEvent):
+        ev.VerifyGroup(run_id=RUN, request_id="q", rank=0, **{"accepted_mask": "", **fields})
+
+
 @pytest.mark.parametrize("changes, words", [
     (dict(expected_fused_width=100), "3 aux layers x target_hidden_size 32 = 96"),
     (dict(aux_layer_ids_resolved=(2, 15, 31), expected_fused_width=96), "[31] outside"),
