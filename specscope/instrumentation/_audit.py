@@ -136,6 +136,8 @@ class Auditor:
         stats = token_stats(logits, emitted, temperature, top_k, top_p, self.epsilon)
         ready = None
         if stats.is_cuda:
+            # PyTorch's caching host allocator hands back a pinned block whose last copy completed:
+            # no cudaHostAlloc per audited batch after the first few
             host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
             host.copy_(stats, non_blocking=True)
             ready = torch.cuda.Event()
