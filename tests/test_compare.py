@@ -9,6 +9,7 @@ Tracer emits) where the statistics are the point.
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -142,9 +143,18 @@ def test_bad_input_exits_2_with_one_line(real, tmp_path, capsys):
         (("--base-db", str(tmp_path / "missing.db"), "--db", db), "missing.db"),
         (("--base-db", db, "--base-run", "nope", "--db", db), "no run 'nope'"),
         (("--base-db", db, "--db", db), "same run"),
+        # the same store spelt another way: relative, through a link
+        (("--base-db", db, "--db", os.path.relpath(db)), "same run"),
+        (("--base-db", db, "--db", str(_linked(db, tmp_path))), "same run"),
     ):
         status, out, err = cli(capsys, *argv)
         assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+def _linked(db: str, folder) -> str:
+    link = folder / "link.db"
+    link.symlink_to(db)
+    return str(link)
 
 
 def _write(store, run_id: str, accepted: dict[str, list[int]], k: int = 4) -> None:

@@ -63,7 +63,7 @@ def compare(base_store: Store, candidate_store: Store, base_run: str | None = No
         StoreError: a store cannot be read.
     """
     base, candidate = read_side(base_store, base_run), read_side(candidate_store, candidate_run)
-    if (base.store, base.run_id) == (candidate.store, candidate.run_id):
+    if (base_store.location, base.run_id) == (candidate_store.location, candidate.run_id):
         raise ConfigError(f"base and candidate are the same run {base.run_id} of {base.store}; "
                           "name the other with --base-run / --run")
     try:

@@ -55,6 +55,8 @@ class Store:
 
     Attributes:
         url: where it lives, for messages (a path, or the URL without its password).
+        location: the same store however it was spelt: a SQLite file's resolved path (links and
+            relative parts followed), else the URL without its password.
         dialect: ``"sqlite"`` or ``"postgresql"``.
         read_only: opened with ``read_only=True``; :meth:`write` raises ReadOnlyViolation.
         schema_version: the store's schema version (``schema.SCHEMA_VERSION`` once opened).
@@ -66,6 +68,7 @@ class Store:
                  schema_version: int, bulk: str | None = None,
                  tracer: Callable[[str, Any, float], None] | None = None) -> None:
         self.url = target.display
+        self.location = str(target.sqlite_path.resolve()) if target.sqlite_path is not None else target.display
         self.dialect = target.dialect
         self.read_only = write_engine is None
         self.schema_version = schema_version
