@@ -85,3 +85,41 @@ def test_the_sql_check_sees_statements(tmp_path, monkeypatch):
                                               'R = """SELECT run_id\n  FROM runs"""\n')
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert _sql_outside_storage() == ["app/page.py:2", "app/page.py:3"]
+
+
+def _finding_tables() -> dict[str, set[str]]:
+    """What only the findings module may hold, and the files holding it: ``severities`` (a dict literal
+    mapping code-like names to severities) and ``renderers`` (text starting an indented ``evidence:``
+    line)."""
+    import re
+
+    from specscope.events import SEVERITIES
+
+    found: dict[str, set[str]] = {"severities": set(), "renderers": set()}
+    for path in ROOT.rglob("*.py"):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Dict) and node.values
+                    and all(isinstance(v, ast.Constant) and v.value in SEVERITIES for v in node.values)
+                    and all(isinstance(k, ast.Constant) and str(k.value).isupper() for k in node.keys)):
+                found["severities"].add(where)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.match(r"\s+evidence: ", node.value):
+                found["renderers"].add(where)
+    return found
+
+
+def test_one_findings_module():
+    """The doctor's and the inspector's codes, severities and text form are written once."""
+    from specscope import doctor, findings, inspector
+
+    assert _finding_tables() == {"severities": {"findings.py"}, "renderers": {"findings.py"}}
+    assert set(doctor.CODES) | set(inspector.CODES) == set(findings.SEVERITY)
+    assert set(doctor.CODES) & set(inspector.CODES) == {"CHECKS_SKIPPED"}
+
+
+def test_the_findings_check_sees_tables(tmp_path, monkeypatch):
+    (tmp_path / "doctor").mkdir()
+    (tmp_path / "doctor" / "_codes.py").write_text('SEVERITY = {"AUX_NOT_FUSED": "error"}\n'
+                                                    'LINE = f"        evidence: {1}"\n')
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert _finding_tables() == {"severities": {"doctor/_codes.py"}, "renderers": {"doctor/_codes.py"}}
