@@ -123,3 +123,26 @@ def test_the_findings_check_sees_tables(tmp_path, monkeypatch):
                                                     'LINE = f"        evidence: {1}"\n')
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert _finding_tables() == {"severities": {"doctor/_codes.py"}, "renderers": {"doctor/_codes.py"}}
+
+
+def _imports(folder: Path) -> list[tuple[str, str]]:
+    """``(file, imported name)`` for every import in ``folder``'s files, ``from`` imports as
+    ``module.name``."""
+    found = []
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found += [(path.name, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                found += [(path.name, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_benchmarks_use_public_names_and_tests_no_benchmarks():
+    """Benchmarks measure the public API (the write path's parts are exported by ``storage``); what
+    a test shares with a benchmark lives in the package, not in ``benchmarks/``."""
+    repo = ROOT.parent
+    private = [(f, name) for f, name in _imports(repo / "benchmarks")
+               if name.startswith("specscope.") and any(part.startswith("_") for part in name.split("."))]
+    assert private == []
+    assert [(f, name) for f, name in _imports(repo / "tests") if name.split(".")[0] == "benchmarks"] == []
