@@ -475,8 +475,8 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
         read_only: every connection refuses writes; never creates nor upgrades (implies no create).
         busy_timeout_s: how long a SQLite writer waits for another writer's lock (seconds).
         lock_timeout_s: how long opening a PostgreSQL store waits for the migration lock (seconds;
-            then StoreError): another process may be upgrading a large store (the version 8 step
-            takes about 30 s for 1M verify steps), or any session may hold the lock's key.
+            then StoreError): another process may be upgrading a large store (filling the summary
+            tables takes about 30 s for 1M verify steps), or any session may hold the lock's key.
         bulk: how plain inserts reach the database (``storage/_bulk.py``): ``"copy"`` (PostgreSQL
             COPY, the default there) or ``"executemany"`` (the default on SQLite).
         tracer: called as ``tracer(sql, parameters, seconds)`` after every statement the store runs
