@@ -146,3 +146,21 @@ def test_benchmarks_use_public_names_and_tests_no_benchmarks():
                if name.startswith("specscope.") and any(part.startswith("_") for part in name.split("."))]
     assert private == []
     assert [(f, name) for f, name in _imports(repo / "tests") if name.split(".")[0] == "benchmarks"] == []
+
+
+def test_root_modules_are_the_base_layer():
+    """Modules at the package root (events, errors, metrics, findings, ...) are what every package
+    shares: they import no subpackage, so nothing that stands above the engine (the demo job) or
+    reads the store lives there."""
+    found = {}
+    for path in ROOT.glob("*.py"):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "specscope" and len(parts) > 1 and (ROOT / parts[1]).is_dir():
+                    found.setdefault(path.name, set()).add(parts[1])
+    assert found == {}
