@@ -5,6 +5,7 @@ source, every import counted (top level, TYPE_CHECKING blocks, function bodies).
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,21 +26,25 @@ FORBIDDEN = {
 }
 
 
+def _imports(paths: Iterable[Path]) -> Iterator[tuple[Path, str]]:
+    """``(file, dotted name)`` for every absolute import in ``paths``, anywhere in a file: ``import a.b``
+    gives ``a.b``; ``from a.b import c`` gives ``a.b`` and ``a.b.c``."""
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                yield from ((path, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                yield path, node.module or ""
+                yield from ((path, f"{node.module}.{alias.name}") for alias in node.names)
+
+
 def imported_packages(package: str) -> dict[str, set[str]]:
     """``specscope`` subpackage -> the files of ``package`` importing it."""
     found: dict[str, set[str]] = {}
-    for path in (ROOT / package).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "specscope" and len(parts) > 1:
-                    found.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
+    for path, name in _imports((ROOT / package).rglob("*.py")):
+        parts = name.split(".")
+        if parts[0] == "specscope" and len(parts) > 1 and (ROOT / parts[1]).is_dir():
+            found.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
     return found
 
 
@@ -125,42 +130,22 @@ def test_the_findings_check_sees_tables(tmp_path, monkeypatch):
     assert _finding_tables() == {"severities": {"doctor/_codes.py"}, "renderers": {"doctor/_codes.py"}}
 
 
-def _imports(folder: Path) -> list[tuple[str, str]]:
-    """``(file, imported name)`` for every import in ``folder``'s files, ``from`` imports as
-    ``module.name``."""
-    found = []
-    for path in folder.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found += [(path.name, alias.name) for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                found += [(path.name, f"{node.module}.{alias.name}") for alias in node.names]
-    return found
-
-
 def test_benchmarks_use_public_names_and_tests_no_benchmarks():
     """Benchmarks measure the public API (the write path's parts are exported by ``storage``); what
     a test shares with a benchmark lives in the package, not in ``benchmarks/``."""
     repo = ROOT.parent
-    private = [(f, name) for f, name in _imports(repo / "benchmarks")
+    private = [(path.name, name) for path, name in _imports((repo / "benchmarks").glob("*.py"))
                if name.startswith("specscope.") and any(part.startswith("_") for part in name.split("."))]
     assert private == []
-    assert [(f, name) for f, name in _imports(repo / "tests") if name.split(".")[0] == "benchmarks"] == []
+    assert [(path.name, name) for path, name in _imports((repo / "tests").glob("*.py"))
+            if name.split(".")[0] == "benchmarks"] == []
 
 
 def test_root_modules_are_the_base_layer():
     """Modules at the package root (events, errors, metrics, findings, ...) are what every package
     shares: they import no subpackage, so nothing that stands above the engine (the demo job) or
     reads the store lives there."""
-    found = {}
-    for path in ROOT.glob("*.py"):
-        if path.name in ("__init__.py", "__main__.py"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "specscope" and len(parts) > 1 and (ROOT / parts[1]).is_dir():
-                    found.setdefault(path.name, set()).add(parts[1])
-    assert found == {}
+    roots = [path for path in ROOT.glob("*.py") if path.name not in ("__init__.py", "__main__.py")]
+    found = {(path.name, name) for path, name in _imports(roots)
+             if name.startswith("specscope.") and (ROOT / name.split(".")[1]).is_dir()}
+    assert found == set()
