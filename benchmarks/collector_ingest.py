@@ -2,9 +2,8 @@
 
 Run: ``python -m benchmarks.collector_ingest [--events N] [--batch-size B] [--repeat R]``.
 
-The mix is what an instrumented EAGLE-3 decode produces: per verify step one VerifyStep and six
-TensorEvents (draft input, fc input/output, three target capture layers), plus a request start / end
-every 64 steps. Events are built before timing (that is the engine's cost, not the collector's).
+The mix is :func:`specscope.collector.loadgen.make_events`, what an instrumented EAGLE-3 decode
+produces. Events are built before timing (that is the engine's cost, not the collector's).
 
 Three ways into a fresh store file with the full schema (indexes included), each the median of R runs:
 
@@ -26,41 +25,8 @@ from pathlib import Path
 
 from specscope import events as ev
 from specscope.collector import Collector
-from specscope.storage import open_store
-from specscope.storage._rows import INSERT_COLUMNS, group_rows
-
-RUN = "bench"
-HOOKS = (("draft.forward:hidden_states", (1, 1, 1728), (1, -1, 1728)),
-         ("draft.fc:input", (1, 1, 1728), (1, -1, 1728)),
-         ("draft.fc:output", (1, 1, 576), (1, -1, 576)),
-         ("target.layers.2:input", (1, 1, 576), None),
-         ("target.layers.15:input", (1, 1, 576), None),
-         ("target.layers.27:input", (1, 1, 576), None))
-
-
-def make_events(n: int) -> list[ev.Event]:
-    """About ``n`` events of the decode mix described in the module docstring."""
-    events: list[ev.Event] = [
-        ev.RunStart(run_id=RUN, engine="reference", engine_version="0", target_model="t",
-                    draft_model="d", config={"k": 4}),
-        ev.RankStart(run_id=RUN, rank=0, world_size=1, host="h", pid=1, device="cpu")]
-    step = call = 0
-    while len(events) < n:
-        request = f"req-{step // 64}"
-        if step % 64 == 0:
-            events.append(ev.RequestStart(run_id=RUN, request_id=request, rank=0, prompt_tokens=40))
-        events.append(ev.VerifyStep(run_id=RUN, request_id=request, rank=0, step=step % 64, proposed=4,
-                                    accepted=step % 5, draft_s=0.004, verify_s=0.011))
-        for hook, shape, expected in HOOKS:
-            events.append(ev.TensorEvent(run_id=RUN, rank=0, hook_point=hook, call_index=call,
-                                         shape=shape, dtype="float32", device="cpu",
-                                         expected_shape=expected, request_id=request, step=step % 64))
-            call += 1
-        if step % 64 == 63:
-            events.append(ev.RequestEnd(run_id=RUN, request_id=request, rank=0, output_tokens=190,
-                                        verify_steps=64))
-        step += 1
-    return events[:n]
+from specscope.collector.loadgen import RUN, make_events
+from specscope.storage import group_rows, insert_statements, open_store
 
 
 def _fresh_store(folder: Path, name: str) -> str:
@@ -78,8 +44,7 @@ def run_raw(events: list[ev.Event], folder: Path) -> float:
         store.write([e for e in events if e.kind in ("run_start", "rank_start", "request_start")])
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous = NORMAL")
-    statements = {name: f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-                  for name, cols in INSERT_COLUMNS.items()}
+    statements = insert_statements("sqlite")
     start = time.perf_counter()
     conn.execute("BEGIN")
     for name, sql in statements.items():

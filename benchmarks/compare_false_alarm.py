@@ -70,7 +70,7 @@ def served(name: str, requests: int, max_new_tokens: int, cache: Path) -> Reques
 
     path = cache / f"{name}-{requests}x{max_new_tokens}.db"
     if not path.exists():
-        from specscope.demo import DemoOptions, run_demo
+        from specscope.adapters.reference import DemoOptions, run_demo
 
         print(f"serving {name}: {requests} requests x {max_new_tokens} tokens -> {path}", flush=True)
         run_demo(DemoOptions(db=str(path), requests=requests, max_new_tokens=max_new_tokens, provenance_every=0,

@@ -21,62 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
 from specscope.engine import DEFAULT_DRAFT_DIR, heldout_prompts, target_folder
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(target: Path, draft: Path, env: dict[str, str], log: Path, compiled: bool = False
-                 ) -> tuple[subprocess.Popen, str]:
-    """A vLLM OpenAI-compatible server on a free loopback port; returns (process, base URL) once
-    ``/health`` answers. Raises RuntimeError if it exits or takes over 5 minutes."""
-    port = _free_port()
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
-               "--dtype", "float32", "--max-model-len", "1024", *(() if compiled else ("--enforce-eager",)),
-               "--host", "127.0.0.1",
-               "--port", str(port), "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0",
-               "--speculative-config",
-               f'{{"method": "eagle3", "model": "{draft}", "num_speculative_tokens": 4}}']
-    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM server exited with {process.returncode}; see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    process.terminate()
-    raise RuntimeError(f"vLLM server did not come up in 5 minutes; see {log}")
-
-
-def complete(url: str, model: str, prompt: str, max_new: int) -> tuple[float, list[str]]:
-    """Tokens/s of one greedy chat completion, and its text (for the same-output check)."""
-    start = time.perf_counter()
-    response = httpx.post(f"{url}/v1/chat/completions", timeout=600, json={
-        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_new,
-        "temperature": 0, "ignore_eos": True})
-    elapsed = time.perf_counter() - start
-    response.raise_for_status()
-    body = response.json()
-    return body["usage"]["completion_tokens"] / elapsed, body["choices"][0]["message"]["content"]
+from specscope.engine.vllm_server import complete, start_server
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -106,10 +106,10 @@ def target_pair():
 @pytest.fixture(scope="session")
 def demo_store(tmp_path_factory) -> str:
     """A SQLite store holding three real reference-engine runs, healthy, ``no-aux-capture``, then two
-    ranks of which rank 1 runs ``no-aux-capture``, written by ``specscope.demo`` as ``make demo`` does
+    ranks of which rank 1 runs ``no-aux-capture``, written by ``specscope.adapters.reference`` as ``make demo`` does
     (instrumented, provenance on), with the doctor's findings saved. Returns the store path; the run
     ids are in ``runs`` (oldest first)."""
-    from specscope.demo import DemoOptions, run_demo
+    from specscope.adapters.reference import DemoOptions, run_demo
     from specscope.doctor import diagnose, save_findings
 
     path = str(tmp_path_factory.mktemp("demo") / "demo.db")

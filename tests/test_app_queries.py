@@ -166,13 +166,10 @@ def test_capture_layers_fired_and_silent(store):
     assert all(r["configured"] for r in layers)
 
 
-def test_provenance_findings_and_load_reports(filled):
+def test_provenance_and_load_reports(filled):
     rows = queries.provenance(filled, "faulty")
     assert [(r["configured"], r["received"], r["matches"]) for r in rows] == [(list(AUX), [LAYERS], False)]
     assert all(r["matches"] for r in queries.provenance(filled, "healthy"))
-    inspected = queries.stored_findings(filled, "faulty", source="inspect")
-    assert [f["code"] for f in inspected] == ["CKPT_FORMAT"] and inspected[0]["evidence"]["tensors"] == 12
-    assert queries.stored_findings(filled, "faulty", source="doctor") == []
     reports = queries.load_reports(filled, "healthy")
     assert [(r["rank"], r["strict"], r["missing"], r["unexpected"]) for r in reports] == \
         [(0, True, [], []), (1, True, [], [])]

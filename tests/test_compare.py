@@ -39,7 +39,7 @@ TOKENS = 16
 @pytest.fixture(scope="module")
 def real(tmp_path_factory) -> dict[str, str]:
     """The store path and the run ids ``healthy``, ``no-aux`` (same prompts) and ``other-prompts``."""
-    from specscope.demo import DemoOptions, run_demo
+    from specscope.adapters.reference import DemoOptions, run_demo
 
     db = str(tmp_path_factory.mktemp("compare") / "runs.db")
     runs = {"healthy": DemoOptions(db=db, requests=PROMPTS, max_new_tokens=TOKENS, provenance_every=0),
@@ -183,7 +183,7 @@ def test_a_run_with_one_request_is_bad_input(tmp_path, capsys):
 
 
 def test_first_prompt_serves_another_prompt_set(capsys):
-    from specscope.demo import DemoOptions
+    from specscope.adapters.reference import DemoOptions
     from specscope.engine import demo_prompts
     from specscope.errors import ConfigError
 

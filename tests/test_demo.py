@@ -13,7 +13,7 @@ import sys
 import pytest
 import sqlalchemy as sa
 
-from specscope.demo import DemoOptions, run_demo
+from specscope.adapters.reference import DemoOptions, run_demo
 from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import ConfigError
 from specscope.storage import open_store

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from specscope.adapters.reference import DemoOptions
 from specscope.cli import main
 from specscope.cli.demo import VLLM_CRASHES, stopped
-from specscope.demo import DemoOptions
 from specscope.engine.faults import parse_rank_fault
 from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError

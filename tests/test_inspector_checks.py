@@ -96,6 +96,22 @@ def test_keys_dropped_when_layer_saved_as_layers0(ckpt, capsys):
     assert rc == 0 and "KEYS_DROPPED" not in codes(report)
 
 
+def test_text_shows_evidence_as_the_doctor_does(ckpt, capsys):
+    """One renderer: a key list is shortened to its first 3 in text, as the doctor shows the same
+    finding stored with a run; every key stays in ``--json``."""
+    ckpt.tensors = {k.replace("midlayer.", "layers.0."): v for k, v in ckpt.tensors.items()}
+    path = ckpt.write()
+    evidence = only(run(path, "--engine", "sglang", capsys=capsys)[1], "KEYS_DROPPED")["evidence"]
+    keys = evidence["keys"]
+    assert main(["inspect", str(path), "--engine", "sglang"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("ERROR   KEYS_DROPPED: "))
+    shown = ", ".join(keys[:3])
+    assert lines[at + 1] == (f"        evidence: dropped_keys=10, checkpoint_keys=15, "
+                             f"dropped_bytes={evidence['dropped_bytes']}, keys=[{shown}, +{len(keys) - 3} more]")
+    assert lines[at + 2].startswith("        fix: ")
+
+
 def test_keys_dropped_unknown_key_under_strict_vllm(ckpt, capsys):
     ckpt.tensors["midlayer.extra_norm.weight"] = torch.ones(64, dtype=torch.bfloat16)
     report = run(ckpt.write(), "--engine", "vllm", capsys=capsys)[1]

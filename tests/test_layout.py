@@ -5,6 +5,7 @@ source, every import counted (top level, TYPE_CHECKING blocks, function bodies).
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,21 +26,25 @@ FORBIDDEN = {
 }
 
 
+def _imports(paths: Iterable[Path]) -> Iterator[tuple[Path, str]]:
+    """``(file, dotted name)`` for every absolute import in ``paths``, anywhere in a file: ``import a.b``
+    gives ``a.b``; ``from a.b import c`` gives ``a.b`` and ``a.b.c``."""
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                yield from ((path, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                yield path, node.module or ""
+                yield from ((path, f"{node.module}.{alias.name}") for alias in node.names)
+
+
 def imported_packages(package: str) -> dict[str, set[str]]:
     """``specscope`` subpackage -> the files of ``package`` importing it."""
     found: dict[str, set[str]] = {}
-    for path in (ROOT / package).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "specscope" and len(parts) > 1:
-                    found.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
+    for path, name in _imports((ROOT / package).rglob("*.py")):
+        parts = name.split(".")
+        if parts[0] == "specscope" and len(parts) > 1 and (ROOT / parts[1]).is_dir():
+            found.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
     return found
 
 
@@ -85,3 +90,62 @@ def test_the_sql_check_sees_statements(tmp_path, monkeypatch):
                                               'R = """SELECT run_id\n  FROM runs"""\n')
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert _sql_outside_storage() == ["app/page.py:2", "app/page.py:3"]
+
+
+def _finding_tables() -> dict[str, set[str]]:
+    """What only the findings module may hold, and the files holding it: ``severities`` (a dict literal
+    mapping code-like names to severities) and ``renderers`` (text starting an indented ``evidence:``
+    line)."""
+    import re
+
+    from specscope.events import SEVERITIES
+
+    found: dict[str, set[str]] = {"severities": set(), "renderers": set()}
+    for path in ROOT.rglob("*.py"):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Dict) and node.values
+                    and all(isinstance(v, ast.Constant) and v.value in SEVERITIES for v in node.values)
+                    and all(isinstance(k, ast.Constant) and str(k.value).isupper() for k in node.keys)):
+                found["severities"].add(where)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.match(r"\s+evidence: ", node.value):
+                found["renderers"].add(where)
+    return found
+
+
+def test_one_findings_module():
+    """The doctor's and the inspector's codes, severities and text form are written once."""
+    from specscope import doctor, findings, inspector
+
+    assert _finding_tables() == {"severities": {"findings.py"}, "renderers": {"findings.py"}}
+    assert set(doctor.CODES) | set(inspector.CODES) == set(findings.SEVERITY)
+    assert set(doctor.CODES) & set(inspector.CODES) == {"CHECKS_SKIPPED"}
+
+
+def test_the_findings_check_sees_tables(tmp_path, monkeypatch):
+    (tmp_path / "doctor").mkdir()
+    (tmp_path / "doctor" / "_codes.py").write_text('SEVERITY = {"AUX_NOT_FUSED": "error"}\n'
+                                                    'LINE = f"        evidence: {1}"\n')
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert _finding_tables() == {"severities": {"doctor/_codes.py"}, "renderers": {"doctor/_codes.py"}}
+
+
+def test_benchmarks_use_public_names_and_tests_no_benchmarks():
+    """Benchmarks measure the public API (the write path's parts are exported by ``storage``); what
+    a test shares with a benchmark lives in the package, not in ``benchmarks/``."""
+    repo = ROOT.parent
+    private = [(path.name, name) for path, name in _imports((repo / "benchmarks").glob("*.py"))
+               if name.startswith("specscope.") and any(part.startswith("_") for part in name.split("."))]
+    assert private == []
+    assert [(path.name, name) for path, name in _imports((repo / "tests").glob("*.py"))
+            if name.split(".")[0] == "benchmarks"] == []
+
+
+def test_root_modules_are_the_base_layer():
+    """Modules at the package root (events, errors, metrics, findings, ...) are what every package
+    shares: they import no subpackage, so nothing that stands above the engine (the demo job) or
+    reads the store lives there."""
+    roots = [path for path in ROOT.glob("*.py") if path.name not in ("__init__.py", "__main__.py")]
+    found = {(path.name, name) for path, name in _imports(roots)
+             if name.startswith("specscope.") and (ROOT / name.split(".")[1]).is_dir()}
+    assert found == set()

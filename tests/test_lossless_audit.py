@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from specscope import metrics
 from specscope.doctor import diagnose
 from specscope.events import LosslessAudit, prompt_key, sampling_label
-from specscope.instrumentation import AuditSlot, token_stats
-from specscope.instrumentation._audit import Auditor, truncate
+from specscope.instrumentation import Auditor, AuditSlot, token_stats, truncate
 from specscope.storage import open_store
 
 EPS = 1e-4

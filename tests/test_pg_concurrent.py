@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.pg_ingest import rank_events, run_writers, writer_layout
+from specscope.collector.loadgen import rank_events, run_writers, writer_layout
 from specscope.storage import open_store
 
 pytestmark = pytest.mark.postgres

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.pg_ingest import rank_events
 from specscope import events as ev
+from specscope.collector.loadgen import rank_events
 from specscope.errors import ConfigError, StoreError
 from specscope.storage import open_store
 

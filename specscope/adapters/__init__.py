@@ -9,4 +9,6 @@
   what a server returns (llama.cpp ``timings``, SGLang ``meta_info``), for servers we cannot hook.
 - :mod:`specscope.adapters.llamacpp`: a real llama.cpp server in process (``xllamacpp``) serving the
   reference target with draft-model or n-gram speculation.
+- :mod:`specscope.adapters.reference`: the demo job, specscope's own reference engine instrumented
+  into a store (``specscope demo``): like the adapters, it stands above the engine it serves.
 """

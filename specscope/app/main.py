@@ -10,7 +10,7 @@ its first script run as an old-style multipage app, flashing a raw page list (``
 
 import streamlit as st
 
-from specscope.app import widgets
+from specscope.app import queries, widgets
 
 # The favicon is an image served by this server: a Material or emoji icon makes the browser fetch
 # it from a CDN, which fails offline.
@@ -19,7 +19,7 @@ ICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><rect width
         '<path d="M19 19l7 7" stroke="#fff" stroke-width="3"/></svg>')  # a magnifier, inline
 st.set_page_config(page_title="specscope", page_icon=ICON, layout="wide")
 widgets.store()
-runs = widgets.query("runs")
+runs = widgets.query(queries.runs)
 if not runs:
     pages = [st.Page("screens/get_started.py", title="Get started", icon=":material/rocket_launch:")]
 else:

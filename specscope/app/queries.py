@@ -247,17 +247,7 @@ def graph_phases(contract: list[Row]) -> dict[str, int]:
     return phases
 
 
-# -- findings and checkpoint loading -------------------------------------------------------------
-
-def stored_findings(store: Store, run_id: str, source: str | None = None) -> list[Row]:
-    """Rows of the ``findings`` table of a run (errors first, then warnings, then info), optionally of
-    one ``source`` (``'doctor'`` / ``'inspect'``); ``evidence`` parsed from JSON."""
-    rows = (store.fetch(q.RUN_FINDINGS, run_id=run_id) if source is None
-            else store.fetch(q.RUN_FINDINGS_FROM, run_id=run_id, source=source))
-    for row in rows:
-        row["evidence"] = json.loads(row["evidence"])
-    return rows
-
+# -- checkpoint loading --------------------------------------------------------------------------
 
 def load_reports(store: Store, run_id: str) -> list[Row]:
     """Checkpoint load reports of a run: ``rank``, ``module``, ``source``, ``strict``, ``loaded`` and

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import types
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -70,28 +71,33 @@ def store() -> Store:
         st.stop()
 
 
-@st.cache_data(ttl=REFRESH_S, show_spinner=False)
-def _cached(url: str, name: str, args: tuple) -> Any:
-    return getattr(queries, name)(_open(url), *args)
+# streamlit hashes no function objects: a cached read is keyed by its query's qualified name.
+_BY_NAME = {types.FunctionType: lambda read: f"{read.__module__}.{read.__qualname__}"}
 
 
-@st.cache_data(ttl=FINISHED_TTL_S, show_spinner=False)
-def _cached_finished(url: str, name: str, args: tuple) -> Any:
-    return getattr(queries, name)(_open(url), *args)
+@st.cache_data(ttl=REFRESH_S, show_spinner=False, hash_funcs=_BY_NAME)
+def _cached(url: str, read: Callable[..., Any], args: tuple) -> Any:
+    return read(_open(url), *args)
+
+
+@st.cache_data(ttl=FINISHED_TTL_S, show_spinner=False, hash_funcs=_BY_NAME)
+def _cached_finished(url: str, read: Callable[..., Any], args: tuple) -> Any:
+    return read(_open(url), *args)
 
 
 def _finished(run_id: Any) -> bool:
-    runs = _cached(db_url(), "runs", ())
+    runs = _cached(db_url(), queries.runs, ())
     return any(run["run_id"] == run_id and run["state"] in ("finished", "crashed") for run in runs)
 
 
-def query(name: str, *args: Any) -> Any:
-    """``specscope.app.queries.<name>(store, *args)``, cached for :data:`REFRESH_S` seconds, or for
-    :data:`FINISHED_TTL_S` when the first argument is a finished run (its rows no longer change)."""
+def query(read: Callable[..., Any], *args: Any) -> Any:
+    """``read(store, *args)``, one of :mod:`specscope.app.queries`, cached for :data:`REFRESH_S`
+    seconds, or for :data:`FINISHED_TTL_S` when the first argument is a finished run (its rows no
+    longer change)."""
     store()
     cached = _cached_finished if args and _finished(args[0]) else _cached
     try:
-        return cached(db_url(), name, args)
+        return cached(db_url(), read, args)
     except SpecscopeError as exc:
         st.error(f"Reading the store failed: {exc}")
         st.stop()
@@ -172,7 +178,7 @@ def run_picker() -> str:
     The select box has a key: Streamlit then identifies it by the key alone (1.4x on), not by its
     labels, which change with the selection; without one every other pick made a new widget that
     came back on the previous run."""
-    runs = query("runs")
+    runs = query(queries.runs)
     ids = [run["run_id"] for run in runs]
     current = st.session_state.get(RUN_KEY)
     if current not in ids:  # first view, or the run vanished

@@ -160,7 +160,7 @@ def stopped(fault: str | None, error: str) -> str:
 
 def _reference_runs(args: argparse.Namespace) -> list:
     """The reference engine's runs (see the module doc), their options checked."""
-    from specscope.demo import DemoOptions
+    from specscope.adapters.reference import DemoOptions
 
     if args.fault is not None and args.fault not in FAULTS:
         raise ConfigError(f"the reference engine has no fault {args.fault!r}; choose one of: "
@@ -182,7 +182,7 @@ def _reference_runs(args: argparse.Namespace) -> list:
 
 
 def _run_reference(args: argparse.Namespace, runs: list) -> list[str]:
-    from specscope.demo import run_demo
+    from specscope.adapters.reference import run_demo
 
     run_ids = []
     for opts in runs:

@@ -10,13 +10,18 @@ instrumentation's recorded contract (run config, tensor events, provenance, load
 counters, verify steps), never the reference engine's fault switch.
 """
 
-from specscope.doctor._codes import CODES, CONTRACT_CODES, SEVERITY, named_ranks
 from specscope.doctor._context import RunContext
 from specscope.doctor._diagnose import RULES, diagnose
 from specscope.doctor._report import DoctorReport, RunSummary, render_text
 from specscope.doctor._rules_accept import COLLAPSE_AL, MIN_VERIFY_STEPS, POSITION0_MIN
 from specscope.doctor._rules_ranks import RANK_AL_MARGIN
 from specscope.doctor._stored import SETTLED_BY_PROVENANCE, checkpoint_findings, save_findings
+from specscope.findings import CODES as _CODES
+from specscope.findings import CONTRACT_CODES, named_ranks
+from specscope.findings import SEVERITY as _SEVERITY
+
+CODES = _CODES["doctor"]
+SEVERITY = {code: _SEVERITY[code] for code in CODES}
 
 __all__ = [
     "CODES", "COLLAPSE_AL", "CONTRACT_CODES", "DoctorReport", "MIN_VERIFY_STEPS", "POSITION0_MIN",

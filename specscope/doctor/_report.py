@@ -7,6 +7,7 @@ from typing import Any
 
 from specscope.doctor._causes import relate
 from specscope.events import Finding
+from specscope.findings import finding_lines
 
 
 @dataclass(frozen=True)
@@ -69,24 +70,8 @@ class DoctorReport:
         return DoctorReport(self.runs, relate(self.runs, self.findings, stored))
 
 
-_LISTED = 3  # list items shown per evidence value in text; --json has them all
-
-
 def _number(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
-
-
-def _evidence_line(evidence: dict[str, Any]) -> str:
-    """Scalars and flat lists (long ones shortened); nested details stay in ``--json``."""
-    shown = []
-    for key, value in evidence.items():
-        if isinstance(value, dict) or (isinstance(value, list)
-                                       and any(isinstance(x, (dict, list)) for x in value)):
-            continue
-        if isinstance(value, list) and len(value) > _LISTED:
-            value = "[" + ", ".join(map(str, value[:_LISTED])) + f", +{len(value) - _LISTED} more]"
-        shown.append(f"{key}={value}")
-    return ", ".join(shown)
 
 
 def render_text(report: DoctorReport) -> str:
@@ -105,9 +90,5 @@ def render_text(report: DoctorReport) -> str:
     lines.append(f"{errors} error(s), {warnings} warning(s), "
                  f"{len(report.findings) - errors - warnings} info")
     for f in report.findings:
-        origin = " (checkpoint inspection)" if f.source == "inspect" else ""
-        lines.append(f"{f.severity.upper():7} {f.code} [run {f.run_id}]{origin}: {f.message}")
-        if ev := _evidence_line(f.evidence):
-            lines.append(f"        evidence: {ev}")
-        lines.append(f"        fix: {f.fix}")
+        lines += finding_lines(f)
     return "\n".join(lines)

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from specscope.doctor._codes import finding
 from specscope.doctor._context import RunContext
 from specscope.events import Finding
+from specscope.findings import runtime_finding
 
 MIN_VERIFY_STEPS = 16
 """Verify steps a run (or rank) needs before its acceptance is judged (docs/design.md, "Finding codes"): fewer
@@ -26,7 +26,7 @@ def check_collapse(ctx: RunContext) -> list[Finding]:
     acc = ctx.acceptance
     if acc.verify_steps < MIN_VERIFY_STEPS or acc.mean_acceptance_length > COLLAPSE_AL:
         return []
-    return [finding(
+    return [runtime_finding(
         "ACCEPT_COLLAPSE", ctx.run_id,
         f"acceptance collapsed: mean acceptance length {acc.mean_acceptance_length:.3f} over "
         f"{acc.verify_steps} verify steps ({acc.accepted} of {acc.proposed} drafts accepted)",
@@ -41,7 +41,7 @@ def check_saturated(ctx: RunContext) -> list[Finding]:
     acc = ctx.acceptance
     if acc.verify_steps < MIN_VERIFY_STEPS or acc.proposed == 0 or acc.accepted < acc.proposed:
         return []
-    return [finding(
+    return [runtime_finding(
         "ACCEPT_SATURATED", ctx.run_id,
         f"every one of {acc.proposed} drafts in {acc.verify_steps} verify steps was accepted "
         f"(AL {acc.mean_acceptance_length:.2f}): verification may not be comparing against the target",
@@ -60,7 +60,7 @@ def check_position0(ctx: RunContext) -> list[Finding]:
             or not ctx.per_position or ctx.per_position[0] >= POSITION0_MIN):
         return []
     p0 = ctx.per_position[0]
-    return [finding(
+    return [runtime_finding(
         "POSITION0_LOW", ctx.run_id,
         f"the first draft is accepted in only {p0:.1%} of {acc.verify_steps} verify steps "
         f"(below {POSITION0_MIN:.0%})",

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from specscope.doctor._codes import CAPTURE_KNOBS, finding
 from specscope.doctor._context import RunContext
 from specscope.events import Finding
+from specscope.findings import CAPTURE_KNOBS, runtime_finding
 
 Received = tuple[int | None, ...]
 
@@ -32,7 +32,7 @@ def check_not_fused(ctx: RunContext) -> list[Finding]:
     for point, counts in widths.items():
         width, _ = counts.most_common(1)[0]
         calls = sum(counts.values())
-        findings.append(finding(
+        findings.append(runtime_finding(
             "AUX_NOT_FUSED", ctx.run_id,
             f"{point} is {width} wide on target-fed draft calls where {fused} (the fused aux hidden "
             f"states) is expected; fc fusion is skipped or fed the wrong tensor ({calls} recorded calls)",
@@ -112,7 +112,7 @@ def check_capture_silent(ctx: RunContext) -> list[Finding]:
         return []
     # vLLM without aux capture stops on its first verify step: the finding must not claim drafting.
     when = "while the draft runs" if ctx.acceptance.verify_steps else "before the first verify step"
-    return [finding(
+    return [runtime_finding(
         "AUX_CAPTURE_SILENT", ctx.run_id,
         f"aux capture is silent {when}: {'; '.join(reasons)}",
         evidence,
@@ -153,7 +153,7 @@ def check_capture_partial(ctx: RunContext) -> list[Finding]:
                        f"of {proof['samples']} samples")
     if not reasons:
         return []
-    return [finding(
+    return [runtime_finding(
         "AUX_CAPTURE_PARTIAL", ctx.run_id, f"aux capture is partial: {'; '.join(reasons)}", evidence,
         f"Capture all {len(layers)} configured layers {layers} and concatenate them for the draft: "
         f"check {CAPTURE_KNOBS} list every one.")]
@@ -204,7 +204,7 @@ def check_layer_mismatch(ctx: RunContext) -> list[Finding]:
     if shifted and shifts != {0}:
         evidence["shift"] = shifts.pop()
         note = f"; every layer is off by {evidence['shift']:+d}"
-    return [finding(
+    return [runtime_finding(
         "AUX_LAYER_MISMATCH", ctx.run_id,
         f"the draft {how} where {configured} are configured{count}{note}",
         evidence,

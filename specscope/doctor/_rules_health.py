@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from specscope.doctor._codes import finding
 from specscope.doctor._context import RunContext
 from specscope.events import Finding
+from specscope.findings import runtime_finding
 
 MAX_LISTED = 10
 """Keys or hook points listed in evidence at most."""
@@ -18,7 +18,7 @@ def check_nonfinite(ctx: RunContext) -> list[Finding]:
     if not rows:
         return []
     first = rows[0]  # earliest seen: where the non-finite values entered
-    return [finding(
+    return [runtime_finding(
         "NONFINITE_ACTIVATIONS", ctx.run_id,
         f"{first.elements} inf/nan element(s) at {first.hook_point} ({first.events} recorded "
         f"call(s)), first of {len(rows)} hook point(s) with non-finite values",
@@ -47,7 +47,7 @@ def check_weights_dropped(ctx: RunContext) -> list[Finding]:
             evidence["rename"] = list(rename)
         hint = (f"rename checkpoint keys `{rename[0]}*` to `{rename[1]}*`" if rename
                 else "make the checkpoint keys match the parameters the loader maps")
-        findings.append(finding(
+        findings.append(runtime_finding(
             "WEIGHTS_DROPPED", ctx.run_id,
             f"loading {row.module} from {row.source} dropped {len(dropped)} checkpoint key(s) and left "
             f"{len(missing)} parameter(s) at their init"
@@ -107,7 +107,7 @@ def _counter_finding(ctx: RunContext, code: str, bad: str, total: str, expected_
     bad_sum = sum(int(getattr(r, bad)) for r in ctx.rank_status)
     total_sum = sum(int(getattr(r, total)) for r in ctx.rank_status)
     rank_ids = [r.rank for r in ranks]
-    return [finding(code, ctx.run_id, message.format(bad=bad_sum, total=total_sum, ranks=rank_ids),
+    return [runtime_finding(code, ctx.run_id, message.format(bad=bad_sum, total=total_sum, ranks=rank_ids),
                     {bad: bad_sum, total: total_sum, expected_key: 0, "ranks": rank_ids,
                      per_rank_key: [int(getattr(r, bad)) for r in ranks]},
                     fix)]
@@ -123,7 +123,7 @@ def check_graph_mode(ctx: RunContext) -> list[Finding]:
     if set(modes) == {"compiled"}:
         if ctx.target_observed and ctx.provenance:
             return []  # observed through the compiled graph (specscope::observe): nothing is blind
-        return [finding(
+        return [runtime_finding(
             "GRAPH_MODE_BLIND", ctx.run_id,
             f"the models ran compiled (torch.compile) on rank(s) {[r.rank for r in ranks]}: the target's "
             "capture layers run inside the compiled graph, so whether they fire and which layers reach the "
@@ -132,7 +132,7 @@ def check_graph_mode(ctx: RunContext) -> list[Finding]:
             {"graph_mode": "compiled", "expected_graph_mode": "eager", "ranks": [r.rank for r in ranks],
              "modes": modes, "not_observed": ["capture layers firing", "provenance"]},
             _compiled_fix(ctx.engine))]
-    return [finding(
+    return [runtime_finding(
         "GRAPH_MODE_BLIND", ctx.run_id,
         f"hooks ran under CUDA-graph capture on rank(s) {[r.rank for r in ranks]} ({', '.join(sorted(set(modes)))}): "
         "per-step values of replayed steps are invisible; recorded shapes still hold",

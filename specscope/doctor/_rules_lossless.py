@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specscope.doctor._codes import finding
 from specscope.doctor._context import RunContext, parse_json
 from specscope.doctor._rules_accept import COLLAPSE_AL, MIN_VERIFY_STEPS
 from specscope.events import Finding
+from specscope.findings import runtime_finding
 from specscope.storage import queries as q
 
 _EXAMPLES = 3
@@ -67,10 +67,10 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
                        f"a lossless engine emits {float(g.rare_expected):.1f} on average and more than "
                        f"{float(g.rare_threshold):.1f} with probability under 1e-3")
             fix = _SAMPLED_FIX
-        out.append(finding("LOSSLESS_VIOLATION", ctx.run_id, message, evidence, fix))
+        out.append(runtime_finding("LOSSLESS_VIOLATION", ctx.run_id, message, evidence, fix))
     if groups and not failed:
         tokens = sum(int(g.tokens_audited) for g in groups)
-        out.append(finding(
+        out.append(runtime_finding(
             "LOSSLESS_AUDITED", ctx.run_id,
             f"output audited against the target: {tokens} tokens in {len(groups)} sampling group(s) "
             f"({', '.join(g.sampling for g in groups)}), no violation",
@@ -93,7 +93,7 @@ def check_sampled_collapse(ctx: RunContext) -> list[Finding]:
             continue
         if g.mean_acceptance_length > COLLAPSE_AL:
             continue
-        out.append(finding(
+        out.append(runtime_finding(
             "ACCEPT_COLLAPSE_SAMPLED", ctx.run_id,
             f"acceptance collapsed for sampled requests only: {name} AL {g.mean_acceptance_length:.3f} over "
             f"{g.verify_steps} verify steps, greedy AL {greedy.mean_acceptance_length:.3f} over "

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specscope.doctor._codes import CONTRACT_CODES, finding
 from specscope.doctor._context import RunContext
 from specscope.doctor._rules_accept import MIN_VERIFY_STEPS
 from specscope.events import Finding
+from specscope.findings import CONTRACT_CODES, runtime_finding
 
 
 def _skipped(check: str, codes: list[str], reason: str) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def check_not_observed(ctx: RunContext) -> list[Finding]:
         fix = "Give the tracer `RunConfig(expected_fused_width=n_aux * target_hidden_size, ...)`."
     else:
         return []
-    return [finding(
+    return [runtime_finding(
         "NOT_OBSERVED", ctx.run_id,
         f"not observed: {blind['check']} ({blind['reason']}) over {steps} verify steps; "
         f"{', '.join(blind['codes'])} could not be checked, so no finding there proves nothing",
@@ -77,7 +77,7 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
         else:
             what, codes = "acceptance and the draft's input", ["ACCEPT_COLLAPSE", "AUX_NOT_FUSED"]
             why = "the engine has not drafted yet, or stopped before its first verify step"
-        return [finding(
+        return [runtime_finding(
             "CHECKS_SKIPPED", ctx.run_id,
             f"not checked: {what} ({requests} request(s) started, no verify step recorded: {why})",
             {"verify_steps": 0, "requests": requests,
@@ -104,7 +104,7 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
                                 f"{steps} verify steps, fewer than the {MIN_VERIFY_STEPS} judged"))
     if not skipped:
         return []
-    return [finding(
+    return [runtime_finding(
         "CHECKS_SKIPPED", ctx.run_id,
         "not checked: " + "; ".join(f"{s['check']} ({s['reason']})" for s in skipped),
         {"verify_steps": steps, "not_checked": skipped},

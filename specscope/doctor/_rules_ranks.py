@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from specscope.doctor._codes import finding
 from specscope.doctor._context import RunContext
 from specscope.doctor._rules_accept import MIN_VERIFY_STEPS
 from specscope.events import Finding
+from specscope.findings import runtime_finding
 
 RANK_AL_MARGIN = 0.5
 """Largest AL spread (tokens per verify step) between ranks that is not reported. Tensor-parallel
@@ -31,7 +31,7 @@ def check_rank_acceptance(ctx: RunContext) -> list[Finding]:
     spread = float(high.mean_acceptance_length) - float(low.mean_acceptance_length)
     if spread <= RANK_AL_MARGIN:
         return []
-    return [finding(
+    return [runtime_finding(
         "RANK_DIVERGENCE", ctx.run_id,
         f"ranks disagree on acceptance: mean acceptance length {float(low.mean_acceptance_length):.2f} "
         f"on rank {low.rank} vs {float(high.mean_acceptance_length):.2f} on rank {high.rank}",
@@ -59,7 +59,7 @@ def check_rank_shapes(ctx: RunContext) -> list[Finding]:
               for (point, expected), per_rank in diverging[:MAX_LISTED]]
     first = listed[0]
     shown = ", ".join(f"rank {r}: {w}" for r, w in zip(first["ranks"], first["widths"]))
-    return [finding(
+    return [runtime_finding(
         "RANK_DIVERGENCE", ctx.run_id,
         f"ranks record different widths at {len(diverging)} contract point(s), e.g. "
         f"{first['hook_point']} expected {first['expected_width']} wide ({shown})",

@@ -45,7 +45,6 @@ from specscope.metrics import chain_mask
 # "drafted_pos") and gauges ("accept_length", "accept_rate").
 COUNTER_ROLES = ("steps", "proposed", "accepted")
 POSITION_ROLES = ("accepted_pos", "drafted_pos")
-GAUGE_ROLES = ("accept_length", "accept_rate")
 
 MAX_VALUE = float(2**53)
 """Largest value a reading may hold: above it a float no longer counts whole tokens, and the store's

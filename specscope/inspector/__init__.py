@@ -7,11 +7,15 @@ loader does with every key (:func:`specscope.conventions.plan_load`), checks the
 codes".
 """
 
+from specscope.findings import CODES as _CODES
+from specscope.findings import SEVERITY as _SEVERITY
 from specscope.inspector._config import DraftConfig, ModelSettings, TargetConfig, draft_config
-from specscope.inspector._findings import CODES, SEVERITY
 from specscope.inspector._inspect import CHECKS, SERVE_DTYPES, inspect_checkpoint
 from specscope.inspector._report import InspectionReport, render_text
 from specscope.inspector._target import load_target_config
+
+CODES = _CODES["inspect"]
+SEVERITY = {code: _SEVERITY[code] for code in CODES}
 
 __all__ = [
     "CODES", "CHECKS", "DraftConfig", "InspectionReport", "ModelSettings", "SERVE_DTYPES", "SEVERITY",

@@ -19,8 +19,8 @@ from specscope.conventions import (
     physical_capture_layers,
 )
 from specscope.events import Finding
+from specscope.findings import checkpoint_finding
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 
 DEFAULT_ROPE_THETA = 10000.0
 """RoPE base a config without ``rope_theta`` gets (transformers ``LlamaConfig`` default, which vLLM and
@@ -109,7 +109,7 @@ def check_rope(ctx: CheckContext) -> list[Finding]:
     fix = ("Copy rope_theta and rope_scaling (type, factor, original_max_position_embeddings) from the "
            "target's config.json into the draft's, as the draft was trained (a converter that drops them "
            "leaves the draft on default RoPE).")
-    return [finding("ROPE_MISMATCH", message, evidence, fix)]
+    return [checkpoint_finding("ROPE_MISMATCH", message, evidence, fix)]
 
 
 def check_max_positions(ctx: CheckContext) -> list[Finding]:
@@ -123,7 +123,7 @@ def check_max_positions(ctx: CheckContext) -> list[Finding]:
     evidence = {"draft_max_position_embeddings": draft, "target_max_position_embeddings": target}
     fix = ("Set the draft's max_position_embeddings (and rope_scaling) to the target's, or cap the "
            "served context length at the draft's.")
-    return [finding("MAX_POSITIONS_MISMATCH", message, evidence, fix)]
+    return [checkpoint_finding("MAX_POSITIONS_MISMATCH", message, evidence, fix)]
 
 
 def check_sliding_window(ctx: CheckContext) -> list[Finding]:
@@ -145,7 +145,7 @@ def check_sliding_window(ctx: CheckContext) -> list[Finding]:
     fix = ("Add layer_types (\"sliding_attention\" for the draft's layer) to the draft config.json for "
            "vLLM, or serve with an engine that applies the window; a window-trained draft loses "
            "acceptance at long context under full attention.")
-    return [finding("SLIDING_WINDOW_IGNORED", message, evidence, fix)]
+    return [checkpoint_finding("SLIDING_WINDOW_IGNORED", message, evidence, fix)]
 
 
 def _is_set(key: str, value: Any) -> bool:
@@ -171,7 +171,7 @@ def check_draft_keys(ctx: CheckContext) -> list[Finding]:
     fix = ("Serve with an engine (version) that reads these keys, or move them where the engine reads "
            "them (vLLM: norm_before_residual at the top level, use_aux_hidden_state under eagle_config); "
            "otherwise the served draft computes something other than the trained one.")
-    return [finding("DRAFT_KEY_IGNORED", message, evidence, fix)]
+    return [checkpoint_finding("DRAFT_KEY_IGNORED", message, evidence, fix)]
 
 
 def check_aux_range(ctx: CheckContext) -> list[Finding]:
@@ -190,7 +190,7 @@ def check_aux_range(ctx: CheckContext) -> list[Finding]:
                 "configured": list(ids)}
     fix = (f"Write eagle_aux_hidden_state_layer_ids for this target (0 <= layer < {n} after the engine's "
            f"convention); ids from a deeper target mean the draft was trained for another model.")
-    return [finding("AUX_LAYER_OUT_OF_RANGE", message, evidence, fix)]
+    return [checkpoint_finding("AUX_LAYER_OUT_OF_RANGE", message, evidence, fix)]
 
 
 def check_target_tied(ctx: CheckContext) -> list[Finding]:
@@ -212,7 +212,7 @@ def check_target_tied(ctx: CheckContext) -> list[Finding]:
                 "architectures_present": int(t.architectures is not None)}
     fix = ("Save the tied weight as model.embed_tokens.weight (the name tied loaders read), or set "
            "tie_word_embeddings to false; set architectures (e.g. [\"LlamaForCausalLM\"]) in config.json.")
-    return [finding("TARGET_TIED_WEIGHT_MISSING", message, evidence, fix)]
+    return [checkpoint_finding("TARGET_TIED_WEIGHT_MISSING", message, evidence, fix)]
 
 
 CONTRACT_CHECKS = (check_rope, check_max_positions, check_sliding_window, check_draft_keys, check_aux_range,

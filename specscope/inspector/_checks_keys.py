@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from specscope.conventions import loader_convention, map_checkpoint_key
 from specscope.events import Finding
+from specscope.findings import checkpoint_finding
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 
 LIST_LIMIT = 20
 """Key names listed in evidence at most (counts are always complete)."""
@@ -37,7 +37,7 @@ def check_keys_dropped(ctx: CheckContext) -> list[Finding]:
                f"to no parameter and {how}, e.g. {dropped[0]}")
     evidence = {"dropped_keys": len(dropped), "checkpoint_keys": len(ctx.reader.tensors),
                 "dropped_bytes": nbytes, "keys": dropped[:LIST_LIMIT]}
-    return [finding("KEYS_DROPPED", message, evidence, _rename_fix(ctx, dropped))]
+    return [checkpoint_finding("KEYS_DROPPED", message, evidence, _rename_fix(ctx, dropped))]
 
 
 def _missing(ctx: CheckContext) -> list[str]:
@@ -62,7 +62,7 @@ def check_params_missing(ctx: CheckContext) -> list[Finding]:
     evidence = {"missing_params": len(missing), "expected_params": expected, "params": missing[:LIST_LIMIT]}
     fix = ("Export every draft parameter under the names the loader maps (see KEYS_DROPPED for keys "
            "saved under another name); a draft with random weights proposes noise.")
-    return [finding("PARAM_MISSING", message, evidence, fix)]
+    return [checkpoint_finding("PARAM_MISSING", message, evidence, fix)]
 
 
 def check_lm_head(ctx: CheckContext) -> list[Finding]:
@@ -77,4 +77,4 @@ def check_lm_head(ctx: CheckContext) -> list[Finding]:
     evidence = {"lm_head_rows": 0, "draft_vocab_size": cfg.draft_vocab_size}
     fix = ("Save the trained lm_head.weight with the draft (SpecForge/EAGLE exports include it); if the "
            "draft should share the target's head, remove draft_vocab_size and d2t/t2d from the checkpoint.")
-    return [finding("LM_HEAD_MISSING", message, evidence, fix)]
+    return [checkpoint_finding("LM_HEAD_MISSING", message, evidence, fix)]

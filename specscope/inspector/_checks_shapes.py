@@ -11,8 +11,8 @@ from specscope.conventions import (
     physical_capture_layers,
 )
 from specscope.events import Finding
+from specscope.findings import checkpoint_finding
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 
 
 def _target_hidden(ctx: CheckContext) -> int | None:
@@ -36,7 +36,7 @@ def check_fc(ctx: CheckContext) -> list[Finding]:
                 "fc_aux_layers": in_f / th, "expected_aux_layers": AUX_LAYER_COUNT}
     fix = (f"Train or export the draft with fc: Linear({expected_in} -> {hidden}, bias=False), i.e. "
            f"{AUX_LAYER_COUNT} aux layers of width {th}; check target_hidden_size in config.json.")
-    return [finding("FC_SHAPE_MISMATCH", message, evidence, fix)]
+    return [checkpoint_finding("FC_SHAPE_MISMATCH", message, evidence, fix)]
 
 
 def check_aux_count(ctx: CheckContext) -> list[Finding]:
@@ -60,7 +60,7 @@ def check_aux_count(ctx: CheckContext) -> list[Finding]:
                 "fused_width": len(captured) * th, "fc_in_features": shape[1]}
     fix = ("Make eagle_aux_hidden_state_layer_ids list exactly the layers the draft was trained on, "
            "one per target_hidden block of fc's input, each once.")
-    return [finding("AUX_LAYER_COUNT_MISMATCH", message, evidence, fix)]
+    return [checkpoint_finding("AUX_LAYER_COUNT_MISMATCH", message, evidence, fix)]
 
 
 def check_aux_order(ctx: CheckContext) -> list[Finding]:
@@ -82,7 +82,7 @@ def check_aux_order(ctx: CheckContext) -> list[Finding]:
                 "sorting_engines": sorting, "listed_order_engines": listed}
     fix = ("Write the ids ascending, each once, in the order the draft was trained with (its fc blocks); "
            "a run's acceptance shows whether the serving engine's order is the trained one.")
-    return [finding("AUX_LAYER_IDS_ORDER", message, evidence, fix)]
+    return [checkpoint_finding("AUX_LAYER_IDS_ORDER", message, evidence, fix)]
 
 
 def check_aux_convention(ctx: CheckContext) -> list[Finding]:
@@ -115,7 +115,7 @@ def check_aux_convention(ctx: CheckContext) -> list[Finding]:
     fix = ("Confirm which hidden states the draft was trained on (SpecForge/SGLang: output of layer id, "
            "i.e. hidden_states[id + 1]; speculators/vLLM: hidden_states[id]) and write the ids in the "
            "serving engine's convention, or drop them if training used the defaults.")
-    return [finding("AUX_LAYER_IDS_CONVENTION", message, evidence, fix)]
+    return [checkpoint_finding("AUX_LAYER_IDS_CONVENTION", message, evidence, fix)]
 
 
 def check_target_sizes(ctx: CheckContext) -> list[Finding]:
@@ -133,14 +133,14 @@ def check_target_sizes(ctx: CheckContext) -> list[Finding]:
                         f"and serves as with the target's size; {', '.join(affected)} read it to size or "
                         f"map the vocabulary")
             severity = "warning"
-        out.append(finding(
+        out.append(checkpoint_finding(
             "VOCAB_SIZE_MISMATCH", message,
             {"draft_vocab_size_config": cfg.vocab_size, "target_vocab_size": tgt.vocab_size},
             "Use a draft trained for this target (same tokenizer); set vocab_size to the target's and "
             "rebuild d2t/t2d against the target vocabulary.", severity=severity))
     th = _target_hidden(ctx)
     if th is not None and tgt.hidden_size is not None and th != tgt.hidden_size:
-        out.append(finding(
+        out.append(checkpoint_finding(
             "HIDDEN_SIZE_MISMATCH",
             f"draft expects target hidden states of width {th}, the target's hidden_size is {tgt.hidden_size}",
             {"draft_target_hidden_size": th, "target_hidden_size": tgt.hidden_size},
@@ -157,7 +157,7 @@ def check_head_rows(ctx: CheckContext) -> list[Finding]:
     message = f"lm_head.weight has {shape[0]} rows, the engine allocates {rows} (draft_vocab_size)"
     evidence = {"lm_head_rows": shape[0], "draft_vocab_size": rows}
     fix = "Set draft_vocab_size in config.json to the head's row count, matching the d2t length."
-    return [finding("DRAFT_VOCAB_MISMATCH", message, evidence, fix)]
+    return [checkpoint_finding("DRAFT_VOCAB_MISMATCH", message, evidence, fix)]
 
 
 def check_tied(ctx: CheckContext) -> list[Finding]:
@@ -178,4 +178,4 @@ def check_tied(ctx: CheckContext) -> list[Finding]:
     evidence = {"tie_word_embeddings": 1, "lm_head_rows": head[0] if head else 0,
                 "draft_vocab_size": ctx.draft_vocab_size, "vocab_size": cfg.vocab_size}
     fix = "Set tie_word_embeddings to false in the draft config.json so the trained lm_head is used."
-    return [finding("TIED_EMBEDDINGS_MISMATCH", message, evidence, fix)]
+    return [checkpoint_finding("TIED_EMBEDDINGS_MISMATCH", message, evidence, fix)]

@@ -17,8 +17,8 @@ import numpy as np
 from specscope.checkpoint_reader import CheckpointReader
 from specscope.conventions import SHARED_TENSORS, served_from
 from specscope.events import Finding
+from specscope.findings import checkpoint_finding
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 
 _DRAFT_KEYS = {"embed_tokens": ("embed_tokens.weight", "model.embed_tokens.weight"),
                "lm_head": ("lm_head.weight",)}
@@ -99,7 +99,7 @@ def check_shared(ctx: CheckContext) -> list[Finding]:
     for row in ctx.shared:
         t, same, rows = row["tensor"], row["identical_rows"], row["rows"]
         if row["draft_key"] and row["served_from"] == "target" and same is not None and same < rows:
-            out.append(finding(
+            out.append(checkpoint_finding(
                 "SHARED_TENSOR_REPLACED",
                 f"the draft ships its own {row['draft_key']} ({rows - same} of {rows} rows differ from the "
                 f"target's) but {ctx.engine} serves the target's {t} ({row['source']})",
@@ -107,7 +107,7 @@ def check_shared(ctx: CheckContext) -> list[Finding]:
                 f"If the draft was trained with its own {t}, serve it with an engine that keeps it; "
                 f"otherwise drop {row['draft_key']} from the checkpoint so the report matches what runs."))
         if t == "lm_head" and same is not None and rows and same == rows:
-            out.append(finding(
+            out.append(checkpoint_finding(
                 "DRAFT_HEAD_IS_TARGET_HEAD",
                 f"every one of the draft's {rows} lm_head rows is bit-identical to the target's "
                 f"{row['target_key']} row for the same token: the draft head was overwritten by the "

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from specscope.events import Finding
+from specscope.findings import checkpoint_finding
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 from specscope.inspector._stats import TensorStats
 
 FP16_MAX = 65504.0
@@ -65,7 +65,7 @@ def check_untrained(ctx: CheckContext) -> list[Finding]:
                 "init_scale_projections": len(at_init), "tensors": names, "projections": at_init}
     fix = ("Check that the export saved the trained state (not a freshly built model) and that training "
            "updated these tensors (frozen or detached modules); re-export from the last training step.")
-    return [finding("UNTRAINED_WEIGHTS", message, evidence, fix)]
+    return [checkpoint_finding("UNTRAINED_WEIGHTS", message, evidence, fix)]
 
 
 def check_nonfinite(ctx: CheckContext) -> list[Finding]:
@@ -78,7 +78,7 @@ def check_nonfinite(ctx: CheckContext) -> list[Finding]:
     evidence = {"nonfinite_values": sum(bad.values()), "tensors": len(bad), "per_tensor": bad}
     fix = ("Re-export from a checkpoint taken before the loss diverged, or find the overflow in the "
            "conversion (fp32 -> fp16 casts of large values give inf).")
-    return [finding("NONFINITE_WEIGHTS", message, evidence, fix)]
+    return [checkpoint_finding("NONFINITE_WEIGHTS", message, evidence, fix)]
 
 
 def check_fp16_range(ctx: CheckContext) -> list[Finding]:
@@ -93,4 +93,4 @@ def check_fp16_range(ctx: CheckContext) -> list[Finding]:
                f"served in fp16 they become inf")
     evidence = {"absmax": over[worst], "fp16_max": FP16_MAX, "tensors": len(over), "per_tensor": over}
     fix = "Serve in bf16 (or fp32), or rescale the affected weights before casting to fp16."
-    return [finding("FP16_OVERFLOW_RISK", message, evidence, fix)]
+    return [checkpoint_finding("FP16_OVERFLOW_RISK", message, evidence, fix)]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from specscope.events import Finding
+from specscope.findings import checkpoint_finding
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 
 _OFFSETS_FIX = ("Store offsets exactly once: d2t = target_ids - arange(draft_vocab_size). Rebuild d2t "
                 "from the token frequency list (or from nonzero(t2d)) rather than converting it again.")
@@ -51,11 +51,11 @@ def check_d2t(ctx: CheckContext) -> list[Finding]:
         return []
     d2t, vocab, out = ctx.value("d2t"), ctx.target_vocab_size, []
     if not np.issubdtype(d2t.dtype, np.integer) or d2t.ndim != 1:
-        return [finding("D2T_INVALID", f"d2t is {d2t.dtype} of shape {list(d2t.shape)}, not int64 [draft_vocab]",
+        return [checkpoint_finding("D2T_INVALID", f"d2t is {d2t.dtype} of shape {list(d2t.shape)}, not int64 [draft_vocab]",
                         {"d2t_is_integer": 0, "d2t_dims": d2t.ndim}, _OFFSETS_FIX)]
     d2t = d2t.astype(np.int64)
     if ctx.draft_vocab_size is not None and d2t.size != ctx.draft_vocab_size:
-        out.append(finding("DRAFT_VOCAB_MISMATCH",
+        out.append(checkpoint_finding("DRAFT_VOCAB_MISMATCH",
                            f"d2t has {d2t.size} entries, draft_vocab_size is {ctx.draft_vocab_size}",
                            {"d2t_length": d2t.size, "draft_vocab_size": ctx.draft_vocab_size},
                            "Export d2t, lm_head and draft_vocab_size from the same vocabulary pruning run."))
@@ -67,19 +67,19 @@ def check_d2t(ctx: CheckContext) -> list[Finding]:
                 "target_vocab_size": vocab}
     if k in (0, 2):
         what = "absolute target ids" if k == 0 else "offsets converted twice"
-        out.append(finding(
+        out.append(checkpoint_finding(
             "D2T_NOT_OFFSETS",
             f"d2t holds {what}: the engine adds the index again and maps draft ids to target ids up to "
             f"{int(ids.max())} ({out_of_range} outside the vocabulary of {vocab})",
             {**evidence, "offset_subtractions_observed": k, "offset_subtractions_expected": 1}, _OFFSETS_FIX))
     elif out_of_range or non_increasing:
-        out.append(finding(
+        out.append(checkpoint_finding(
             "D2T_INVALID",
             f"d2t + index gives {out_of_range} target ids outside [0, {vocab}) and "
             f"{non_increasing} non-increasing steps",
             evidence, _OFFSETS_FIX))
     elif ctx.config.pruned_vocab and not bool(d2t.any()):
-        out.append(finding(
+        out.append(checkpoint_finding(
             "D2T_IDENTITY_WITH_PRUNED_VOCAB",
             f"d2t is all zeros (identity) while the draft vocabulary is pruned to "
             f"{ctx.config.draft_vocab_size} of {ctx.config.vocab_size}: draft id i becomes target id i",
@@ -122,7 +122,7 @@ def check_t2d(ctx: CheckContext, d2t_findings: list[Finding]) -> list[Finding]:
         fix = "Derive t2d from d2t (t2d[arange + d2t] = True over a target-vocabulary-sized zero tensor)."
     message = ("; ".join(problems) + ". Serving is unaffected: vLLM 0.32 and SGLang never read t2d (their "
                "loaders skip it); tools that rebuild d2t from t2d would spread the error")
-    return [finding("VOCAB_MAP_MISMATCH", message, evidence, fix)]
+    return [checkpoint_finding("VOCAB_MAP_MISMATCH", message, evidence, fix)]
 
 
 def check_vocab_maps(ctx: CheckContext) -> list[Finding]:

@@ -15,9 +15,9 @@ import numpy as np
 
 from specscope.checkpoint_reader import CheckpointReader
 from specscope.events import Finding
+from specscope.findings import checkpoint_finding
 from specscope.inspector._config import DraftConfig, draft_config
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 
 _CONFIG_FIELDS = ("vocab_size", "draft_vocab_size", "target_hidden_size", "hidden_size", "aux_layer_ids",
                   "tie_word_embeddings")
@@ -100,7 +100,7 @@ def compare(ctx: CheckContext, old_path: str) -> tuple[dict[str, Any], list[Find
     report = {"old": str(old_path), "tensors": tensors, "config": changes, "vocab": vocab, "lm_head": head}
     findings = []
     if changes:
-        findings.append(finding(
+        findings.append(checkpoint_finding(
             "CONTRACT_CHANGED",
             f"{len(changes)} config setting(s) differ from {old_path}: " + ", ".join(
                 f"{k} {v['old']} -> {v['new']}" for k, v in changes.items()),
@@ -109,7 +109,7 @@ def compare(ctx: CheckContext, old_path: str) -> tuple[dict[str, Any], list[Find
             "Confirm each change is intended; a conversion or warm start should carry RoPE, positions, "
             "window and aux settings over unchanged (restore the old values where it did not)."))
     if head and head["stale_rows"]:
-        findings.append(finding(
+        findings.append(checkpoint_finding(
             "HEAD_ROWS_STALE",
             f"{head['stale_rows']} of {head['remapped_rows']} lm_head rows whose token changed (new d2t) "
             f"still hold the old row for that index: they score the wrong token",

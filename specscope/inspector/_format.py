@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from specscope.events import Finding
+from specscope.findings import checkpoint_finding
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 
 FORMATS = {
     "eagle3": "EAGLE-3 draft, EAGLE/SpecForge/SGLang layout (midlayer.*)",
@@ -41,4 +41,4 @@ def check_format(ctx: CheckContext) -> list[Finding]:
                 "midlayer_keys": _count(keys, "midlayer."), "layers0_keys": _count(keys, "layers.0.")}
     message = (f"{FORMATS[ctx.format]}: {len(keys)} tensors in {len(ctx.reader.files)} file(s), "
                f"{ctx.reader.total_bytes} bytes")
-    return [finding("CKPT_FORMAT", message, evidence, f"Nothing to fix: {_LOADS[ctx.format]}.")]
+    return [checkpoint_finding("CKPT_FORMAT", message, evidence, f"Nothing to fix: {_LOADS[ctx.format]}.")]

@@ -9,6 +9,7 @@ from specscope.checkpoint_reader import CheckpointReader
 from specscope.conventions import ENGINES, expected_draft_params, plan_load
 from specscope.errors import ConfigError
 from specscope.events import Finding, by_severity
+from specscope.findings import checkpoint_finding
 from specscope.inspector._checks_contract import CONTRACT_CHECKS, contract_rows
 from specscope.inspector._checks_keys import check_keys_dropped, check_lm_head, check_params_missing
 from specscope.inspector._checks_shapes import (
@@ -26,7 +27,6 @@ from specscope.inspector._checks_vocab import check_vocab_maps
 from specscope.inspector._compare import compare as compare_drafts
 from specscope.inspector._config import TargetConfig, draft_config
 from specscope.inspector._context import CheckContext
-from specscope.inspector._findings import finding
 from specscope.inspector._format import check_format, detect_format
 from specscope.inspector._report import InspectionReport, draft_key_rows
 from specscope.inspector._target import load_target_config, open_target_weights
@@ -86,7 +86,7 @@ def inspect_checkpoint(path: str | Path, engine: str = "sglang",
     ctx.shared = shared_rows(ctx)
     findings = [f for check in CHECKS for f in check(ctx)]
     if reader.config is None:
-        findings.append(finding(
+        findings.append(checkpoint_finding(
             "CHECKS_SKIPPED", f"no config.json beside the weights: {', '.join(CONFIG_CODES)} not checked",
             {"not_checked": list(CONFIG_CODES), "reason": "no config.json"},
             "Put the draft's config.json next to the weights (the engine needs it to serve them too)."))

@@ -7,6 +7,7 @@ from typing import Any
 
 from specscope.conventions import LoadPlan, draft_key_fact
 from specscope.events import Finding
+from specscope.findings import finding_lines
 from specscope.inspector._config import DraftConfig
 
 
@@ -62,14 +63,6 @@ class InspectionReport:
         return out
 
 
-def _evidence_line(evidence: dict[str, Any]) -> str:
-    """Scalars and short lists of numbers; key lists and per-tensor maps stay in ``--json``."""
-    def shown(v: Any) -> bool:
-        return not isinstance(v, (dict, list)) or (
-            isinstance(v, list) and len(v) <= 8 and all(isinstance(x, (int, float)) for x in v))
-    return ", ".join(f"{k}={v}" for k, v in evidence.items() if shown(v))
-
-
 def render_text(report: InspectionReport) -> str:
     """A short human report: a verdict line, the findings (errors first) with evidence and fix, and
     what the loader does with the keys."""
@@ -77,10 +70,7 @@ def render_text(report: InspectionReport) -> str:
     warnings = sum(f.severity == "warning" for f in report.findings)
     lines = [f"{report.path} [{report.format}] for {report.engine}: {errors} error(s), {warnings} warning(s)"]
     for f in report.findings:
-        lines.append(f"{f.severity.upper():7} {f.code}: {f.message}")
-        if ev := _evidence_line(f.evidence):
-            lines.append(f"        evidence: {ev}")
-        lines.append(f"        fix: {f.fix}")
+        lines += finding_lines(f)
     p = report.plan
     lines.append(f"keys ({report.engine} loader): {len(p.loaded)} loaded, {len(p.renamed)} renamed, "
                  f"{len(p.dropped)} dropped, {len(p.consumed)} consumed, {len(p.missing)} missing")

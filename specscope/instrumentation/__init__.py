@@ -7,7 +7,9 @@ draft and what gets accepted (docs/design.md, "The failure", "Event model", "Whe
 - :func:`check_load`: what a loader does with a checkpoint's keys (missing / dropped / renamed).
 - :class:`SamplingConfig`: which hook calls become events (``Tracer(sampling=...)``).
 - :class:`AuditSlot`, :func:`token_stats`: the losslessness audit's slots and per-token judgement
-  (``Tracer.audit_due`` / ``Tracer.record_audit``).
+  (``Tracer.audit_due`` / ``Tracer.record_audit``); :class:`Auditor`, the part of a Tracer that
+  schedules audits and turns judged slots into events; :func:`truncate`, the top-k / top-p rule the
+  judgement samples by (vLLM's).
 - :mod:`specscope.points`: hook-point names (``draft.forward:hidden_states``,
   ``target.layers.{i}:input``, ...), built and parsed in one place.
 
@@ -15,11 +17,12 @@ Events go to a sink: any object with ``emit(event)`` (never blocking), ``flush()
 e.g. :class:`specscope.collector.Collector`.
 """
 
+from specscope.instrumentation._audit import Auditor, token_stats, truncate
 from specscope.instrumentation._audit import Slot as AuditSlot
-from specscope.instrumentation._audit import token_stats
 from specscope.instrumentation._instrument import instrument
 from specscope.instrumentation._loadcheck import check_load
 from specscope.instrumentation._sampling import SamplingConfig
 from specscope.instrumentation.tracer import Sink, Tracer
 
-__all__ = ["AuditSlot", "SamplingConfig", "Sink", "Tracer", "check_load", "instrument", "token_stats"]
+__all__ = ["AuditSlot", "Auditor", "SamplingConfig", "Sink", "Tracer", "check_load", "instrument", "token_stats",
+           "truncate"]

@@ -4,12 +4,17 @@
 per call), read-only ``connect()`` / ``query(sql)`` / ``fetch(named query)``. Tables: :mod:`.schema`
 (with the summary tables kept by writes: :mod:`._summaries`); views and the acceptance formulas:
 :mod:`.views`; every statement specscope itself reads with: :mod:`.queries`; upgrade steps:
-:mod:`.migrations`.
+:mod:`.migrations`. The write path's parts, for measuring them apart (``benchmarks/``): the rows
+``write`` inserts (:func:`group_rows`, plain inserts in :data:`INSERT_COLUMNS` order), their
+statements (:func:`insert_statements`) and how they reach the database (:func:`bulk_strategy`).
 """
 
+from specscope.storage._bulk import bulk_strategy
 from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S, MAX_QUERY_TIMEOUT_S
+from specscope.storage._rows import INSERT_COLUMNS, group_rows
 from specscope.storage.schema import SCHEMA_VERSION
-from specscope.storage.store import QueryResult, Store, open_store, store_file
+from specscope.storage.store import QueryResult, Store, insert_statements, open_store, store_file
 
-__all__ = ["DEFAULT_MAX_RESULT_BYTES", "DEFAULT_QUERY_TIMEOUT_S", "MAX_QUERY_TIMEOUT_S", "SCHEMA_VERSION",
-           "QueryResult", "Store", "open_store", "store_file"]
+__all__ = ["DEFAULT_MAX_RESULT_BYTES", "DEFAULT_QUERY_TIMEOUT_S", "INSERT_COLUMNS", "MAX_QUERY_TIMEOUT_S",
+           "SCHEMA_VERSION", "QueryResult", "Store", "bulk_strategy", "group_rows", "insert_statements",
+           "open_store", "store_file"]

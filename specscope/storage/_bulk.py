@@ -9,7 +9,7 @@ the database inside the caller's transaction.
   statement per row; measured in ``benchmarks/pg_ingest.py`` against executemany on the same rows
   (binary was about 15% faster than the text format there).
 
-:func:`choose` picks one per dialect; the store calls it once and keeps the function.
+:func:`bulk_strategy` picks one per dialect; the store calls it once and keeps the function.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def copy(conn: Connection, name: str, insert_sql: str, rows: Sequence[tuple]) ->
 STRATEGIES: dict[str, BulkInsert] = {"executemany": executemany, "copy": copy}
 
 
-def choose(dialect: str, bulk: str | None) -> BulkInsert:
+def bulk_strategy(dialect: str, bulk: str | None) -> BulkInsert:
     """The strategy named ``bulk``, or by default ``copy`` on PostgreSQL and ``executemany`` on SQLite.
 
     Raises:

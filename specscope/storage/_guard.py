@@ -16,8 +16,8 @@ it is not one query or calls a function of a refused class:
   ``SQLITE_LIMIT_LENGTH`` caps every value while it is computed (:data:`SQLITE_MAX_VALUE_BYTES`, or
   the byte cap when smaller: a ``zeroblob`` or a ``replace`` cannot grow past it) and the authorizer
   refuses a statement naming more than :data:`MAX_FUNCTION_CALLS` functions, so one row costs at
-  most that many calls on values of that size (about 12 ms per 4 MiB call measured here: nested
-  ``replace`` used to run 7.4 s under a 1 s limit).
+  most that many calls on values of that size (about 12 ms per 4 MiB call measured here; without
+  these bounds nested ``replace`` runs 7.4 s under a 1 s limit).
 - PostgreSQL (:func:`check_postgres`): exactly one SELECT / WITH / VALUES / TABLE, EXPLAIN of one, or
   SHOW; no data-modifying CTE, SELECT INTO or row-locking clause; no call to a function of
   :data:`DENIED_POSTGRES_FUNCTIONS` (advisory locks, sessions and settings, server files, programs and

@@ -1,4 +1,4 @@
-"""The summary tables (``acceptance_masks``, ``tensor_shapes``; schema version 8): how a batch of
+"""The summary tables (``acceptance_masks``, ``tensor_shapes``): how a batch of
 verify-step and tensor-event rows updates them, and how they are rebuilt from the raw rows.
 
 A summary row aggregates the raw rows of one key: for ``acceptance_masks`` (run, rank, accepted mask)
@@ -106,7 +106,7 @@ def upserts(dialect: str) -> dict[str, sa.Executable]:
 
 def rebuild(conn: Connection) -> None:
     """Recompute both summary tables from every row of ``verify_steps`` and ``tensor_events`` (the
-    schema version 8 upgrade, and rows written around the Store)."""
+    upgrade that adds the tables to a store with rows, and rows written around the Store)."""
     steps, events = schema.verify_steps.c, schema.tensor_events.c
     masks = sa.select(
         steps.run_id, steps.rank, steps.accepted_mask, sa.func.sum(steps.steps), sa.func.sum(steps.proposed),

@@ -258,15 +258,11 @@ AUDIT_EXAMPLES = Query("audit_examples", """
 # events.SEVERITIES order (errors first), as events.by_severity sorts in Python
 _SEVERITY_ORDER = f"CASE severity {' '.join(f'WHEN {s!r} THEN {i}' for i, s in enumerate(SEVERITIES))} END"
 
-RUN_FINDINGS = Query("run_findings", f"""
-    SELECT run_id, source, code, severity, message, evidence, fix, ts_wall FROM findings
-    WHERE run_id = :run_id ORDER BY {_SEVERITY_ORDER}, ts_wall, code""")
-"""Stored findings of a run (doctor and inspect), errors first; ``evidence`` is JSON text."""
-
 RUN_FINDINGS_FROM = Query("run_findings_from", f"""
     SELECT run_id, source, code, severity, message, evidence, fix, ts_wall FROM findings
     WHERE run_id = :run_id AND source = :source ORDER BY {_SEVERITY_ORDER}, ts_wall, code""")
-""":data:`RUN_FINDINGS` of one ``source`` (``'doctor'`` / ``'inspect'``)."""
+"""Stored findings of a run from one ``source`` (``'doctor'`` / ``'inspect'``), errors first;
+``evidence`` is JSON text."""
 
 LOAD_REPORTS = Query("load_reports", """
     SELECT rank, module, source, strict, loaded, missing, unexpected, renamed, ts_wall

@@ -109,15 +109,15 @@ verify_steps = Table(
     Column("verify_s", Float),
     Column("emitted", Text),  # JSON list of decoded tokens: accepted drafts, then the bonus token
     Column("ts_wall", Float, nullable=False),
-    # Verify steps the row stands for (schema version 6): 1 for a per-step row; n for an aggregate row
+    # Verify steps the row stands for: 1 for a per-step row; n for an aggregate row
     # of n steps of one request that share ``accepted_mask`` (``step`` = -1, ``proposed`` /
     # ``accepted`` summed over the n steps, ``emitted`` NULL). Aggregates come from requests sampled
     # out of step detail and from watched servers (``specscope watch``); the views weight by it.
     Column("steps", Integer, nullable=False, server_default=text("1")),
     Index("ix_verify_steps_run_req", "run_id", "request_id", "step"),
     Index("ix_verify_steps_run_rank", "run_id", "rank"),
-    # Covers v_position_acceptance's grouping by mask and v_run_acceptance's sums. Schema version 3;
-    # ``steps`` added in version 6 (the views sum it).
+    # Covers v_position_acceptance's grouping by mask and v_run_acceptance's sums (``steps`` included:
+    # the views sum it).
     Index("ix_verify_steps_masks", "run_id", "accepted_mask", "proposed", "accepted", "steps"),
 )
 
@@ -141,16 +141,16 @@ tensor_events = Table(
     Column("step", Integer),
     Column("graph_phase", String(16), nullable=False),
     Column("ts_wall", Float, nullable=False),
-    # Per-run lookups by hook point (SQL users, the doctor's non-finite drill-down). Schema version 8
-    # replaced the covering ``ix_tensor_events_contract`` (8 columns, versions 2-7) with this prefix:
-    # the shape contract is now read from ``tensor_shapes``, and every insert pays for a smaller B-tree.
+    # Per-run lookups by hook point (SQL users, the doctor's non-finite drill-down). A prefix, not a
+    # covering index of the shape contract: that is read from ``tensor_shapes``, and every insert pays
+    # for a smaller B-tree.
     Index("ix_tensor_events_run", "run_id", "hook_point", "rank"),
-    # The doctor's non-finite check reads only the rare rows with inf/nan. Schema version 3.
+    # The doctor's non-finite check reads only the rare rows with inf/nan.
     Index("ix_tensor_events_nonfinite", "run_id", "hook_point", sqlite_where=text("nonfinite > 0"),
           postgresql_where=text("nonfinite > 0")),
 )
 
-# -- summaries (schema version 8) ----------------------------------------------------------------
+# -- summaries -----------------------------------------------------------------------------------
 # Aggregates of the two high-volume tables, kept by ``Store.write`` in the same transaction as the
 # rows they summarise (``storage/_summaries.py``): the run-level views and the shape contract read a
 # few rows per run here instead of scanning a run's verify steps / tensor events (the dashboard's

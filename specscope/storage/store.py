@@ -75,8 +75,8 @@ class Store:
         self._write_engine = write_engine
         self._read_engine = read_engine
         self._statements = _write_statements(self.dialect)
-        self._inserts = _insert_sql(self.dialect)
-        self._bulk_insert = _bulk.choose(self.dialect, bulk)
+        self._inserts = insert_statements(self.dialect)
+        self._bulk_insert = _bulk.bulk_strategy(self.dialect, bulk)
         # PostgreSQL user queries stream through a raw psycopg cursor the engine events do not see
         self._trace_query = tracer if self.dialect == "postgresql" else None
         self._sqlite_path = target.sqlite_path
@@ -416,7 +416,7 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     return stat.st_dev, stat.st_ino
 
 
-def _insert_sql(dialect: str) -> dict[str, str]:
+def insert_statements(dialect: str) -> dict[str, str]:
     """Driver-level INSERT of each plain-insert table, positional parameters in ``INSERT_COLUMNS``
     order (compiled by SQLAlchemy from schema.py; psycopg's ``format`` paramstyle takes tuples)."""
     compiler_dialect = (PGDialect_psycopg(paramstyle="format") if dialect == "postgresql"
@@ -478,8 +478,8 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
         read_only: every connection refuses writes; never creates nor upgrades (implies no create).
         busy_timeout_s: how long a SQLite writer waits for another writer's lock (seconds).
         lock_timeout_s: how long opening a PostgreSQL store waits for the migration lock (seconds;
-            then StoreError): another process may be upgrading a large store (the version 8 step
-            takes about 30 s for 1M verify steps), or any session may hold the lock's key.
+            then StoreError): another process may be upgrading a large store (filling the summary
+            tables takes about 30 s for 1M verify steps), or any session may hold the lock's key.
         bulk: how plain inserts reach the database (``storage/_bulk.py``): ``"copy"`` (PostgreSQL
             COPY, the default there) or ``"executemany"`` (the default on SQLite).
         tracer: called as ``tracer(sql, parameters, seconds)`` after every statement the store runs
@@ -495,7 +495,7 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
             read-only, or the database is unreachable / unwritable / locked.
     """
     target = parse_target(url_or_path)
-    _bulk.choose(target.dialect, bulk)  # refuse a bad strategy before touching the database
+    _bulk.bulk_strategy(target.dialect, bulk)  # refuse a bad strategy before touching the database
     create = create and not read_only
     if target.sqlite_path is not None:
         _check_sqlite_path(target, create)

@@ -5,10 +5,10 @@ import json
 
 import streamlit as st
 
-from specscope.app import widgets
+from specscope.app import queries, widgets
 
 run_id = widgets.run_picker()
-summary = widgets.query("run_summary", run_id)
+summary = widgets.query(queries.run_summary, run_id)
 st.title("Findings")
 
 
@@ -26,7 +26,7 @@ def body() -> None:
     for finding in inspected:
         show(finding)
     st.subheader("Checkpoint loads")
-    reports = widgets.query("load_reports", run_id)
+    reports = widgets.query(queries.load_reports, run_id)
     if not reports:
         st.caption("No load report recorded (check_load was not called).")
     else:

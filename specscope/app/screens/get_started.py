@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from specscope.app import widgets
+from specscope.app import queries, widgets
 from specscope.app.snippet import SNIPPET
 
 st.title("No run recorded yet")
@@ -27,7 +27,7 @@ st.markdown("""
 @st.fragment(run_every=widgets.REFRESH_S)
 def _wait_for_a_run() -> None:
     """Poll the store; the first run written switches the app to its pages."""
-    if widgets.query("runs"):
+    if widgets.query(queries.runs):
         st.rerun(scope="app")
     st.caption(f"Waiting for a run: this page checks the store every {widgets.REFRESH_S:g} s.")
 

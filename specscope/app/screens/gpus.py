@@ -5,12 +5,12 @@ finding names are highlighted."""
 import pandas as pd
 import streamlit as st
 
-from specscope.app import charts, widgets
+from specscope.app import charts, queries, widgets
 from specscope.doctor import named_ranks
 from specscope.events import Finding
 
 run_id = widgets.run_picker()
-summary = widgets.query("run_summary", run_id)
+summary = widgets.query(queries.run_summary, run_id)
 st.title("GPUs")
 
 
@@ -69,7 +69,7 @@ def _shape_matrix(contract: list[dict], ranks: list[int], differing: set[str]) -
 
 
 def body() -> None:
-    rows = widgets.query("ranks", run_id)
+    rows = widgets.query(queries.ranks, run_id)
     if not rows:
         st.info("No rank has reported for this run yet.")
         return
@@ -86,7 +86,7 @@ def body() -> None:
         st.plotly_chart(charts.rank_acceptance(rows), key="rank-al")
     st.subheader("Shapes seen at each hook point, per rank")
     differing = {point["hook_point"] for f in divergence for point in f.evidence.get("hook_points", [])}
-    matrix = _shape_matrix(widgets.query("tensor_contract", run_id), [r["rank"] for r in rows], differing)
+    matrix = _shape_matrix(widgets.query(queries.tensor_contract, run_id), [r["rank"] for r in rows], differing)
     st.caption("Cells: last dimension (events recorded; graph phase when not eager); `≠` marks a width "
                "that breaks the contract; DIFFER marks a contract point whose widths differ between ranks "
                "(RANK_DIVERGENCE). Full shapes per rank: the Tensors page.")

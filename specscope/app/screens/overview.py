@@ -4,10 +4,10 @@ time, per position and for each smaller k; optionally against a second run (the 
 
 import streamlit as st
 
-from specscope.app import charts, widgets
+from specscope.app import charts, queries, widgets
 
 run_id = widgets.run_picker()
-runs = widgets.query("runs")
+runs = widgets.query(queries.runs)
 by_id = {run["run_id"]: run for run in runs}
 others = [rid for rid in by_id if rid != run_id]
 compare = st.columns([2, 1])[0].selectbox(
@@ -16,7 +16,7 @@ compare = st.columns([2, 1])[0].selectbox(
 
 
 def panel(rid: str, narrow: bool) -> None:
-    summary = widgets.query("run_summary", rid)
+    summary = widgets.query(queries.run_summary, rid)
     config = summary["config"]
     head, badge = st.columns([5, 1])
     head.subheader(f"{summary['engine']}" + (f" · fault `{summary['fault']}`" if summary["fault"] else ""))
@@ -39,10 +39,10 @@ def panel(rid: str, narrow: bool) -> None:
     for start in range(0, len(tiles), per_row):
         for col, (label, value, help_text) in zip(st.columns(per_row), tiles[start:start + per_row]):
             col.metric(label, value, help=help_text, border=True)
-    st.plotly_chart(charts.acceptance_over_time(widgets.query("acceptance_over_time", rid), config.get("k")),
+    st.plotly_chart(charts.acceptance_over_time(widgets.query(queries.acceptance_over_time, rid), config.get("k")),
                     key=f"al-{rid}")
-    st.plotly_chart(charts.positions(widgets.query("position_acceptance", rid)), key=f"pos-{rid}")
-    st.plotly_chart(charts.what_if_k(widgets.query("what_if_k", rid)), key=f"k-{rid}")
+    st.plotly_chart(charts.positions(widgets.query(queries.position_acceptance, rid)), key=f"pos-{rid}")
+    st.plotly_chart(charts.what_if_k(widgets.query(queries.what_if_k, rid)), key=f"k-{rid}")
 
 
 VERDICT_BOX = {"regression": st.error, "improvement": st.success, "no change": st.info}
@@ -51,7 +51,7 @@ VERDICT_BOX = {"regression": st.error, "improvement": st.success, "no change": s
 def verdict(candidate: str, base: str) -> None:
     """The difference in acceptance length of the open run against ``base`` with its interval and
     verdict, per-position acceptance of both, and the requests whose acceptance moved most."""
-    result = widgets.query("comparison", candidate, base)
+    result = widgets.query(queries.comparison, candidate, base)
     st.subheader("Did acceptance change?")
     if "error" in result:
         st.warning(f"These runs cannot be compared: {result['error']}")

@@ -7,7 +7,7 @@ from specscope.app import charts, queries, widgets
 from specscope.storage.queries import REQUEST_ORDERS
 
 run_id = widgets.run_picker()
-summary = widgets.query("run_summary", run_id)
+summary = widgets.query(queries.run_summary, run_id)
 k = summary["config"].get("k")
 ALL_ROWS = 25  # up to this many requests the table shows every row, no inner scroll
 st.title("Requests")
@@ -15,11 +15,11 @@ st.title("Requests")
 
 def body() -> None:
     order = st.segmented_control("Order by", list(REQUEST_ORDERS), default="start", key="req_order")
-    rows = widgets.query("requests", run_id, order or "start")
+    rows = widgets.query(queries.requests, run_id, order or "start")
     if not rows:
         st.info("No request recorded for this run yet.")
         return
-    groups = widgets.query("sampling_acceptance", run_id)
+    groups = widgets.query(queries.sampling_acceptance, run_id)
     if len(groups) > 1:  # acceptance of greedy and sampled requests side by side: a collapse in one shows
         st.subheader("Acceptance by sampling")
         st.dataframe([{"sampling": g["sampling"] or "not reported", "requests": g["requests"],
@@ -43,13 +43,13 @@ def body() -> None:
                                 "duration s": st.column_config.NumberColumn(format="%.2f")})
     ids = [r["request_id"] for r in rows]
     request_id = st.selectbox("Request", ids, key="request")
-    steps = widgets.query("request_steps", run_id, request_id)
+    steps = widgets.query(queries.request_steps, run_id, request_id)
     if not steps:
         st.info(f"{request_id} has no step detail (sampled out: `step_sample` of the run config); its "
                 "acceptance and per-position figures are exact aggregates.")
     left, right = st.columns(2)
     left.plotly_chart(charts.accepted_per_step(steps, k), key="req-steps")
-    right.plotly_chart(charts.positions(widgets.query("request_positions", run_id, request_id),
+    right.plotly_chart(charts.positions(widgets.query(queries.request_positions, run_id, request_id),
                                         f"Per-position acceptance of {request_id}"), key="req-pos")
     st.subheader("Generated text")
     tokens = queries.marked_tokens(steps)
@@ -58,9 +58,9 @@ def body() -> None:
         st.html(charts.marked_text(tokens))
         if text is not None:
             with st.expander("As returned (the whole output, the first token included)"):
-                st.text(text)
+                st.code(text, language=None, wrap_lines=True)
     elif text is not None:
-        st.text(text)
+        st.code(text, language=None, wrap_lines=True)
         st.caption("Per-step tokens were not recorded for this request (sampled out of step detail), so "
                    "draft-accepted and bonus tokens are not marked.")
     else:

@@ -14,7 +14,7 @@ UNOBSERVED = widgets.UNOBSERVED_CODES
 RUN_CONFIG_FIELDS = [field.name for field in dataclasses.fields(RunConfig)]  # the stored config's keys
 
 run_id = widgets.run_picker()
-summary = widgets.query("run_summary", run_id)
+summary = widgets.query(queries.run_summary, run_id)
 config = summary["config"]
 fused = config.get("expected_fused_width")
 aux = config.get("aux_layer_ids_resolved") or []
@@ -33,7 +33,7 @@ MODES = {
 
 
 def body() -> None:
-    contract = widgets.query("tensor_contract", run_id)
+    contract = widgets.query(queries.tensor_contract, run_id)
     widths = queries.draft_input_widths(contract, fused)
     st.markdown(f"Contract: {len(aux)} capture layers {aux} × target hidden "
                 f"{config.get('target_hidden_size')} = **expected fused width {fused}**; k = {config.get('k')}.")
@@ -44,7 +44,7 @@ def body() -> None:
                                             f"carry the expected fused width {fused} from the configured "
                                             "capture layers")
     if widths:
-        over_time = widgets.query("draft_inputs_over_time", run_id, fused)
+        over_time = widgets.query(queries.draft_inputs_over_time, run_id, fused)
         duration_s = (summary["last_seen_wall"] or summary["started_wall"]) - summary["started_wall"]
         st.plotly_chart(charts.draft_widths(over_time, fused, duration_s), key="widths")
         st.caption("A point per time slice in which a call was sampled (hooks record the first calls, "
@@ -56,7 +56,7 @@ def body() -> None:
     phases = queries.graph_phases(contract)
     mode = summary["graph_mode"] or "eager"
     counts = ", ".join(f"{phase}: {events:,}" for phase, events in phases.items()) or "none"
-    per_rank = {r["rank"]: r["graph_mode"] for r in widgets.query("ranks", run_id)}
+    per_rank = {r["rank"]: r["graph_mode"] for r in widgets.query(queries.ranks, run_id)}
     by_rank = (" Per rank: " + ", ".join(f"rank {k} {v}" for k, v in per_rank.items()) + "."
                if len(set(per_rank.values())) > 1 else "")
     st.info(f"Observed mode — {MODES.get(mode, mode)}{by_rank} Events by graph phase: {counts}.",
@@ -70,7 +70,7 @@ def body() -> None:
                      hide_index=True)
     with right:
         st.subheader("Provenance (by fingerprint)")
-        rows = widgets.query("provenance", run_id)
+        rows = widgets.query(queries.provenance, run_id)
         final = config.get("num_target_layers")
         if not rows:
             st.caption("No provenance checks recorded (Tracer provenance_every=0).")
