@@ -36,8 +36,8 @@ if os.environ.get("SPECSCOPE_REQUIRE_VLLM") != "1":
 K, TOKENS = 4, 48
 PROMPTS = demo_prompts(4)
 MAX_DRAFT_MISMATCHES = 3
-"""Verify steps (of ~114) where llama.cpp's draft may differ from vLLM's at the same output position:
-both compute the draft in float32, but with other kernels (measured: 1, a near tie in the draft)."""
+"""Verify steps (of 114) where llama.cpp's draft may differ from vLLM's at the same output position
+(measured: 1, whose cause is not isolated: docs/engines.md)."""
 
 
 def chat_ids(prompts: list[str]) -> list[list[int]]:
