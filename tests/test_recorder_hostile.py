@@ -16,7 +16,7 @@ from _list_sink import ListSink
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specscope.adapters.recorder import MAX_BODY_BYTES, ResponseRecorder
+from specscope.adapters.recorder import MAX_RECORDED_BYTES, ResponseRecorder
 from specscope.events import MAX_COUNT, MAX_PROPOSED, RequestEnd, RequestStart, VerifyGroup, VerifyStep, prompt_key
 
 URL = "http://server.test/completion"
@@ -136,12 +136,23 @@ def test_compressed_answers_are_recorded_as_plain_ones(encoding, stream) -> None
         assert [(g.steps, g.proposed, g.accepted) for g in sink.of(VerifyGroup)] == [(2, 8, 3)]
 
 
+def bomb(size: int) -> bytes:
+    """``size`` zero bytes, gzip-compressed (about a thousandth of that)."""
+    packer = zlib.compressobj(1, wbits=16 + zlib.MAX_WBITS)
+    block = b"\0" * (1 << 20)
+    return b"".join(packer.compress(block) for _ in range(size >> 20)) + packer.flush()
+
+
+@pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("encoding,content", [("gzip", b"not gzip at all"), ("br", b"\x1b\x00"),
-                                              ("gzip", gzip.compress(b"\0" * (MAX_BODY_BYTES + 1)))])
-def test_undecodable_or_oversized_compressed_answers_pass_through_unrecorded(encoding, content) -> None:
+                                              ("gzip", bomb(MAX_RECORDED_BYTES * 2))])
+def test_undecodable_or_oversized_compressed_answers_pass_through_unrecorded(stream, encoding, content) -> None:
+    """A bomb (128 MiB inflated from 128 KiB) is inflated a step at a time only up to the cap."""
     answer = httpx.Response(200, headers={"Content-Encoding": encoding}, content=iter([content]))
-    sink, recorder, read, _ = exchange(answer, stream=False)
+    started = time.process_time()
+    sink, recorder, read, _ = exchange(answer, stream=stream)
     assert read == content and sink.events == [] and recorder.errors == 0
+    assert time.process_time() - started < 4.0
 
 
 @pytest.mark.parametrize("stream", [True, False])

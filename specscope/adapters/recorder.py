@@ -85,6 +85,7 @@ MAX_LINES = 1 << 18
 """A stream of more lines than this is passed through unrecorded past them (llama.cpp sends two a
 token: one data line, one blank), so the cost of parsing it stays bounded."""
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_INFLATE_STEP = 1 << 20  # bytes inflated per call: what one read of a compressed answer costs in memory
 logger = logging.getLogger("specscope")
 
 
@@ -102,7 +103,7 @@ class _Seen:
     line: bytearray = field(default_factory=bytearray)
     line_cut: bool = False  # the current line passed MAX_LINE_BYTES: skipped up to its newline
     sent: int = 0  # bytes read so far as sent
-    decoded: int = 0  # and as decoded (each capped by MAX_RECORDED_BYTES)
+    decoded: int = 0  # and as decoded
     lines: int = 0  # streamed lines read
     unrecorded: bool = False  # over a cap or undecodable: passed through, not recorded
     drafts: list[tuple[int, int]] = field(default_factory=list)  # cumulative (proposed, accepted) per change
@@ -152,21 +153,34 @@ class _Tap(httpx.SyncByteStream):
     def _read(self, chunk: bytes) -> None:
         seen = self._seen
         seen.sent += len(chunk)
-        if self._decoder is not None:
-            try:  # at most the cap's rest + 1 out of one chunk (0 would mean no limit): a bomb stays small
-                chunk = self._decoder.decompress(chunk, max(MAX_RECORDED_BYTES - seen.decoded, 0) + 1)
+        if seen.sent > MAX_RECORDED_BYTES:
+            self._drop()
+        elif self._decoder is None:
+            self._decoded(chunk)
+        while self._decoder is not None and chunk and not seen.unrecorded:
+            try:  # a step at a time: a small bomb inflates no further than the caps
+                out = self._decoder.decompress(chunk, _INFLATE_STEP)
             except zlib.error:
-                seen.unrecorded = True
-        seen.decoded += len(chunk)
-        if seen.unrecorded or max(seen.sent, seen.decoded) > MAX_RECORDED_BYTES:
-            seen.unrecorded = True
-            seen.body.clear()
-            seen.line.clear()
-        elif not seen.streamed:
-            seen.body.extend(chunk)
-            seen.unrecorded = len(seen.body) > MAX_BODY_BYTES
+                self._drop()
+                return
+            chunk = self._decoder.unconsumed_tail
+            self._decoded(out)
+
+    def _decoded(self, data: bytes) -> None:
+        seen = self._seen
+        seen.decoded += len(data)
+        if seen.decoded > (MAX_RECORDED_BYTES if seen.streamed else MAX_BODY_BYTES):
+            self._drop()
+        elif seen.streamed:
+            self._lines(data)
         else:
-            self._lines(chunk)
+            seen.body.extend(data)
+
+    def _drop(self) -> None:
+        """Over a cap or undecodable: the rest passes through unread, the request unrecorded."""
+        self._seen.unrecorded = True
+        self._seen.body.clear()
+        self._seen.line.clear()
 
     def _lines(self, chunk: bytes) -> None:
         """Each complete line of a streamed answer to the parser, a line over MAX_LINE_BYTES skipped."""
@@ -180,7 +194,7 @@ class _Tap(httpx.SyncByteStream):
             seen.line_cut = False
             seen.lines += 1
             if seen.lines > MAX_LINES:
-                seen.unrecorded = True
+                self._drop()
                 return
             self._extend(part)
 
