@@ -1,8 +1,9 @@
-"""Real llama.cpp servers (PyPI xllamacpp, the SmolLM2 GGUF as target; draft-model and n-gram
+"""Real llama.cpp servers (PyPI xllamacpp, the SmolLM2 GGUF as target; draft-model, n-gram and EAGLE-3
 speculation) on 127.0.0.1: `specscope watch` and the response recorder store exactly what the server's
 own ``/metrics`` counters count (AL, rate, p_i), through series created after the first scrape, a
-restart, an outage, and two servers watched at once. One server per mode for the module; requests
-are short and seeded (counters are the same run to run), threads 1."""
+restart, an outage, and two servers watched at once; and the GGUF files specscope writes for it (the
+EAGLE-3 head, the target in float32). One server per mode for the module; requests are short and
+seeded (counters are the same run to run), threads 1."""
 
 from __future__ import annotations
 
@@ -222,3 +223,38 @@ def draft_model_of(mode: str) -> str:
     from specscope.engine.target import TARGET_MODEL_ID
 
     return TARGET_MODEL_ID if mode == "draft" else "ngram-simple (n=2)"
+
+
+def test_the_dequantized_target_is_the_shipped_gguf_in_float32() -> None:
+    """What ``LlamaCppServer(dequantized=True)`` serves: every tensor of the Q4_1 GGUF as float32, equal
+    to what the ``gguf`` package (and so transformers, vLLM and the reference engine) dequantizes."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+
+    from specscope.adapters.llamacpp import dequantized_target_gguf
+    from specscope.engine.target import gguf_path
+
+    source, ours = gguf.GGUFReader(str(gguf_path())), gguf.GGUFReader(str(dequantized_target_gguf()))
+    assert [t.name for t in ours.tensors] == [t.name for t in source.tensors]
+    assert {t.tensor_type for t in ours.tensors} == {gguf.GGMLQuantizationType.F32}
+    assert ours.fields["general.file_type"].contents() == gguf.LlamaFileType.ALL_F32
+    for theirs, mine in zip(source.tensors, ours.tensors):
+        assert np.array_equal(np.asarray(mine.data).ravel(), dequantize(theirs.data, theirs.tensor_type).ravel()), mine.name
+    assert ours.fields["tokenizer.chat_template"].contents() == source.fields["tokenizer.chat_template"].contents()
+
+
+def test_the_eagle3_gguf_maps_the_pruned_head_by_absolute_target_ids() -> None:
+    """llama.cpp reads ``d2t`` as target ids (the checkpoint's offsets as written: AL 1.0, measured)."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from specscope.adapters.llamacpp import eagle3_draft_gguf
+    from specscope.engine.checkpoint import DEFAULT_DRAFT_DIR
+
+    weights = load_file(str(DEFAULT_DRAFT_DIR / "model.safetensors"))
+    tensors = {t.name: t for t in gguf.GGUFReader(str(eagle3_draft_gguf())).tensors}
+    d2t = np.asarray(tensors["d2t"].data)
+    assert np.array_equal(d2t, np.arange(len(weights["d2t"])) + weights["d2t"]) and np.all(np.diff(d2t) > 0)
+    assert np.array_equal(np.asarray(tensors["output.weight"].data), weights["lm_head.weight"].astype(np.float32))

@@ -9,10 +9,10 @@ names are written by hand:
   as ``eagle3.target_layers`` (exactly 3; llama.cpp captures the hidden state entering layer i, the
   convention of vLLM and of the reference engine) and ``eagle3.target_hidden_size``; the target's
   tokenizer (the draft reads and writes target-token ids).
-- the output head over the full target vocabulary: this build checks ``output.weight`` against the
-  tokenizer's size, so a pruned head (``lm_head`` rows for the draft vocabulary plus ``d2t``) is
-  scattered into target-vocabulary rows (row ``i + d2t[i]``), the others zero: a token outside the
-  draft vocabulary scores 0, where the engines that read ``d2t`` never propose it.
+- a pruned head (``lm_head`` rows for the draft vocabulary) as ``output.weight`` plus a tensor ``d2t``
+  of **absolute** target ids (``i + d2t[i]``), where the checkpoint stores offsets: measured, this
+  build reads ``d2t`` as the target id itself (offsets as written in the checkpoint make every draft
+  token wrong: AL 1.0); without ``d2t`` it checks ``output.weight`` against the tokenizer's size.
 - ``midlayer.hidden_norm`` as ``blk.0.attn_norm_2``; q / k rows permuted for llama.cpp's rotary
   layout, as its own Llama conversion does; no ``token_embd`` (the target's embedding is used).
 """
@@ -90,11 +90,10 @@ def write_eagle3_gguf(draft_dir: str | Path, target_gguf: str | Path, out: str |
                       _rotary_rows(weights["midlayer.self_attn.q_proj.weight"].astype(np.float32), heads))
     writer.add_tensor("blk.0.attn_k.weight",
                       _rotary_rows(weights["midlayer.self_attn.k_proj.weight"].astype(np.float32), kv_heads))
-    head = weights["lm_head.weight"].astype(np.float32)  # (draft_vocab, hidden)
-    rows = np.arange(head.shape[0]) + weights["d2t"].astype(np.int64) if "d2t" in weights else np.arange(vocab)
-    full = np.zeros((vocab, hidden), np.float32)  # (target_vocab, hidden)
-    full[rows] = head
-    writer.add_tensor("output.weight", full)
+    writer.add_tensor("output.weight", weights["lm_head.weight"].astype(np.float32))  # (draft_vocab, hidden)
+    if "d2t" in weights:
+        offsets = weights["d2t"].astype(np.int64)
+        writer.add_tensor("d2t", np.arange(len(offsets), dtype=np.int64) + offsets)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

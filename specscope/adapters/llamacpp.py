@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -40,16 +40,30 @@ def engine_version() -> str:
 
 
 def eagle3_draft_gguf() -> Path:
-    """The reference EAGLE-3 head as llama.cpp's GGUF, converted on first use (and again when the
-    shipped head is newer) into the cache next to the dequantized target."""
-    from specscope.adapters.eagle3_gguf import write_eagle3_gguf
+    """The reference EAGLE-3 head as llama.cpp's GGUF, converted on first use into the cache next to the
+    dequantized target (and again when the shipped head or the converter is newer)."""
+    from specscope.adapters import eagle3_gguf
 
-    out = cache_dir().parent / "eagle3-smollm2-135m.gguf"
     source = DEFAULT_DRAFT_DIR / "model.safetensors"
-    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
+    return _cached(cache_dir().parent / "eagle3-smollm2-135m.gguf", (source, Path(eagle3_gguf.__file__)),
+                   lambda out: eagle3_gguf.write_eagle3_gguf(DEFAULT_DRAFT_DIR, gguf_path(), out))
+
+
+def dequantized_target_gguf() -> Path:
+    """The reference target's GGUF with every tensor float32 (the weights vLLM and the reference engine
+    serve), written on first use into the cache."""
+    from specscope.adapters import gguf_dequant
+
+    return _cached(cache_dir().parent / "smollm2-135m-instruct-f32.gguf", (gguf_path(), Path(gguf_dequant.__file__)),
+                   lambda out: gguf_dequant.write_dequantized_gguf(gguf_path(), out))
+
+
+def _cached(out: Path, sources: Sequence[Path], write: Callable[[Path], object]) -> Path:
+    """``out``, written by ``write`` when missing or older than one of ``sources``."""
+    if not out.exists() or out.stat().st_mtime < max(source.stat().st_mtime for source in sources):
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
-        write_eagle3_gguf(DEFAULT_DRAFT_DIR, gguf_path(), partial)
+        write(partial)
         partial.replace(out)  # atomic: a concurrent reader sees the old file or the whole new one
     return out
 
@@ -57,6 +71,8 @@ def eagle3_draft_gguf() -> Path:
 class LlamaCppServer:
     """llama.cpp's server on 127.0.0.1 (``port`` 0: a free one), started at construction, stopped by
     :meth:`close` (or the ``with`` block's end); :attr:`url` is its base URL, ``/metrics`` enabled.
+    The target is the shipped Q4_1 GGUF, or with ``dequantized`` the same weights as float32 (what vLLM
+    and the reference engine serve: llama.cpp's Q4_1 products also quantize their activations).
 
     Raises:
         ConfigError: an unknown mode, ``k`` below 1, or ``xllamacpp`` not installed.
@@ -64,14 +80,14 @@ class LlamaCppServer:
     """
 
     def __init__(self, mode: str = "draft", *, k: int = 3, port: int = 0, seed: int = 1, threads: int = 1,
-                 n_ctx: int = 1024) -> None:
+                 n_ctx: int = 1024, dequantized: bool = False) -> None:
         if mode not in MODES or k < 1:
             raise ConfigError(f"llama.cpp mode must be one of {', '.join(MODES)} with k >= 1, got {mode!r}, k={k}")
         try:
             import xllamacpp
         except ImportError as exc:
             raise ConfigError("xllamacpp is not installed: pip install xllamacpp") from exc
-        model = str(gguf_path())
+        model = str(dequantized_target_gguf() if dequantized else gguf_path())
         kinds = xllamacpp.common_speculative_type
         params = xllamacpp.CommonParams()
         params.model.path = model

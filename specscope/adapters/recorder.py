@@ -21,20 +21,36 @@ What each engine returns (docs/design.md, "Where the engines let us in"):
   tokens - verify steps; proposed = accepted / ``spec_accept_rate`` (SGLang's rate divides by steps x
   (num_draft_tokens - 1)), or ``k`` x steps when nothing was accepted and ``k`` is given.
 
-Responses without these fields (an error, another endpoint, a server without speculation) are passed
-through unrecorded. Run metadata: ``engine``, ``engine_version``, ``target_model`` (default: the
-response's ``model``), ``draft_model``, ``k``; the run starts with the first recorded request and its
+Responses without these fields (an error, another endpoint, a server without speculation), with
+counts no engine sends (more accepted than proposed; an SGLang rate outside (0, 1]), in an encoding
+other than gzip / deflate, or over a cap below are passed through unrecorded, and so is a request
+whose body is streamed (an upload the recorder cannot read without consuming it). A stream whose
+counters change by something that is not one draft (more than ``MAX_PROPOSED`` tokens, fewer
+accepted than before) is recorded by its totals, as a plain response.
+What a server sends is untrusted: nothing the recorder does raises into the client (a failure of its
+own is logged once and counted in ``errors``), and what it parses is capped (``MAX_RECORDED_BYTES``
+per response, ``MAX_BODY_BYTES`` per plain answer or request body, ``MAX_LINE_BYTES`` and
+``MAX_LINES`` per stream).
+
+Prompt keys (``requests.prompt_key``, which ``specscope compare`` pairs by): a prompt sent as token ids
+is keyed by its ids and a text prompt by its text, as the vLLM plugin and the tracer key them, so runs
+of different engines over the same token ids pair; chat messages are keyed by their JSON.
+
+Run metadata: ``engine``, ``engine_version``, ``target_model`` (default: the response's ``model``),
+``draft_model``, ``k``; the run starts with the first recorded request and its
 rank is marked finished by :meth:`ResponseRecorder.close`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import socket
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +58,8 @@ from typing import Any, Protocol
 import httpx
 
 from specscope.events import (
+    MAX_COUNT,
+    MAX_PROPOSED,
     Event,
     RankStart,
     RankStatus,
@@ -55,8 +73,20 @@ from specscope.events import (
 from specscope.metrics import chain_mask
 
 _PATHS = ("/completion", "/completions", "/chat/completions", "/generate")
-MAX_RECORDED_BYTES = 8 << 20
-"""A non-streamed body longer than this is passed through unrecorded (the recorder keeps it to parse)."""
+MAX_RECORDED_BYTES = 64 << 20
+"""A response longer than this (as sent or as decoded) is passed through unrecorded; the recorder reads
+no further (a llama.cpp stream with per-token timings sends about 0.5 KiB a token)."""
+MAX_BODY_BYTES = 8 << 20
+"""A plain (not streamed) answer or a request body longer than this is passed through unrecorded (the
+recorder keeps it whole to parse it)."""
+MAX_LINE_BYTES = 1 << 20
+"""A streamed line longer than this is skipped unparsed (llama.cpp's lines are well under 4 KiB)."""
+MAX_LINES = 1 << 18
+"""A stream of more lines than this is passed through unrecorded past them (llama.cpp sends two a
+token: one data line, one blank), so the cost of parsing it stays bounded."""
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_INFLATE_STEP = 1 << 20  # bytes inflated per call: what one read of a compressed answer costs in memory
+logger = logging.getLogger("specscope")
 
 
 class Sink(Protocol):
@@ -71,6 +101,11 @@ class _Seen:
     streamed: bool
     body: bytearray = field(default_factory=bytearray)
     line: bytearray = field(default_factory=bytearray)
+    line_cut: bool = False  # the current line passed MAX_LINE_BYTES: skipped up to its newline
+    sent: int = 0  # bytes read so far as sent
+    decoded: int = 0  # and as decoded
+    lines: int = 0  # streamed lines read
+    unrecorded: bool = False  # over a cap or undecodable: passed through, not recorded
     drafts: list[tuple[int, int]] = field(default_factory=list)  # cumulative (proposed, accepted) per change
     last: dict[str, Any] = field(default_factory=dict)  # merged top-level fields of the chunks
     request: dict[str, Any] = field(default_factory=dict)  # the request's body as sent
@@ -82,58 +117,121 @@ class _Seen:
             if obj.get(key) is not None:
                 self.last[key] = obj[key]
         timings = obj.get("timings")
-        if isinstance(timings, dict) and _count(timings.get("draft_n")) is not None:
-            now = (_count(timings["draft_n"]), _count(timings.get("draft_n_accepted")) or 0)
-            if now[0] > (self.drafts[-1][0] if self.drafts else 0):
-                self.drafts.append(now)
+        proposed = _count(timings.get("draft_n")) if isinstance(timings, dict) else None
+        if proposed is not None and proposed > (self.drafts[-1][0] if self.drafts else 0):
+            self.drafts.append((proposed, _count(timings.get("draft_n_accepted")) or 0))
 
 
 def _count(value: object) -> int | None:
-    """A token count from a JSON value, or None when it is not one."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return None
+    """A token count from a JSON value (an int or float, 0 to ``MAX_COUNT``), or None when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_COUNT:
+        return None  # NaN fails the comparison too
     return int(value)
 
 
 class _Tap(httpx.SyncByteStream):
-    """Passes the response's bytes through unchanged, reading them as they go; ``done`` at close."""
+    """Passes the response's bytes through unchanged, reading a copy as they go (decoded per
+    ``encoding``, within the caps); ``done`` at close. Nothing here raises into the client: a failure of
+    the recorder's own goes to ``failed``."""
 
-    def __init__(self, stream: httpx.SyncByteStream, seen: _Seen, done: Any) -> None:
-        self._stream, self._seen, self._done = stream, seen, done
+    def __init__(self, stream: httpx.SyncByteStream, seen: _Seen, encoding: str, done: Any, failed: Any) -> None:
+        self._stream, self._seen, self._done, self._failed = stream, seen, done, failed
+        wbits = _DECODERS.get(encoding)
+        self._decoder = zlib.decompressobj(wbits) if wbits else None
+        seen.unrecorded = encoding not in ("", "identity") and wbits is None
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self._stream:
-            self._read(chunk)
+            if not self._seen.unrecorded:
+                try:
+                    self._read(chunk)
+                except Exception as exc:  # noqa: BLE001 - the client's bytes come first
+                    self._seen.unrecorded = True
+                    self._failed(exc)
             yield chunk
 
     def _read(self, chunk: bytes) -> None:
         seen = self._seen
-        if not seen.streamed:
-            if len(seen.body) + len(chunk) <= MAX_RECORDED_BYTES:
-                seen.body.extend(chunk)
-            else:
-                seen.body = bytearray(b"\0")  # too long to keep: unparseable, unrecorded
+        seen.sent += len(chunk)
+        if seen.sent > MAX_RECORDED_BYTES:
+            self._drop()
+        elif self._decoder is None:
+            self._decoded(chunk)
+        while self._decoder is not None and chunk and not seen.unrecorded:
+            try:  # a step at a time: a small bomb inflates no further than the caps
+                out = self._decoder.decompress(chunk, _INFLATE_STEP)
+            except zlib.error:
+                self._drop()
+                return
+            chunk = self._decoder.unconsumed_tail
+            self._decoded(out)
+
+    def _decoded(self, data: bytes) -> None:
+        seen = self._seen
+        seen.decoded += len(data)
+        if seen.decoded > (MAX_RECORDED_BYTES if seen.streamed else MAX_BODY_BYTES):
+            self._drop()
+        elif seen.streamed:
+            self._lines(data)
+        else:
+            seen.body.extend(data)
+
+    def _drop(self) -> None:
+        """Over a cap or undecodable: the rest passes through unread, the request unrecorded."""
+        self._seen.unrecorded = True
+        self._seen.body.clear()
+        self._seen.line.clear()
+
+    def _lines(self, chunk: bytes) -> None:
+        """Each complete line of a streamed answer to the parser, a line over MAX_LINE_BYTES skipped."""
+        seen = self._seen
+        first, *ends = chunk.split(b"\n")
+        self._extend(first)
+        for part in ends:
+            if not seen.line_cut:
+                _take_line(seen, bytes(seen.line))
+            seen.line.clear()
+            seen.line_cut = False
+            seen.lines += 1
+            if seen.lines > MAX_LINES:
+                self._drop()
+                return
+            self._extend(part)
+
+    def _extend(self, part: bytes) -> None:
+        seen = self._seen
+        if seen.line_cut:
             return
-        seen.line.extend(chunk)
-        *lines, rest = bytes(seen.line).split(b"\n")
-        seen.line = bytearray(rest[:MAX_RECORDED_BYTES])
-        for line in lines:
-            if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
-                seen.take(_json(line[5:]))
+        if len(seen.line) + len(part) > MAX_LINE_BYTES:
+            seen.line.clear()
+            seen.line_cut = True
+        else:
+            seen.line.extend(part)
 
     def close(self) -> None:
         try:
             self._stream.close()
         finally:
-            if not self._seen.streamed:
-                self._seen.take(_json(bytes(self._seen.body)))
-            self._done(self._seen)
+            try:
+                if not self._seen.unrecorded:
+                    if self._seen.streamed:
+                        _take_line(self._seen, bytes(self._seen.line))  # a last line without its newline
+                    else:
+                        self._seen.take(_json(bytes(self._seen.body)))
+                    self._done(self._seen)
+            except Exception as exc:  # noqa: BLE001 - closing the client's response must not fail
+                self._failed(exc)
+
+
+def _take_line(seen: _Seen, line: bytes) -> None:
+    if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+        seen.take(_json(line[5:]))
 
 
 def _json(data: bytes) -> object:
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return None
 
 
@@ -152,21 +250,49 @@ class ResponseRecorder(httpx.BaseTransport):
         self._lock = threading.Lock()
         self._started = self._closed = False
         self.recorded = 0
+        self.errors = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = _json(request.content) if request.method == "POST" and request.url.path.endswith(_PATHS) else None
-        if not isinstance(body, dict):
+        try:
+            planned = self._plan(request)
+        except Exception as exc:  # noqa: BLE001 - the request goes out as the client sent it
+            self._failed(exc)
+            planned = None
+        if planned is None:
             return self._transport.handle_request(request)
-        streamed = bool(body.get("stream"))
-        if streamed and not body.get("timings_per_token"):
-            request = _with_body(request, {**body, "timings_per_token": True})
-        seen = _Seen(time.time(), streamed, request=body)
+        request, seen = planned
         response = self._transport.handle_request(request)
         if response.status_code != 200:
             return response
+        encoding = response.headers.get("content-encoding", "").strip().lower()
         return httpx.Response(response.status_code, headers=response.headers,
-                              stream=_Tap(response.stream, seen, self._record),  # type: ignore[arg-type]
+                              stream=_Tap(response.stream, seen, encoding, self._record, self._failed),
                               extensions=response.extensions, request=request)
+
+    def _plan(self, request: httpx.Request) -> tuple[httpx.Request, _Seen] | None:
+        """The request to send and its record, or None for one the recorder leaves alone (not a
+        completion, a body that is streamed, too long or not a JSON object)."""
+        if request.method != "POST" or not request.url.path.endswith(_PATHS):
+            return None
+        if not isinstance(request.stream, httpx.ByteStream):
+            return None  # an upload streamed from a file or generator: reading it would consume it
+        content = request.read()
+        body = _json(content) if len(content) <= MAX_BODY_BYTES else None
+        if not isinstance(body, dict):
+            return None
+        streamed = bool(body.get("stream"))
+        if streamed and not body.get("timings_per_token"):
+            request = _with_body(request, {**body, "timings_per_token": True})
+        return request, _Seen(time.time(), streamed, request=body)
+
+    def _failed(self, exc: BaseException) -> None:
+        """A failure of the recorder's own: counted; the first one logged."""
+        with self._lock:
+            self.errors += 1
+            first = self.errors == 1
+        if first:
+            logger.warning("specscope response recorder: %s: %s (request passed through unrecorded; "
+                           "further failures are only counted)", type(exc).__name__, exc)
 
     def close(self) -> None:
         """Mark the run's rank finished (if a request was recorded) and close the inner transport."""
@@ -174,8 +300,12 @@ class ResponseRecorder(httpx.BaseTransport):
             if self._closed:
                 return
             self._closed = True
-            if self._started:
+            started = self._started
+        try:
+            if started:
                 self.sink.emit(RankStatus(self.run_id, 0, 0, 0, "eager", finished=True))
+        except Exception as exc:  # noqa: BLE001 - closing the client must not fail for the recorder
+            self._failed(exc)
         self._transport.close()
 
     def _record(self, seen: _Seen) -> None:
@@ -196,52 +326,83 @@ class ResponseRecorder(httpx.BaseTransport):
             self.recorded += 1
 
     def _events(self, seen: _Seen) -> list[Event]:
-        """The request's events, or none when the response carried no acceptance figures."""
+        """The request's events, or none when the response carried no acceptance figures or counts no
+        engine sends."""
         last, now = seen.last, time.time()
         usage = last.get("usage") if isinstance(last.get("usage"), dict) else {}
         timings = last.get("timings") if isinstance(last.get("timings"), dict) else {}
         meta = last.get("meta_info") if isinstance(last.get("meta_info"), dict) else {}
         rid = f"{self.run_id}-{uuid.uuid4().hex[:12]}"
+        output = _first(usage.get("completion_tokens"), last.get("tokens_predicted"), timings.get("predicted_n"))
+        prompt = _first(usage.get("prompt_tokens"), last.get("tokens_evaluated"))
         steps: list[Event]
-        if seen.streamed and seen.drafts:
-            deltas = zip(seen.drafts, [(0, 0), *seen.drafts])
-            steps = [VerifyStep(self.run_id, rid, 0, i, p - p0, a - a0, chain_mask(a - a0, p - p0), ts_wall=now)
-                     for i, ((p, a), (p0, a0)) in enumerate(deltas)]
-            output = _first(usage.get("completion_tokens"), last.get("tokens_predicted"), timings.get("predicted_n"))
-            prompt = _first(usage.get("prompt_tokens"), last.get("tokens_evaluated"))
+        deltas = _draft_deltas(seen.drafts) if seen.streamed else None
+        if deltas:
+            steps = [VerifyStep(self.run_id, rid, 0, i, p, a, chain_mask(a, p), ts_wall=now)
+                     for i, (p, a) in enumerate(deltas)]
         elif _count(timings.get("draft_n")) is not None:
             proposed, accepted = _count(timings["draft_n"]), _count(timings.get("draft_n_accepted")) or 0
-            output = _first(usage.get("completion_tokens"), last.get("tokens_predicted"), timings.get("predicted_n"))
-            prompt = _first(usage.get("prompt_tokens"), last.get("tokens_evaluated"))
+            if accepted > proposed:
+                return []
             n = max(output - 1 - accepted, 1 if proposed else 0)
-            steps = [VerifyGroup(self.run_id, rid, 0, "", n, proposed, min(accepted, proposed), now)] if n else []
+            steps = [VerifyGroup(self.run_id, rid, 0, "", n, proposed, accepted, now)] if n else []
         elif _count(meta.get("spec_verify_ct")):
             n = _count(meta["spec_verify_ct"])
             output = _first(meta.get("completion_tokens"))
             prompt = _first(meta.get("prompt_tokens"))
             accepted = max(output - n, 0)
-            rate = meta.get("spec_accept_rate")
-            proposed = (round(accepted / rate) if isinstance(rate, (int, float)) and rate > 0
-                        else n * (self._k or 0))
-            steps = [VerifyGroup(self.run_id, rid, 0, "", n, max(proposed, accepted), accepted, now)]
+            proposed = _sglang_proposed(accepted, meta.get("spec_accept_rate"), n, self._k)
+            if proposed is None:
+                return []
+            steps = [VerifyGroup(self.run_id, rid, 0, "", n, proposed, accepted, now)]
         else:
             return []
         verify_steps = sum(getattr(s, "steps", 1) for s in steps)
+        if verify_steps > MAX_COUNT:
+            return []
         return [RequestStart(self.run_id, rid, 0, prompt, *_sampling(seen.request), ts_wall=seen.started), *steps,
                 RequestEnd(self.run_id, rid, 0, output, verify_steps, ts_wall=now)]
 
 
+def _draft_deltas(drafts: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
+    """``(proposed, accepted)`` of each draft from the cumulative counters, or None when a change is
+    not one draft (more than ``MAX_PROPOSED`` tokens, fewer accepted than before, more accepted than
+    proposed): then only the totals are trusted."""
+    deltas = [(p - p0, a - a0) for (p, a), (p0, a0) in zip(drafts, [(0, 0), *drafts])]
+    ok = all(0 < p <= MAX_PROPOSED and 0 <= a <= p for p, a in deltas)
+    return deltas if ok else None
+
+
+def _sglang_proposed(accepted: int, rate: object, steps: int, k: int | None) -> int | None:
+    """Proposed draft tokens from SGLang's accept rate (accepted / proposed), or ``k`` x steps when
+    nothing was accepted; None when no count follows (a rate outside (0, 1], or one so small that
+    the count would pass ``MAX_COUNT``)."""
+    if accepted == 0:
+        return min(steps * (k or 0), MAX_COUNT)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+        return None
+    proposed = accepted / rate
+    return max(round(proposed), accepted) if proposed <= MAX_COUNT else None
+
+
 def _sampling(body: dict[str, Any]) -> tuple[float | None, float | None, int | None, str | None]:
     """``(temperature, top_p, top_k, prompt key)`` as the request asked (None where it left the server's
-    default: the recorder cannot know it); the key from the messages or prompt as sent."""
+    default: the recorder cannot know it); the key from the prompt as sent (module doc)."""
     def number(name: str, kind: type) -> Any:
         value = body.get(name)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         return kind(value) if ok else None
 
     prompt = body.get("messages", body.get("prompt", body.get("text")))
-    key = None if prompt is None else prompt_key(json.dumps(prompt, sort_keys=True, ensure_ascii=False))
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_token(t) for t in prompt)):
+        key = prompt_key(prompt)
+    else:
+        key = None if prompt is None else prompt_key(json.dumps(prompt, sort_keys=True, ensure_ascii=False))
     return number("temperature", float), number("top_p", float), number("top_k", int), key
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 def _first(*values: object) -> int:
