@@ -1,0 +1,76 @@
+"""The static buffer CUDA-graph replays write (``instrumentation/_replay.py``), run on the CPU: with
+the capture probe forced on, every hooked call issues the device writes a captured graph holds, and
+on a CPU they execute at once, as a replay executes them. The host reader must then decode the same
+evidence (capture layers fired, which layers the draft received) as the eager path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _hooked_pair import AUX, CONFIG, HIDDEN, Draft, Target
+from _list_sink import ListSink
+
+from specscope import Tracer, instrument
+from specscope.events import ProvenanceEvent, RankStatus, TensorEvent
+
+
+def _run(capture: tuple[int, ...], replayed: bool, steps: int = 3) -> tuple[ListSink, Tracer]:
+    """``steps`` target forwards, each followed by a target-fed draft call; ``replayed``: every call
+    takes the path of a CUDA-graph capture, whose buffer writes run at once on a CPU."""
+    torch.manual_seed(0)
+    sink = ListSink()
+    tracer = Tracer(sink, engine="test", engine_version="0", target_model="t", draft_model="d", config=CONFIG,
+                    provenance_every=1)
+    if replayed:
+        tracer.hook_state.capturing = lambda: True
+    target, draft = Target(capture), Draft()
+    instrument(tracer, draft=draft, target=target, draft_hidden_size=HIDDEN)
+    with torch.no_grad():
+        for _ in range(steps):
+            _, aux = target(torch.randn(4, HIDDEN))
+            draft(torch.zeros(4, dtype=torch.long), aux[1:3])  # the accepted rows only
+    return sink, tracer
+
+
+@pytest.mark.parametrize("capture", [AUX, (0, 1, 3)], ids=["healthy", "wrong-layer"])
+def test_replay_buffer_decodes_the_evidence_of_the_eager_path(capture):
+    eager, eager_tracer = _run(capture, replayed=False)
+    eager_tracer.close()
+    replay, tracer = _run(capture, replayed=True)
+    assert replay.of(ProvenanceEvent) == []  # nothing is matched on the engine thread under capture
+    tracer.close()  # drains the buffer: one copy, decoded
+    assert tracer.hook_errors == 0
+    expected = {e.received for e in eager.of(ProvenanceEvent)}
+    assert expected == {capture}
+    assert {e.received for e in replay.of(ProvenanceEvent)} == expected
+    assert tracer.graph_mode == "cuda_graph" and replay.of(RankStatus)[-1].graph_mode == "cuda_graph"
+    fired = {e.hook_point: e for e in replay.of(TensorEvent) if e.graph_phase == "replay"}
+    assert set(fired) == {f"target.layers.{i}:input" for i in AUX}
+    assert all(e.shape == (4, HIDDEN) and e.expected_shape == (-1, HIDDEN) and e.call_index == 2
+               for e in fired.values())
+
+
+def test_status_reads_replays_off_the_step_path_and_counts_them():
+    sink, tracer = _run(AUX, replayed=True, steps=2)
+    calls = tracer.hook_calls
+    tracer.status()  # starts the copy
+    assert tracer.hook_state.replay_calls == 0
+    tracer.status()  # decodes it (on a CPU the copy has landed at once)
+    sites = len(tracer.hook_state.replay.sites)  # 5 layers (aux and neighbours), the norm, the draft input
+    assert tracer.hook_state.replay_calls == 2 * sites and tracer.hook_calls == calls + 2 * sites
+    assert [e.received for e in sink.of(ProvenanceEvent)] == [AUX]  # the latest draft call, once
+    tracer.status()
+    tracer.status()
+    assert tracer.hook_state.replay_calls == 2 * sites  # nothing replayed since: nothing new
+    assert len(sink.of(ProvenanceEvent)) == 1
+    tracer.close()
+
+
+def test_no_buffer_where_nothing_can_be_captured():
+    """Without CUDA the probe is None: no buffer, the eager path exactly as before."""
+    sink, tracer = _run(AUX, replayed=False)
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: a buffer is allocated for the capture that may come")
+    assert tracer.hook_state.replay is None
+    tracer.close()
+    assert tracer.graph_mode == "eager" and not [e for e in sink.of(TensorEvent) if e.graph_phase == "replay"]
