@@ -152,8 +152,10 @@ class RankStatus:
     """Counters the tracer owns, sent periodically and at close (``finished=True``).
 
     ``graph_mode``: ``"eager"`` (hooks saw every call), ``"compiled"`` (the models ran through
-    torch.compile: hooks inside compiled regions never fired), ``"capture_only"`` (hooks fired only while a
-    CUDA graph was captured, replays are invisible) or ``"mixed"``. ``hook_calls`` counts hook
+    torch.compile: the capture layers were observed through specscope's op in the graph),
+    ``"cuda_graph"`` (CUDA graphs were replayed and their calls read from the static buffer the
+    captured graphs write), ``"capture_only"`` (hooks fired only while a CUDA graph was captured,
+    replays are invisible) or ``"mixed"``. ``hook_calls`` counts hook
     invocations, ``hook_errors`` exceptions caught inside hooks (never raised into the engine).
     ``error``: with ``finished``, the engine stopped on this error (the rank crashed) instead of
     shutting down.
@@ -341,7 +343,9 @@ class TensorEvent:
     Shapes and dtypes are read from tensor metadata (no device sync). ``absmax``, ``mean`` and
     ``nonfinite`` (count of inf/nan elements) read values, force a device sync, and are only set on
     sampled calls when value statistics were asked for. ``expected_shape`` holds the contract where one
-    is known (``-1`` for a dimension that is free). ``graph_phase`` is ``"eager"`` or ``"capture"``.
+    is known (``-1`` for a dimension that is free). ``graph_phase`` is ``"eager"``, ``"capture"`` (seen while a CUDA graph was captured) or
+    ``"replay"`` (decoded from the buffer replayed graphs write: the shape captured, the call index
+    the count of calls so far).
     """
 
     kind: ClassVar[str] = "tensor"

@@ -118,6 +118,21 @@ def test_observation_health(store, trace, code, expected):
     assert report.exit_code == 0
 
 
+def test_cuda_graph_replays_read_from_the_buffer_are_not_blind(store):
+    assert run(store, T.cuda_graph()).codes() == []
+
+
+def test_cuda_graph_replays_without_provenance_say_what_is_missing(store):
+    report = run(store, T.cuda_graph(provenance=False))
+    assert report.codes() == ["GRAPH_MODE_BLIND", "CHECKS_SKIPPED"] and report.exit_code == 0
+    blind = only(report, "GRAPH_MODE_BLIND")
+    assert (blind.evidence["graph_mode"], blind.evidence["not_observed"]) == ("cuda_graph", ["provenance"])
+    assert "replayed" in blind.message and "provenance_every" in blind.fix
+    reasons = [s["reason"] for s in only(report, "CHECKS_SKIPPED").evidence["not_checked"]]
+    assert reasons == ["CUDA graphs replayed and no draft input was matched from the replay buffer "
+                       "(provenance turned off)"]
+
+
 def test_two_ranks_diverging(store):
     report = run(store, T.two_ranks_diverging())
     divergence = [f.evidence for f in report.findings if f.code == "RANK_DIVERGENCE"]

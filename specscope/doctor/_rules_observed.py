@@ -90,14 +90,19 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
     skipped = []
     if reason is not None:
         skipped.append(_skipped("draft input contract", list(CONTRACT_CODES), reason))
-    compiled = any(r.graph_mode == "compiled" for r in ctx.rank_status)
+    modes = {r.graph_mode for r in ctx.rank_status}
+    compiled, replayed = "compiled" in modes, "cuda_graph" in modes
     if reason is None and not ctx.provenance:
         skipped.append(_skipped("layers received by the draft (fingerprints)", ["AUX_LAYER_MISMATCH"],
-                                "the target ran compiled: its layers are not fingerprinted" if compiled
+                                "CUDA graphs replayed and no draft input was matched from the replay buffer "
+                                "(provenance turned off)" if replayed
+                                else "the target ran compiled: its layers are not fingerprinted" if compiled
                                 else "no provenance sample (provenance turned off)"))
     if reason is None and not ctx.target_observed:
         skipped.append(_skipped("capture layers firing", ["AUX_CAPTURE_PARTIAL"],
-                                "the target ran compiled: its capture layers' hooks do not fire" if compiled
+                                "CUDA graphs replayed and no capture-layer call reached the replay buffer "
+                                "(target not hooked before capture)" if replayed
+                                else "the target ran compiled: its capture layers' hooks do not fire" if compiled
                                 else "no target capture layer hooked"))
     if steps < MIN_VERIFY_STEPS:
         skipped.append(_skipped("acceptance", ["ACCEPT_COLLAPSE", "ACCEPT_SATURATED", "POSITION0_LOW"],
@@ -108,11 +113,12 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
         "CHECKS_SKIPPED", ctx.run_id,
         "not checked: " + "; ".join(f"{s['check']} ({s['reason']})" for s in skipped),
         {"verify_steps": steps, "not_checked": skipped},
-        _evidence_fix(ctx.engine, compiled))]
+        _evidence_fix(ctx.engine, compiled and not replayed))]
 
 
 def _evidence_fix(engine: str, compiled: bool) -> str:
-    """How to record the missing evidence, for the way the run was recorded."""
+    """How to record the missing evidence, for the way the run was recorded (``compiled``: compiled
+    without CUDA-graph replays read from the buffer)."""
     judged = f"acceptance is judged from {MIN_VERIFY_STEPS} verify steps on."
     if engine == "vllm":
         eager = ("serve a diagnostic replica with `--enforce-eager` (the plugin then hooks the capture "

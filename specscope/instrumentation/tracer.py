@@ -67,9 +67,10 @@ class Tracer:
     flushes it (waiting at most ``CLOSE_FLUSH_TIMEOUT_S``), its owner closes it; ``close`` also runs at
     interpreter exit. ``audit_every``: audit every n-th verify step's emitted tokens against the
     target (:meth:`record_audit`; 0 = off). ``compiled``: the engine runs the models compiled
-    (torch.compile), so hooks inside compiled regions never fire; the run says so (``graph_mode``
-    ``"compiled"``) instead of claiming every call was seen. Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together
-    with a sampling keyword, a ``step_sample`` outside 0..1, or a bad rank.
+    (torch.compile): the run says so (``graph_mode`` ``"compiled"``; ``"cuda_graph"`` once replayed
+    CUDA graphs were read from the static buffer, :mod:`specscope.instrumentation._replay`).
+    Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together with a sampling
+    keyword, a ``step_sample`` outside 0..1, or a bad rank.
 
     ``hook_state`` is what the hooks share on the hot path (counters, sampling, request tags);
     :func:`~specscope.instrumentation.instrument` installs hooks over it.
