@@ -67,6 +67,9 @@ class RunConfig:
     - ``aux_layer_ids_active``: the capture layers the engine reports active once the target is loaded
       (vLLM: the target's ``EagleModelMixin.aux_hidden_state_layers``); ``()`` = none active, ``None`` =
       the engine does not say.
+    - ``model_runner``: which of the engine's model runners served, where it has several and
+      specscope attaches to only some (vLLM 0.32: ``"v1"`` or ``"v2"``, ``VllmConfig.
+      use_v2_model_runner``); ``None`` = the engine has one.
     """
 
     aux_layer_ids_resolved: tuple[int, ...]
@@ -79,6 +82,7 @@ class RunConfig:
     num_draft_tokens: int | None = None
     dtype: str = "float32"
     aux_layer_ids_active: tuple[int, ...] | None = None
+    model_runner: str | None = None
 
     def __post_init__(self) -> None:
         """Check the contract is self-consistent (the user's own call, not the engine's hot path).
@@ -98,6 +102,8 @@ class RunConfig:
             raise ConfigError(f"RunConfig.num_draft_tokens must be an int >= 1 or None, got {self.num_draft_tokens!r}")
         if not isinstance(self.dtype, str):
             raise ConfigError(f"RunConfig.dtype must be a string such as 'bfloat16', got {self.dtype!r}")
+        if self.model_runner is not None and not isinstance(self.model_runner, str):
+            raise ConfigError(f"RunConfig.model_runner must be a string such as 'v2' or None, got {self.model_runner!r}")
         for name in ("aux_layer_ids_resolved", "aux_layer_ids_configured"):
             ids = getattr(self, name)
             if ids is None and name == "aux_layer_ids_configured":
@@ -130,6 +136,7 @@ class RunConfig:
             "dtype": self.dtype,
             "aux_layer_ids_active": None if self.aux_layer_ids_active is None
             else list(self.aux_layer_ids_active),
+            "model_runner": self.model_runner,
         }
 
 

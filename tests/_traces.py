@@ -87,11 +87,13 @@ class Trace:
     fault: str | None = None
     engine: str = "specscope-reference"
     active: tuple[int, ...] | None = None  # the capture layers the engine reports active (vLLM)
+    model_runner: str | None = None  # vLLM's runner, where the engine has several
 
     def config(self) -> RunConfig:
         return RunConfig(aux_layer_ids_resolved=AUX, aux_layer_ids_configured=AUX,
                          target_hidden_size=HIDDEN, expected_fused_width=FUSED, k=K,
-                         num_target_layers=LAYERS, aux_layer_ids_active=self.active)
+                         num_target_layers=LAYERS, aux_layer_ids_active=self.active,
+                         model_runner=self.model_runner)
 
     def write(self, store: Store) -> None:
         """Write every rank's events with the collector's counters (events written / dropped)."""
@@ -243,6 +245,13 @@ def two_ranks_diverging(run_id: str = "two-ranks") -> Trace:
 def capture_only(run_id: str = "capture-only") -> Trace:
     """Hooks fired only while CUDA graphs were captured: graph_mode capture_only, shapes healthy."""
     return Trace(run_id, (RankTrace(graph_mode="capture_only"),))
+
+
+def runner_v2(run_id: str = "runner-v2") -> Trace:
+    """vLLM served with model runner v2: the scheduler recorded requests and verify steps, no worker
+    attached (no tensor event, no provenance), the models ran compiled."""
+    return Trace(run_id, (RankTrace(hooks=False, received=None, graph_mode="compiled"),), engine="vllm",
+                 model_runner="v2")
 
 
 def cuda_graph(run_id: str = "cuda-graph", provenance: bool = True) -> Trace:

@@ -133,6 +133,18 @@ def test_cuda_graph_replays_without_provenance_say_what_is_missing(store):
                        "(provenance turned off)"]
 
 
+def test_model_runner_v2_says_what_is_missing_and_what_still_works(store):
+    report = run(store, T.runner_v2())
+    assert report.codes() == ["RUNNER_NOT_ATTACHED"] and report.exit_code == 0  # not NOT_OBSERVED, GRAPH_MODE_BLIND
+    runner = only(report, "RUNNER_NOT_ATTACHED")
+    assert runner.severity == "warning" and runner.evidence["model_runner"] == "v2"
+    missing = {code for item in runner.evidence["not_checked"] for code in item["codes"]}
+    assert {"AUX_NOT_FUSED", "AUX_LAYER_MISMATCH", "LOSSLESS_VIOLATION"} <= missing
+    assert "4 request(s) and 32 verify step(s)" in runner.message and "VLLM_USE_V2_MODEL_RUNNER=0" in runner.fix
+    (summary,) = report.runs
+    assert summary.verify_steps == 32 and summary.mean_acceptance_length == pytest.approx(2.0)
+
+
 def test_two_ranks_diverging(store):
     report = run(store, T.two_ranks_diverging())
     divergence = [f.evidence for f in report.findings if f.code == "RANK_DIVERGENCE"]

@@ -25,6 +25,8 @@ SEVERITY = {
     "GRAPH_MODE_BLIND": "info",
     "NOT_OBSERVED": "warning",
     "CHECKS_SKIPPED": "info",
+    # a model runner the engine adapter cannot attach to (vLLM 0.32 runner v2; _rules_observed.check_runner)
+    "RUNNER_NOT_ATTACHED": "warning",
 }
 CODES = tuple(SEVERITY)
 CONTRACT_CODES = ("AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL", "AUX_LAYER_MISMATCH")

@@ -6,6 +6,7 @@ from collections import Counter
 
 from specscope.doctor._codes import finding
 from specscope.doctor._context import RunContext
+from specscope.doctor._rules_observed import runner_not_attached
 from specscope.events import Finding
 
 MAX_LISTED = 10
@@ -118,7 +119,7 @@ def check_graph_mode(ctx: RunContext) -> list[Finding]:
     capture-layer evidence (firing, provenance) is missing; or hooks saw CUDA-graph capture, not
     (all of) its replays."""
     ranks = [r for r in ctx.rank_status if r.graph_mode != "eager"]
-    if not ranks:
+    if not ranks or runner_not_attached(ctx):  # nothing was hooked: RUNNER_NOT_ATTACHED says why
         return []
     modes = [r.graph_mode for r in ranks]
     ids = [r.rank for r in ranks]

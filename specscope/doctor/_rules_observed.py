@@ -39,10 +39,49 @@ def _no_contract(ctx: RunContext) -> str | None:
     return None
 
 
+RUNNER_NOT_RECORDED = (
+    ("draft input width", ["AUX_NOT_FUSED"]),
+    ("capture layers firing", ["AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL"]),
+    ("layers received by the draft (fingerprints)", ["AUX_LAYER_MISMATCH"]),
+    ("losslessness audit", ["LOSSLESS_VIOLATION", "LOSSLESS_AUDITED"]),
+    ("draft checkpoint inspection at load", ["KEYS_DROPPED", "LM_HEAD_MISSING", "FC_SHAPE_MISMATCH"]),
+)
+"""What the vLLM plugin records in the model runner (worker) and so not under runner v2, with the codes
+that then cannot fire (the inspection's codes abridged)."""
+
+
+def runner_not_attached(ctx: RunContext) -> bool:
+    """The engine served with a model runner specscope does not attach to (the run's config says
+    ``model_runner: "v2"``, vLLM 0.32's second runner): the worker-side evidence is missing by
+    construction, which :func:`check_runner` names, instead of the rules that read it."""
+    return ctx.config.get("model_runner") == "v2"
+
+
+def check_runner(ctx: RunContext) -> list[Finding]:
+    """RUNNER_NOT_ATTACHED [warning]: vLLM served with its model runner v2, which has none of the
+    plugin's worker attach points: what is then not recorded, and what still is."""
+    if not runner_not_attached(ctx):
+        return []
+    missing = [_skipped(check, codes, "vLLM model runner v2: specscope does not attach to it")
+               for check, codes in RUNNER_NOT_RECORDED]
+    return [finding(
+        "RUNNER_NOT_ATTACHED", ctx.run_id,
+        "vLLM served with its model runner v2 (`vllm/v1/worker/gpu/model_runner.py`), which specscope "
+        "does not attach to: not recorded: " + ", ".join(m["check"] for m in missing) + "; recorded: "
+        f"{ctx.acceptance.requests} request(s) and {ctx.acceptance.verify_steps} verify step(s) from the "
+        "scheduler, so acceptance (mean acceptance length, per position, ACCEPT_*) is exact",
+        {"model_runner": "v2", "expected_model_runner": "v1", "not_checked": missing,
+         "recorded": ["requests", "verify steps", "acceptance"]},
+        "For the draft-input contract and the losslessness audit, serve a diagnostic replica on model "
+        "runner v1: `VLLM_USE_V2_MODEL_RUNNER=0` (vLLM 0.32 picks v2 by default where Triton is present "
+        "and the run's features allow it); this run's acceptance figures stay valid.")]
+
+
 def check_not_observed(ctx: RunContext) -> list[Finding]:
-    """NOT_OBSERVED [warning]: verify steps recorded but the draft's input contract was not observed."""
+    """NOT_OBSERVED [warning]: verify steps recorded but the draft's input contract was not observed
+    (not on a runner specscope does not attach to: RUNNER_NOT_ATTACHED names that cause)."""
     steps = ctx.acceptance.verify_steps
-    if steps == 0 or _no_contract(ctx) is not None:
+    if steps == 0 or _no_contract(ctx) is not None or runner_not_attached(ctx):
         return []
     if not ctx.draft_ran:
         blind = _skipped("draft input width", list(CONTRACT_CODES),
