@@ -14,9 +14,10 @@ from specscope import Tracer, instrument
 from specscope.events import ProvenanceEvent, RankStatus, TensorEvent
 
 
-def _run(capture: tuple[int, ...], replayed: bool, steps: int = 3) -> tuple[ListSink, Tracer]:
-    """``steps`` target forwards, each followed by a target-fed draft call; ``replayed``: every call
-    takes the path of a CUDA-graph capture, whose buffer writes run at once on a CPU."""
+def _run(capture: tuple[int, ...], replayed: bool, steps: int = 3):
+    """``(sink, tracer, step)`` after ``steps`` calls of ``step()``: a target forward followed by a
+    target-fed draft call; ``replayed``: every call takes the path of a CUDA-graph capture, whose
+    buffer writes run at once on a CPU."""
     torch.manual_seed(0)
     sink = ListSink()
     tracer = Tracer(sink, engine="test", engine_version="0", target_model="t", draft_model="d", config=CONFIG,
@@ -25,18 +26,22 @@ def _run(capture: tuple[int, ...], replayed: bool, steps: int = 3) -> tuple[List
         tracer.hook_state.capturing = lambda: True
     target, draft = Target(capture), Draft()
     instrument(tracer, draft=draft, target=target, draft_hidden_size=HIDDEN)
-    with torch.no_grad():
-        for _ in range(steps):
-            _, aux = target(torch.randn(4, HIDDEN))
-            draft(torch.zeros(4, dtype=torch.long), aux[1:3])  # the accepted rows only
-    return sink, tracer
+
+    @torch.no_grad()
+    def step() -> None:
+        _, aux = target(torch.randn(4, HIDDEN))
+        draft(torch.zeros(4, dtype=torch.long), aux[1:3])  # the accepted rows only
+
+    for _ in range(steps):
+        step()
+    return sink, tracer, step
 
 
 @pytest.mark.parametrize("capture", [AUX, (0, 1, 3)], ids=["healthy", "wrong-layer"])
 def test_replay_buffer_decodes_the_evidence_of_the_eager_path(capture):
-    eager, eager_tracer = _run(capture, replayed=False)
+    eager, eager_tracer, _ = _run(capture, replayed=False)
     eager_tracer.close()
-    replay, tracer = _run(capture, replayed=True)
+    replay, tracer, _ = _run(capture, replayed=True)
     assert replay.of(ProvenanceEvent) == []  # nothing is matched on the engine thread under capture
     tracer.close()  # drains the buffer: one copy, decoded
     assert tracer.hook_errors == 0
@@ -51,8 +56,9 @@ def test_replay_buffer_decodes_the_evidence_of_the_eager_path(capture):
 
 
 def test_status_reads_replays_off_the_step_path_and_counts_them():
-    sink, tracer = _run(AUX, replayed=True, steps=2)
+    sink, tracer, _ = _run(AUX, replayed=True, steps=2)
     calls = tracer.hook_calls
+    tracer.status()  # hooks ran under capture since the last look: a capture may go on, no copy
     tracer.status()  # starts the copy
     assert tracer.hook_state.replay_calls == 0
     tracer.status()  # decodes it (on a CPU the copy has landed at once)
@@ -66,9 +72,21 @@ def test_status_reads_replays_off_the_step_path_and_counts_them():
     tracer.close()
 
 
+def test_no_read_while_hooks_still_run_under_capture():
+    """A hook call under capture between two polls: the engine may be capturing on another thread
+    (CUDA's global capture mode), so the status thread leaves the device alone."""
+    sink, tracer, step = _run(AUX, replayed=True, steps=1)
+    for _ in range(3):
+        tracer.status()
+        step()
+    assert tracer.hook_state.replay_calls == 0 and sink.of(ProvenanceEvent) == []
+    tracer.close()  # at close, read once
+    assert tracer.hook_state.replay_calls > 0
+
+
 def test_no_buffer_where_nothing_can_be_captured():
     """Without CUDA the probe is None: no buffer, the eager path exactly as before."""
-    sink, tracer = _run(AUX, replayed=False)
+    sink, tracer, _ = _run(AUX, replayed=False)
     if torch.cuda.is_available():
         pytest.skip("CUDA present: a buffer is allocated for the capture that may come")
     assert tracer.hook_state.replay is None

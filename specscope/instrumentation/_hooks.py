@@ -209,7 +209,7 @@ def provenance_check(state: HookState, replay: Replay | None) -> Callable[[bool,
     the eager match (:meth:`HookState.check_provenance`, a sync on sampled calls)."""
 
     def check(capturing: bool, hidden: Tensor, index: int) -> None:
-        if replay is not None and replay[0].wants(capturing):
+        if replay is not None and (capturing or replay[0].armed):
             replay[0].write(replay[1], hidden, capturing)
         elif not capturing:
             state.check_provenance(hidden, index)
@@ -275,7 +275,7 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
             key = SIGNATURE(hidden)
             if (due or key != site.last) and site.sampled(key, due):
                 state.record(name, call, hidden, width, capturing)
-        buffered = replay is not None and replay[0].wants(capturing)
+        buffered = replay is not None and (capturing or replay[0].armed)
         if buffered or (provenance is not None and not capturing and provenance.due):
             value = hidden if layer_value is None or args is None else layer_value(args, kwargs)
             if buffered:
@@ -307,7 +307,7 @@ def final_norm_hook(state: HookState, provenance: Provenance, index: int,
             output = output[0]
         if not isinstance(output, Tensor):
             return
-        if replay is not None and replay[0].wants(capturing):
+        if replay is not None and (capturing or replay[0].armed):
             replay[0].write(replay[1], output, capturing)
         if not capturing and provenance.due:
             provenance.record(index, output)

@@ -19,7 +19,9 @@ sync): in vLLM the target is replayed while the draft's ``fc`` runs eagerly.
 Reading (:meth:`ReplayRecorder.poll` from the tracer's periodic status, :meth:`~ReplayRecorder.drain`
 at close): the buffer
 is copied asynchronously to pinned host memory on a stream of its own, with an event; a later poll
-decodes the copy once the event has completed (``Event.query``: no sync). The copy is not ordered
+decodes the copy once the event has completed (``Event.query``: no sync). No poll touches the device
+in the status interval after a hook ran under capture: the engine may still be capturing on
+another thread, and a query from this one would break that capture. The copy is not ordered
 with the engine's stream, so a record may be read while a replay rewrites it: every record carries
 its sequence number at its head (written first) and tail (written last), and the copy reads the
 tails, then the fingerprints, then the heads; a record whose tail is not its later head was being
@@ -47,9 +49,10 @@ if TYPE_CHECKING:
 MAX_ROWS = 512
 """Rows of one value fingerprinted per write (the first ones)."""
 
-HEAD, CALLS, ROWS, WIDTH, TAIL = range(5)
+HEAD, CALLS, WRITES, ROWS, WIDTH, TAIL = range(6)
 """Fields of a site's record in :attr:`ReplayRecorder.meta` (int64): sequence number written first,
-writes so far, rows and width of the last value, sequence number written last."""
+replayed calls so far (captured writes), all writes so far (eager ones too), rows and width of the
+last value, sequence number written last."""
 
 REPLAY_PHASE = "replay"
 """``graph_phase`` of the tensor events decoded from the buffer."""
@@ -61,6 +64,7 @@ class Owner(Protocol):
     run_id: str
     rank: int
     replay_calls: int
+    capture_calls: int
 
     def emit(self, event: Event) -> None: ...
 
@@ -90,10 +94,13 @@ class ReplayRecorder:
         self.prints = torch.zeros(len(sites), MAX_ROWS, self.chunks, dim, device=self.device)
         self._seq = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._projection = provenance.projection(self.device) if provenance is not None else None
-        self.armed = False  # a capture wrote here: replays (and then eager draft calls) feed the buffer
+        # Set by the first captured write: from then on hooks write on eager calls too, so the buffer
+        # always holds the latest target forward and draft input, whichever way each ran.
+        self.armed = False
         self._shapes: dict[tuple[int, int, int], tuple[tuple[int, ...], str, str]] = {}
         self._calls = [0] * len(sites)
         self._draft_seq = 0  # sequence number of the draft record last decoded
+        self._captures = 0  # the owner's capture_calls at the previous poll
         cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if cuda else None
         if self._stream is not None:  # the reader's first copy must see the zeros written above
@@ -104,12 +111,6 @@ class ReplayRecorder:
         self._waiting = False
 
     # -- writer: device ops only (captured into the graph, run by every replay) -----------------
-
-    def wants(self, capturing: bool) -> bool:
-        """Whether a hook call should :meth:`write`: under capture, and once armed on eager calls
-        too (so the buffer always holds the latest target forward and draft input, whichever way
-        each ran)."""
-        return capturing or self.armed
 
     def write(self, site: int, value: torch.Tensor, capturing: bool) -> None:
         """Write ``value``'s record for ``site``: pure device ops on preallocated tensors, no sync.
@@ -135,13 +136,21 @@ class ReplayRecorder:
         meta[WIDTH].fill_(width)
         if capturing:
             meta[CALLS].add_(1)
+        meta[WRITES].add_(1)
         meta[TAIL:TAIL + 1].copy_(self._seq)
 
     # -- reader: host side, off the step path -----------------------------------------------------
 
     def poll(self) -> None:
         """Decode the last copy if it has arrived, then start the next one. Never synchronises the
-        device; does nothing while this thread's stream is capturing a graph."""
+        device. Does nothing while a graph may be being captured: this thread's stream capturing,
+        or any hook call under capture since the previous poll (the engine may be capturing on
+        another thread, in CUDA's global mode, where this thread's event query would invalidate
+        its capture; vLLM captures its graphs in one burst at start-up)."""
+        captures = self._state.capture_calls
+        if captures != self._captures:
+            self._captures = captures
+            return
         if not self.armed or (self._stream is not None and torch.cuda.is_current_stream_capturing()):
             return
         with self._lock:
@@ -229,5 +238,5 @@ class ReplayRecorder:
             else:
                 kept = prints[site, :min(rows, MAX_ROWS)]
                 received = tuple(provenance.match(kept[:, chunk], layers) for chunk in range(width // hidden))
-            state.emit(ProvenanceEvent(state.run_id, state.rank, int(tails[site, CALLS]) - 1,
+            state.emit(ProvenanceEvent(state.run_id, state.rank, int(tails[site, WRITES]) - 1,
                                        provenance.configured, received, width))
