@@ -12,6 +12,7 @@ from _list_sink import ListSink
 
 from specscope import Tracer, instrument
 from specscope.events import ProvenanceEvent, RankStatus, TensorEvent
+from specscope.instrumentation._replay import HEAD, TAIL
 
 
 def _run(capture: tuple[int, ...], replayed: bool, steps: int = 3):
@@ -69,6 +70,27 @@ def test_status_reads_replays_off_the_step_path_and_counts_them():
     tracer.status()
     assert tracer.hook_state.replay_calls == 2 * sites  # nothing replayed since: nothing new
     assert len(sink.of(ProvenanceEvent)) == 1
+    tracer.close()
+
+
+def test_a_record_caught_mid_rewrite_waits_for_the_next_read():
+    """The copy is not ordered with the engine's stream: a record whose head (written first) is
+    ahead of its tail (written last) was being rewritten by a replay and is not decoded yet."""
+    sink, tracer, _ = _run(AUX, replayed=True, steps=1)
+    meta = tracer.hook_state.replay.meta  # site 0: layer 0, a capture layer
+    tracer.status()  # hooks ran under capture since the last look: no copy
+    meta[0, HEAD] += 5  # a replay began rewriting layer 0's record
+    tracer.status()  # copies
+    tracer.status()  # decodes, copies again
+
+    def fired() -> set[str]:
+        return {e.hook_point for e in sink.of(TensorEvent) if e.graph_phase == "replay"}
+
+    assert fired() == {f"target.layers.{i}:input" for i in AUX if i != 0}
+    meta[0, TAIL] = meta[0, HEAD]  # the rewrite completed
+    tracer.status()  # decodes the copy taken mid-rewrite, copies again
+    tracer.status()
+    assert fired() == {f"target.layers.{i}:input" for i in AUX}
     tracer.close()
 
 
