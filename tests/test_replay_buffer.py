@@ -11,8 +11,11 @@ from _hooked_pair import AUX, CONFIG, HIDDEN, Draft, Target
 from _list_sink import ListSink
 
 from specscope import Tracer, instrument
+from specscope.collector import Collector
+from specscope.doctor import diagnose
 from specscope.events import ProvenanceEvent, RankStatus, TensorEvent
 from specscope.instrumentation._replay import HEAD, TAIL
+from specscope.storage import open_store
 
 
 def _run(capture: tuple[int, ...], replayed: bool, steps: int = 3):
@@ -114,3 +117,30 @@ def test_no_buffer_where_nothing_can_be_captured():
     assert tracer.hook_state.replay is None
     tracer.close()
     assert tracer.graph_mode == "eager" and not [e for e in sink.of(TensorEvent) if e.graph_phase == "replay"]
+
+
+@pytest.mark.parametrize("capture, codes", [(AUX, []), ((0, 1, 3), ["AUX_LAYER_MISMATCH"])],
+                         ids=["healthy", "wrong-layer"])
+def test_a_replayed_run_is_stored_and_diagnosed_by_its_cause(tmp_path, capture, codes):
+    """Through the Collector into a store: graph mode cuda_graph, capture layers and provenance from
+    the buffer; a wrong captured layer is named by its cause, a healthy run has no finding."""
+    with open_store(str(tmp_path / "replay.db")) as store:
+        with Collector(store) as collector:
+            tracer = Tracer(collector, run_id="replayed", engine="test", engine_version="0", target_model="t",
+                            draft_model="d", config=CONFIG, provenance_every=1)
+            tracer.hook_state.capturing = lambda: True
+            target, draft = Target(capture), Draft()
+            instrument(tracer, draft=draft, target=target, draft_hidden_size=HIDDEN)
+            tracer.start_request("r", prompt_tokens=4)
+            with torch.no_grad():
+                for accepted in (2, 1, 2, 0) * 5:
+                    _, aux = target(torch.randn(4, HIDDEN))
+                    draft(torch.zeros(2, dtype=torch.long), aux[1:3])
+                    tracer.record_verify("r", proposed=2, accepted=accepted)
+            tracer.finish_request("r", output_tokens=45)
+            tracer.close()
+            assert collector.flush()
+        report = diagnose(store, "replayed")
+        _, modes = store.query("SELECT graph_mode FROM run_ranks WHERE run_id = 'replayed'")
+    assert modes == [("cuda_graph",)]
+    assert report.codes() == codes, [(f.code, f.message) for f in report.findings]
