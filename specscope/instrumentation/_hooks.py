@@ -275,12 +275,14 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
             key = SIGNATURE(hidden)
             if (due or key != site.last) and site.sampled(key, due):
                 state.record(name, call, hidden, width, capturing)
+        # Once the buffer is written (capture, or armed by one) it is the provenance path: the draft
+        # input is matched there too, so the eager fingerprints would never be read.
         buffered = replay is not None and (capturing or replay[0].armed)
         if buffered or (provenance is not None and not capturing and provenance.due):
             value = hidden if layer_value is None or args is None else layer_value(args, kwargs)
             if buffered:
                 replay[0].write(replay[1], value, capturing)
-            if provenance is not None and not capturing and provenance.due:
+            else:
                 provenance.record(index, value)
 
     def pre(capturing: bool, due: bool, call: int, args: tuple, kwargs: dict) -> None:
@@ -309,7 +311,7 @@ def final_norm_hook(state: HookState, provenance: Provenance, index: int,
             return
         if replay is not None and (capturing or replay[0].armed):
             replay[0].write(replay[1], output, capturing)
-        if not capturing and provenance.due:
+        elif not capturing and provenance.due:
             provenance.record(index, output)
 
     return post

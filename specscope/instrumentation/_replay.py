@@ -115,14 +115,14 @@ class ReplayRecorder:
     def write(self, site: int, value: torch.Tensor, capturing: bool) -> None:
         """Write ``value``'s record for ``site``: pure device ops on preallocated tensors, no sync.
         A captured write counts a call (every replay runs it); an eager one only refreshes the
-        record (its call is counted by the hook). The host keeps the value's shape by (site, rows,
-        width), known while Python runs."""
-        if capturing:
-            self.armed = True
+        record (its call is counted by the hook). A captured write keeps the value's shape on the
+        host by (site, rows, width), known while Python runs (one entry per captured graph)."""
         width = int(value.shape[-1]) if value.dim() else 1
         rows = value.numel() // width if width else 0
-        self._shapes[(site, rows, width)] = (tuple(value.shape), str(value.dtype).removeprefix("torch."),
-                                             str(value.device))
+        if capturing:
+            self.armed = True
+            self._shapes[(site, rows, width)] = (tuple(value.shape), str(value.dtype).removeprefix("torch."),
+                                                 str(value.device))
         meta = self.meta[site]
         self._seq.add_(1)
         meta[HEAD:HEAD + 1].copy_(self._seq)
