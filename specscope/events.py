@@ -67,6 +67,9 @@ class RunConfig:
     - ``aux_layer_ids_active``: the capture layers the engine reports active once the target is loaded
       (vLLM: the target's ``EagleModelMixin.aux_hidden_state_layers``); ``()`` = none active, ``None`` =
       the engine does not say.
+    - ``model_runner``: which of the engine's model runners served, where it has several and
+      specscope attaches to only some (vLLM 0.32: ``"v1"`` or ``"v2"``, ``VllmConfig.
+      use_v2_model_runner``); ``None`` = the engine has one.
     """
 
     aux_layer_ids_resolved: tuple[int, ...]
@@ -79,6 +82,7 @@ class RunConfig:
     num_draft_tokens: int | None = None
     dtype: str = "float32"
     aux_layer_ids_active: tuple[int, ...] | None = None
+    model_runner: str | None = None
 
     def __post_init__(self) -> None:
         """Check the contract is self-consistent (the user's own call, not the engine's hot path).
@@ -98,6 +102,8 @@ class RunConfig:
             raise ConfigError(f"RunConfig.num_draft_tokens must be an int >= 1 or None, got {self.num_draft_tokens!r}")
         if not isinstance(self.dtype, str):
             raise ConfigError(f"RunConfig.dtype must be a string such as 'bfloat16', got {self.dtype!r}")
+        if self.model_runner is not None and not isinstance(self.model_runner, str):
+            raise ConfigError(f"RunConfig.model_runner must be a string such as 'v2' or None, got {self.model_runner!r}")
         for name in ("aux_layer_ids_resolved", "aux_layer_ids_configured"):
             ids = getattr(self, name)
             if ids is None and name == "aux_layer_ids_configured":
@@ -130,6 +136,7 @@ class RunConfig:
             "dtype": self.dtype,
             "aux_layer_ids_active": None if self.aux_layer_ids_active is None
             else list(self.aux_layer_ids_active),
+            "model_runner": self.model_runner,
         }
 
 
@@ -152,8 +159,10 @@ class RankStatus:
     """Counters the tracer owns, sent periodically and at close (``finished=True``).
 
     ``graph_mode``: ``"eager"`` (hooks saw every call), ``"compiled"`` (the models ran through
-    torch.compile: hooks inside compiled regions never fired), ``"capture_only"`` (hooks fired only while a
-    CUDA graph was captured, replays are invisible) or ``"mixed"``. ``hook_calls`` counts hook
+    torch.compile: the capture layers were observed through specscope's op in the graph),
+    ``"cuda_graph"`` (CUDA graphs were replayed and their calls read from the static buffer the
+    captured graphs write), ``"capture_only"`` (hooks fired only while a CUDA graph was captured,
+    replays are invisible) or ``"mixed"``. ``hook_calls`` counts hook
     invocations, ``hook_errors`` exceptions caught inside hooks (never raised into the engine).
     ``error``: with ``finished``, the engine stopped on this error (the rank crashed) instead of
     shutting down.
@@ -365,7 +374,9 @@ class TensorEvent:
     Shapes and dtypes are read from tensor metadata (no device sync). ``absmax``, ``mean`` and
     ``nonfinite`` (count of inf/nan elements) read values, force a device sync, and are only set on
     sampled calls when value statistics were asked for. ``expected_shape`` holds the contract where one
-    is known (``-1`` for a dimension that is free). ``graph_phase`` is ``"eager"`` or ``"capture"``.
+    is known (``-1`` for a dimension that is free). ``graph_phase`` is ``"eager"``, ``"capture"`` (seen while a CUDA graph was captured) or
+    ``"replay"`` (decoded from the buffer replayed graphs write: the shape captured, the call index
+    the count of calls so far).
     """
 
     kind: ClassVar[str] = "tensor"

@@ -57,6 +57,8 @@ _RUNTIME = {
     "HOOK_ERRORS": "warning",
     "GRAPH_MODE_BLIND": "info",
     "NOT_OBSERVED": "warning",
+    # a model runner the engine adapter cannot attach to (vLLM 0.32 runner v2; _rules_observed.check_runner)
+    "RUNNER_NOT_ATTACHED": "warning",
 }
 # Both sources name what they could not check the same way, so a reader of the store (the dashboard's
 # "not checked" box, the exporter) treats the two alike; the evidence says which checks.

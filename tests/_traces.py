@@ -41,6 +41,7 @@ FUSED = len(AUX) * HIDDEN  # 1728
 DRAFT_HIDDEN = 576
 DRAFT_VOCAB = 32000
 K = 4
+PHASES = {"eager": "eager", "cuda_graph": "replay"}  # graph_phase of a rank's events by graph mode, else capture
 PROMPT_TOKENS = 24
 LAYER_PARAMS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
@@ -86,11 +87,13 @@ class Trace:
     fault: str | None = None
     engine: str = "specscope-reference"
     active: tuple[int, ...] | None = None  # the capture layers the engine reports active (vLLM)
+    model_runner: str | None = None  # vLLM's runner, where the engine has several
 
     def config(self) -> RunConfig:
         return RunConfig(aux_layer_ids_resolved=AUX, aux_layer_ids_configured=AUX,
                          target_hidden_size=HIDDEN, expected_fused_width=FUSED, k=K,
-                         num_target_layers=LAYERS, aux_layer_ids_active=self.active)
+                         num_target_layers=LAYERS, aux_layer_ids_active=self.active,
+                         model_runner=self.model_runner)
 
     def write(self, store: Store) -> None:
         """Write every rank's events with the collector's counters (events written / dropped)."""
@@ -127,7 +130,7 @@ class _RankRecorder:
             absmax=1.5 if stats else None, mean=0.0 if stats else None,
             nonfinite=self.r.nonfinite.get(point, 0) if stats else None,
             request_id=self.request, step=self.step,
-            graph_phase="eager" if self.r.graph_mode == "eager" else "capture", ts_wall=self.tick()))
+            graph_phase=PHASES.get(self.r.graph_mode, "capture"), ts_wall=self.tick()))
 
     def target_forward(self, tokens: int) -> None:
         for layer in self.r.capture_layers:
@@ -242,6 +245,19 @@ def two_ranks_diverging(run_id: str = "two-ranks") -> Trace:
 def capture_only(run_id: str = "capture-only") -> Trace:
     """Hooks fired only while CUDA graphs were captured: graph_mode capture_only, shapes healthy."""
     return Trace(run_id, (RankTrace(graph_mode="capture_only"),))
+
+
+def runner_v2(run_id: str = "runner-v2") -> Trace:
+    """vLLM served with model runner v2: the scheduler recorded requests and verify steps, no worker
+    attached (no tensor event, no provenance), the models ran compiled."""
+    return Trace(run_id, (RankTrace(hooks=False, received=None, graph_mode="compiled"),), engine="vllm",
+                 model_runner="v2")
+
+
+def cuda_graph(run_id: str = "cuda-graph", provenance: bool = True) -> Trace:
+    """CUDA graphs replayed, the evidence read from the replay buffer: graph_mode cuda_graph, replay-phase
+    events; ``provenance``: False, no draft input was matched (provenance off)."""
+    return Trace(run_id, (RankTrace(graph_mode="cuda_graph", received=AUX if provenance else None),))
 
 
 def partial_capture(run_id: str = "partial") -> Trace:

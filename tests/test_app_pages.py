@@ -266,9 +266,10 @@ def test_pages_show_the_doctors_findings(monkeypatch, doctor_store, name):
 
     run_id = getattr(T, name)().run_id
     with open_store(doctor_store, create=False, read_only=True) as store:
-        runtime = diagnose(store, run_id).findings
-        checkpoint = checkpoint_findings(store, run_id)
-    loud = [f for f in runtime + checkpoint if f.severity in ("error", "warning")]
+        found = diagnose(store, run_id).with_checkpoint(checkpoint_findings(store, run_id)).findings
+    runtime = [f for f in found if f.source != "inspect"]
+    checkpoint = [f for f in found if f.source == "inspect"]
+    loud = [f for f in found if f.severity in ("error", "warning")]
     errors = [f.code for f in loud if f.severity == "error"]
     warnings = [f.code for f in loud if f.severity == "warning"]
 
@@ -282,10 +283,10 @@ def test_pages_show_the_doctors_findings(monkeypatch, doctor_store, name):
     with open_store(doctor_store, create=False, read_only=True) as store:  # the other runs: stored counts
         for other in AGREEMENT_TRACES:
             other_id = getattr(T, other)().run_id
-            found = diagnose(store, other_id).findings + checkpoint_findings(store, other_id)
+            other_found = diagnose(store, other_id).with_checkpoint(checkpoint_findings(store, other_id)).findings
             counted = at.selectbox(key="run_picker").format_func(other_id)
             for severity in ("error", "warning"):
-                n = sum(f.severity == severity for f in found)
+                n = sum(f.severity == severity for f in other_found)
                 assert (f"{n} {severity}" in counted) == bool(n), (other, counted)
 
     visit(at, "tensors")

@@ -118,6 +118,33 @@ def test_observation_health(store, trace, code, expected):
     assert report.exit_code == 0
 
 
+def test_cuda_graph_replays_read_from_the_buffer_are_not_blind(store):
+    assert run(store, T.cuda_graph()).codes() == []
+
+
+def test_cuda_graph_replays_without_provenance_say_what_is_missing(store):
+    report = run(store, T.cuda_graph(provenance=False))
+    assert report.codes() == ["GRAPH_MODE_BLIND", "CHECKS_SKIPPED"] and report.exit_code == 0
+    blind = only(report, "GRAPH_MODE_BLIND")
+    assert (blind.evidence["graph_mode"], blind.evidence["not_observed"]) == ("cuda_graph", ["provenance"])
+    assert "replayed" in blind.message and "provenance_every" in blind.fix
+    reasons = [s["reason"] for s in only(report, "CHECKS_SKIPPED").evidence["not_checked"]]
+    assert reasons == ["CUDA graphs replayed and no draft input was matched from the replay buffer "
+                       "(provenance turned off)"]
+
+
+def test_model_runner_v2_says_what_is_missing_and_what_still_works(store):
+    report = run(store, T.runner_v2())
+    assert report.codes() == ["RUNNER_NOT_ATTACHED"] and report.exit_code == 0  # not NOT_OBSERVED, GRAPH_MODE_BLIND
+    runner = only(report, "RUNNER_NOT_ATTACHED")
+    assert runner.severity == "warning" and runner.evidence["model_runner"] == "v2"
+    missing = {code for item in runner.evidence["not_checked"] for code in item["codes"]}
+    assert {"AUX_NOT_FUSED", "AUX_LAYER_MISMATCH", "LOSSLESS_VIOLATION"} <= missing
+    assert "4 request(s) and 32 verify step(s)" in runner.message and "VLLM_USE_V2_MODEL_RUNNER=0" in runner.fix
+    (summary,) = report.runs
+    assert summary.verify_steps == 32 and summary.mean_acceptance_length == pytest.approx(2.0)
+
+
 def test_two_ranks_diverging(store):
     report = run(store, T.two_ranks_diverging())
     divergence = [f.evidence for f in report.findings if f.code == "RANK_DIVERGENCE"]

@@ -42,3 +42,16 @@ def test_tensors_page_shows_mode_per_rank(monkeypatch, split_modes: str) -> None
     assert not at.exception
     (mode,) = [i.value for i in at.info if i.value.startswith("Observed mode")]
     assert "**Mixed**" in mode and "Per rank: rank 0 eager, rank 1 capture_only." in mode
+
+
+def test_tensors_page_says_what_a_cuda_graph_replay_run_observed(monkeypatch, tmp_path) -> None:
+    path = write_store(tmp_path / "store.db", [trace("replayed")])
+    with open_store(path) as store:
+        store.write([ev.RankStatus(run_id="replayed", rank=0, hook_calls=10, hook_errors=0,
+                                   graph_mode="cuda_graph", finished=True)])
+    monkeypatch.setenv(DB_ENV, path)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    at.switch_page("screens/tensors.py").run()
+    assert not at.exception
+    (mode,) = [i.value for i in at.info if i.value.startswith("Observed mode")]
+    assert "**CUDA-graph replay**" in mode and "static device buffer" in mode

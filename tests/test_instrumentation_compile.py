@@ -88,3 +88,29 @@ def test_a_compiled_target_still_reports_its_capture_layers_and_provenance():
     assert layers == {"target.layers.0:input", "target.layers.1:input", "target.layers.2:input"}
     received = [e.received for e in sink.of(ProvenanceEvent)]
     assert received and all(r == (0, 1, 2) for r in received), received
+
+
+def test_a_compiled_target_captured_into_a_cuda_graph_writes_the_replay_buffer():
+    """vLLM captures its compiled graphs into CUDA graphs: the op's body, run at capture, must issue
+    the static-buffer writes the replays repeat (forced capture on a CPU: they run at once)."""
+    from _hooked_pair import AUX, CONFIG, HIDDEN
+    from _hooked_pair import Draft as PairDraft
+    from _hooked_pair import Target as PairTarget
+
+    sink = ListSink()
+    tracer = Tracer(sink, engine="compiled", engine_version="0", target_model="t", draft_model="d",
+                    config=CONFIG, provenance_every=1, compiled=True)
+    tracer.hook_state.capturing = lambda: True
+    target, draft = PairTarget(), PairDraft()
+    instrument(tracer, draft=draft, target=target, draft_hidden_size=HIDDEN)
+    compiled = torch.compile(target, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        for _ in range(2):
+            _, aux = compiled(torch.randn(4, HIDDEN))
+            draft(torch.zeros(2, dtype=torch.long), aux[1:3])
+    assert sink.of(ProvenanceEvent) == []  # under capture nothing is matched on the engine thread
+    tracer.close()
+    assert tracer.hook_errors == 0 and tracer.graph_mode == "cuda_graph"
+    replayed = {e.hook_point for e in sink.of(TensorEvent) if e.graph_phase == "replay"}
+    assert replayed == {f"target.layers.{i}:input" for i in AUX}
+    assert [e.received for e in sink.of(ProvenanceEvent)] == [AUX]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from specscope.doctor._context import RunContext
+from specscope.doctor._rules_observed import runner_not_attached
 from specscope.events import Finding
 from specscope.findings import runtime_finding
 
@@ -114,32 +115,56 @@ def _counter_finding(ctx: RunContext, code: str, bad: str, total: str, expected_
 
 
 def check_graph_mode(ctx: RunContext) -> list[Finding]:
-    """GRAPH_MODE_BLIND [info]: the models ran compiled and the capture layers were not observed
-    through the compiled graph, or hooks saw CUDA-graph capture, not (all of) its replays."""
+    """GRAPH_MODE_BLIND [info]: the models ran compiled, or CUDA graphs were replayed, and the
+    capture-layer evidence (firing, provenance) is missing; or hooks saw CUDA-graph capture, not
+    (all of) its replays."""
     ranks = [r for r in ctx.rank_status if r.graph_mode != "eager"]
-    if not ranks:
+    if not ranks or runner_not_attached(ctx):  # nothing was hooked: RUNNER_NOT_ATTACHED says why
         return []
     modes = [r.graph_mode for r in ranks]
-    if set(modes) == {"compiled"}:
+    ids = [r.rank for r in ranks]
+    if set(modes) <= {"compiled", "cuda_graph"}:
         if ctx.target_observed and ctx.provenance:
-            return []  # observed through the compiled graph (specscope::observe): nothing is blind
+            return []  # observed through the compiled graph or the replay buffer: nothing is blind
+        if "cuda_graph" in modes:
+            missing = [what for what, seen in (("capture layers firing", ctx.target_observed),
+                                               ("provenance", bool(ctx.provenance))) if not seen]
+            return [runtime_finding(
+                "GRAPH_MODE_BLIND", ctx.run_id,
+                f"CUDA graphs were replayed on rank(s) {ids}: specscope read the replayed calls from the "
+                f"static buffer the captured graphs write, but {' and '.join(missing)} was not recorded; "
+                "acceptance, the losslessness audit and the draft's input widths were (per-call value "
+                "statistics are never read on replay)",
+                {"graph_mode": "cuda_graph", "expected_graph_mode": "eager", "ranks": ids, "modes": modes,
+                 "not_observed": missing},
+                _replay_fix(ctx.engine))]
         return [runtime_finding(
             "GRAPH_MODE_BLIND", ctx.run_id,
-            f"the models ran compiled (torch.compile) on rank(s) {[r.rank for r in ranks]}: the target's "
+            f"the models ran compiled (torch.compile) on rank(s) {ids}: the target's "
             "capture layers run inside the compiled graph, so whether they fire and which layers reach the "
             "draft (provenance) are not observed; acceptance, the losslessness audit and the draft's "
             "input widths (its fc input) are",
-            {"graph_mode": "compiled", "expected_graph_mode": "eager", "ranks": [r.rank for r in ranks],
+            {"graph_mode": "compiled", "expected_graph_mode": "eager", "ranks": ids,
              "modes": modes, "not_observed": ["capture layers firing", "provenance"]},
             _compiled_fix(ctx.engine))]
     return [runtime_finding(
         "GRAPH_MODE_BLIND", ctx.run_id,
-        f"hooks ran under CUDA-graph capture on rank(s) {[r.rank for r in ranks]} ({', '.join(sorted(set(modes)))}): "
+        f"hooks ran under CUDA-graph capture on rank(s) {ids} ({', '.join(sorted(set(modes)))}): "
         "per-step values of replayed steps are invisible; recorded shapes still hold",
-        {"graph_mode": modes[0], "expected_graph_mode": "eager", "ranks": [r.rank for r in ranks],
+        {"graph_mode": modes[0], "expected_graph_mode": "eager", "ranks": ids,
          "modes": modes},
         "For per-step values run a canary with eager decode (SGLang `--disable-cuda-graph`, vLLM "
         "`enforce_eager=True`); acceptance figures and shapes stay valid either way.")]
+
+
+def _replay_fix(engine: str) -> str:
+    """How to get the capture-layer evidence of a run that replayed CUDA graphs."""
+    if engine == "vllm":
+        return ("With the vLLM plugin: keep `SPECSCOPE_PROVENANCE_EVERY` above 0 (default 16); the replay "
+                "buffer then carries the capture layers' fingerprints, read at every status (5 s).")
+    return ("Embedded API: `instrument(..., target=target_model)` before the graphs are captured, with "
+            "`Tracer(provenance_every=16)`: the captured graphs then write the capture layers' calls and "
+            "fingerprints into specscope's replay buffer.")
 
 
 def _compiled_fix(engine: str) -> str:

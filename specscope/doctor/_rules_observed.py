@@ -39,10 +39,49 @@ def _no_contract(ctx: RunContext) -> str | None:
     return None
 
 
+RUNNER_NOT_RECORDED = (
+    ("draft input width", ["AUX_NOT_FUSED"]),
+    ("capture layers firing", ["AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL"]),
+    ("layers received by the draft (fingerprints)", ["AUX_LAYER_MISMATCH"]),
+    ("losslessness audit", ["LOSSLESS_VIOLATION", "LOSSLESS_AUDITED"]),
+    ("draft checkpoint inspection at load", ["KEYS_DROPPED", "LM_HEAD_MISSING", "FC_SHAPE_MISMATCH"]),
+)
+"""What the vLLM plugin records in the model runner (worker) and so not under runner v2, with the codes
+that then cannot fire (the inspection's codes abridged)."""
+
+
+def runner_not_attached(ctx: RunContext) -> bool:
+    """The engine served with a model runner specscope does not attach to (the run's config says
+    ``model_runner: "v2"``, vLLM 0.32's second runner): the worker-side evidence is missing by
+    construction, which :func:`check_runner` names, instead of the rules that read it."""
+    return ctx.config.get("model_runner") == "v2"
+
+
+def check_runner(ctx: RunContext) -> list[Finding]:
+    """RUNNER_NOT_ATTACHED [warning]: vLLM served with its model runner v2, which has none of the
+    plugin's worker attach points: what is then not recorded, and what still is."""
+    if not runner_not_attached(ctx):
+        return []
+    missing = [_skipped(check, codes, "vLLM model runner v2: specscope does not attach to it")
+               for check, codes in RUNNER_NOT_RECORDED]
+    return [runtime_finding(
+        "RUNNER_NOT_ATTACHED", ctx.run_id,
+        "vLLM served with its model runner v2 (`vllm/v1/worker/gpu/model_runner.py`), which specscope "
+        "does not attach to: not recorded: " + ", ".join(m["check"] for m in missing) + "; recorded: "
+        f"{ctx.acceptance.requests} request(s) and {ctx.acceptance.verify_steps} verify step(s) from the "
+        "scheduler, so acceptance (mean acceptance length, per position, ACCEPT_*) is exact",
+        {"model_runner": "v2", "expected_model_runner": "v1", "not_checked": missing,
+         "recorded": ["requests", "verify steps", "acceptance"]},
+        "For the draft-input contract and the losslessness audit, serve a diagnostic replica on model "
+        "runner v1: `VLLM_USE_V2_MODEL_RUNNER=0` (vLLM 0.32 picks v2 by default where Triton is present "
+        "and the run's features allow it); this run's acceptance figures stay valid.")]
+
+
 def check_not_observed(ctx: RunContext) -> list[Finding]:
-    """NOT_OBSERVED [warning]: verify steps recorded but the draft's input contract was not observed."""
+    """NOT_OBSERVED [warning]: verify steps recorded but the draft's input contract was not observed
+    (not on a runner specscope does not attach to: RUNNER_NOT_ATTACHED names that cause)."""
     steps = ctx.acceptance.verify_steps
-    if steps == 0 or _no_contract(ctx) is not None:
+    if steps == 0 or _no_contract(ctx) is not None or runner_not_attached(ctx):
         return []
     if not ctx.draft_ran:
         blind = _skipped("draft input width", list(CONTRACT_CODES),
@@ -90,14 +129,19 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
     skipped = []
     if reason is not None:
         skipped.append(_skipped("draft input contract", list(CONTRACT_CODES), reason))
-    compiled = any(r.graph_mode == "compiled" for r in ctx.rank_status)
+    modes = {r.graph_mode for r in ctx.rank_status}
+    compiled, replayed = "compiled" in modes, "cuda_graph" in modes
     if reason is None and not ctx.provenance:
         skipped.append(_skipped("layers received by the draft (fingerprints)", ["AUX_LAYER_MISMATCH"],
-                                "the target ran compiled: its layers are not fingerprinted" if compiled
+                                "CUDA graphs replayed and no draft input was matched from the replay buffer "
+                                "(provenance turned off)" if replayed
+                                else "the target ran compiled: its layers are not fingerprinted" if compiled
                                 else "no provenance sample (provenance turned off)"))
     if reason is None and not ctx.target_observed:
         skipped.append(_skipped("capture layers firing", ["AUX_CAPTURE_PARTIAL"],
-                                "the target ran compiled: its capture layers' hooks do not fire" if compiled
+                                "CUDA graphs replayed and no capture-layer call reached the replay buffer "
+                                "(target not hooked before capture)" if replayed
+                                else "the target ran compiled: its capture layers' hooks do not fire" if compiled
                                 else "no target capture layer hooked"))
     if steps < MIN_VERIFY_STEPS:
         skipped.append(_skipped("acceptance", ["ACCEPT_COLLAPSE", "ACCEPT_SATURATED", "POSITION0_LOW"],
@@ -108,11 +152,12 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
         "CHECKS_SKIPPED", ctx.run_id,
         "not checked: " + "; ".join(f"{s['check']} ({s['reason']})" for s in skipped),
         {"verify_steps": steps, "not_checked": skipped},
-        _evidence_fix(ctx.engine, compiled))]
+        _evidence_fix(ctx.engine, compiled and not replayed))]
 
 
 def _evidence_fix(engine: str, compiled: bool) -> str:
-    """How to record the missing evidence, for the way the run was recorded."""
+    """How to record the missing evidence, for the way the run was recorded (``compiled``: compiled
+    without CUDA-graph replays read from the buffer)."""
     judged = f"acceptance is judged from {MIN_VERIFY_STEPS} verify steps on."
     if engine == "vllm":
         eager = ("serve a diagnostic replica with `--enforce-eager` (the plugin then hooks the capture "

@@ -24,7 +24,9 @@ call of the custom op ``specscope::observe`` into the graph with the tensor that
 the compiled graph then calls back into specscope with that tensor on every run (a
 ``torch.library`` op is opaque to the compiler and runs its Python implementation), so a compiled
 target's capture layers are still seen (docs/design.md, "Where the engines let us in"). CUDA-graph
-replay runs no Python: there, as for eager hooks, only the capture is seen.
+replay runs no Python: while a graph is captured, eager and compiled bodies alike hand their value
+to the static buffer of :mod:`specscope.instrumentation._replay`, whose device writes the graph
+replays.
 :meth:`ForwardTap.remove` restores the module; when something wrapped ``forward`` after us, that
 wrapper stays in place and ours becomes a pass-through (a compiled graph that still calls the op
 finds no observer and does nothing).
@@ -51,9 +53,10 @@ by count (:class:`~specscope.instrumentation._sampling.CallCount`)."""
 PostBody = Callable[[bool, bool, int, Any], None]
 """``post(capturing, due, index, output)``: runs after the forward with what it returned."""
 
-TracedBody = Callable[[bool, int, torch.Tensor], None]
-"""``traced(due, index, tensor)``: a pre body for compiled calls, given the one tensor the hook's
-``pick(args, kwargs)`` took from the call while TorchDynamo traced it."""
+TracedBody = Callable[[bool, bool, int, torch.Tensor], None]
+"""``traced(capturing, due, index, tensor)``: a pre body for compiled calls, given the one tensor the
+hook's ``pick(args, kwargs)`` took from the call while TorchDynamo traced it; ``capturing``: the
+compiled graph is being captured into a CUDA graph (the body's device ops are then replayed)."""
 Pick = Callable[[tuple, dict], "torch.Tensor | None"]
 
 _PREVIOUS = "_specscope_previous_forward_"
@@ -121,8 +124,8 @@ def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
     and passes all three to the bodies. An exception in a body or in the probe is counted at
     ``pre_point`` / ``post_point`` (:meth:`HookState.failed`) and the call goes on. ``traced``:
     ``(pick, body)`` observes compiled calls too: while Dynamo traces, ``pick(args, kwargs)`` chooses
-    a tensor (it may compute, in the graph) and each run of the compiled graph calls ``body(due, index,
-    tensor)``, counted with the eager calls.
+    a tensor (it may compute, in the graph) and each run of the compiled graph calls ``body(capturing,
+    due, index, tensor)``, counted with the eager calls.
     """
     compiling, probe, failed = torch.compiler.is_compiling, state.capturing, state.failed
     inner, previous_key, original = _inner_forward(module)
@@ -141,7 +144,10 @@ def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
             if due:
                 count.schedule()
             try:
-                body(due, index, value)
+                capturing = probe is not None and probe()
+                if capturing:
+                    state.capture_calls += count.bodies
+                body(capturing, due, index, value)
             except Exception as exc:  # noqa: BLE001 - a hook must never raise into the engine
                 failed(pre_point, exc)
 

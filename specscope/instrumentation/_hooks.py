@@ -33,6 +33,10 @@ from specscope.instrumentation._state import HookState
 
 if TYPE_CHECKING:
     from specscope.instrumentation._provenance import Provenance
+    from specscope.instrumentation._replay import ReplayRecorder
+
+    Replay = tuple[ReplayRecorder, int]
+    """A static-buffer site (:mod:`specscope.instrumentation._replay`): the recorder and the site index."""
 
 MAX_ITEMS = 16
 """Tensors looked at inside one tuple/list/dict argument (bounds the per-call cost)."""
@@ -134,7 +138,7 @@ def positional_names(forward: Callable[..., Any]) -> tuple[str, ...]:
 
 def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Module, hidden_arg: str,
                         fused_width: int, draft_width: int, provenance: Provenance | None,
-                        fused_here: bool = True) -> tuple[PreBody, PostBody]:
+                        fused_here: bool = True, replay: Replay | None = None) -> tuple[PreBody, PostBody]:
     """``(pre, post)`` bodies for the draft's forward.
 
     The pre body records every tensor argument (positional or keyword) as ``draft.forward:<argname>``;
@@ -145,10 +149,12 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
     tensors) reads them into the call key without looking at names. With ``fused_here=False`` (the
     engine fuses the aux states before the draft forward, as vLLM's ``combine_hidden_states`` does)
     ``hidden_arg`` is expected ``draft_width`` wide on every call and provenance is checked at the
-    fused input instead (:func:`fused_input_hook`).
+    fused input instead (:func:`fused_input_hook`). ``replay``: the static-buffer site of the
+    target-fed input (:func:`provenance_check`).
     """
     if not fused_here:
         fused_width, provenance = draft_width, None
+    check = provenance_check(state, replay) if provenance is not None else None
     names = positional_names(draft.forward)
     inputs = PointTable(points.DRAFT_FORWARD)
     positional = tuple(inputs.get(name) for name in names)
@@ -174,8 +180,8 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
         if (due or key != site.last) and site.sampled(key, due):
             for point, value in zip(positional, args):
                 state.record(point, index, value, width if point is hidden_point else None, capturing)
-        if fed and provenance is not None and not capturing and hidden_at is not None:
-            state.check_provenance(args[hidden_at], index)
+        if fed and check is not None and hidden_at is not None:
+            check(capturing, args[hidden_at], index)
 
     def _draft_call(capturing: bool, due: bool, index: int, args: tuple, kwargs: dict, fed: bool,
                     width: int) -> None:
@@ -189,25 +195,40 @@ def draft_forward_hooks(state: HookState, sampling: SamplingConfig, draft: nn.Mo
         if (due or key != site.last) and site.sampled(key, due):
             for point, tensor, expected in items:
                 state.record(point, index, tensor, expected, capturing)
-        if fed and provenance is not None and not capturing:
+        if fed and check is not None:
             for point, tensor, _ in items:
                 if point == hidden_point:
-                    state.check_provenance(tensor, index)
+                    check(capturing, tensor, index)
 
     return pre, value_hook(state, sampling, PointTable(points.DRAFT_FORWARD), points.OUTPUT)
 
 
+def provenance_check(state: HookState, replay: Replay | None) -> Callable[[bool, Tensor, int], None]:
+    """``check(capturing, hidden, index)`` for a target-fed draft input: into the static buffer
+    when it is being captured or the buffer is armed (matched later by the host, no sync), else
+    the eager match (:meth:`HookState.check_provenance`, a sync on sampled calls)."""
+
+    def check(capturing: bool, hidden: Tensor, index: int) -> None:
+        if replay is not None and (capturing or replay[0].armed):
+            replay[0].write(replay[1], hidden, capturing)
+        elif not capturing:
+            state.check_provenance(hidden, index)
+
+    return check
+
+
 def fused_input_hook(state: HookState, sampling: SamplingConfig, name: str, fused_width: int,
-                     provenance: Provenance | None) -> PreBody:
+                     provenance: Provenance | None, replay: Replay | None = None) -> PreBody:
     """Pre body on the draft submodule that receives the fused aux hidden states (vLLM: ``fc``, called
     by ``Eagle3LlamaForCausalLM.combine_hidden_states``, ``vllm/model_executor/models/llama_eagle3.py``).
 
     Records ``<name>:input`` ``(T, W)`` with the expected width ``fused_width`` (n_aux x target hidden)
     on every call, since the engine calls it on the target's aux hidden states only, and checks
-    provenance on sampled calls.
+    provenance on sampled calls (``replay``: :func:`provenance_check`).
     """
     point = points.point(name, points.INPUT)
     site = CallSite(sampling)
+    check = provenance_check(state, replay) if provenance is not None else None
 
     def pre(capturing: bool, due: bool, index: int, args: tuple, kwargs: dict) -> None:
         if not args or not isinstance(args[0], Tensor):
@@ -215,8 +236,8 @@ def fused_input_hook(state: HookState, sampling: SamplingConfig, name: str, fuse
         key = SIGNATURE(args[0])
         if (due or key != site.last) and site.sampled(key, due):
             state.record(point, index, args[0], fused_width, capturing)
-        if provenance is not None and not capturing:
-            state.check_provenance(args[0], index)
+        if check is not None:
+            check(capturing, args[0], index)
 
     return pre
 
@@ -230,7 +251,8 @@ def default_layer_input(args: tuple, kwargs: dict) -> Tensor | None:
 
 def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, width: int, record: bool,
                       first: bool, provenance: Provenance | None, layer_input: LayerInput,
-                      layer_value: LayerInput | None = None) -> tuple[PreBody, tuple[LayerInput, TracedBody]]:
+                      layer_value: LayerInput | None = None,
+                      replay: Replay | None = None) -> tuple[PreBody, tuple[LayerInput, TracedBody]]:
     """Pre body on target decoder layer ``index``: ``target.layers.{i}:input``, and its ``traced``
     observation for compiled calls (:func:`~specscope.instrumentation._forward.tap_forward`).
 
@@ -238,7 +260,9 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
     events (configured capture layers); ``first``: the lowest hooked layer, whose call marks a new
     target forward; ``provenance``: fingerprint the input on sampled steps. ``layer_input`` picks the
     tensor whose metadata is recorded (every call: it must not compute); ``layer_value`` the
-    residual-stream value fingerprinted on sampled steps (default: the same tensor).
+    residual-stream value fingerprinted on sampled steps (default: the same tensor); ``replay``: the
+    layer's static-buffer site, written with that value under CUDA-graph capture (and, once armed,
+    on eager calls), so replays count the layer's calls and refresh its fingerprints.
     """
     name = points.target_layer_input(index)
     site = CallSite(sampling)
@@ -251,30 +275,43 @@ def target_layer_hook(state: HookState, sampling: SamplingConfig, index: int, wi
             key = SIGNATURE(hidden)
             if (due or key != site.last) and site.sampled(key, due):
                 state.record(name, call, hidden, width, capturing)
-        if provenance is not None and not capturing and provenance.due:
-            provenance.record(index, hidden if layer_value is None or args is None else layer_value(args, kwargs))
+        # Once the buffer is written (capture, or armed by one) it is the provenance path: the draft
+        # input is matched there too, so the eager fingerprints would never be read.
+        buffered = replay is not None and (capturing or replay[0].armed)
+        if buffered or (provenance is not None and not capturing and provenance.due):
+            value = hidden if layer_value is None or args is None else layer_value(args, kwargs)
+            if buffered:
+                replay[0].write(replay[1], value, capturing)
+            else:
+                provenance.record(index, value)
 
     def pre(capturing: bool, due: bool, call: int, args: tuple, kwargs: dict) -> None:
         hidden = layer_input(args, kwargs)
         if hidden is not None:
             observe(capturing, due, call, hidden, args, kwargs)
 
-    def traced(due: bool, call: int, value: Tensor) -> None:
+    def traced(capturing: bool, due: bool, call: int, value: Tensor) -> None:
         # a compiled call: the graph handed over the residual-stream value itself (same shape as
         # the layer's input), recorded and fingerprinted as the eager pre records the input
-        observe(False, due, call, value, None, None)
+        observe(capturing, due, call, value, None, None)
 
     pick = layer_value or layer_input
     return pre, (pick, traced)
 
 
-def final_norm_hook(state: HookState, provenance: Provenance, index: int) -> PostBody:
-    """Post body on the target's final norm: fingerprint its output as layer ``index`` (= n)."""
+def final_norm_hook(state: HookState, provenance: Provenance, index: int,
+                    replay: Replay | None = None) -> PostBody:
+    """Post body on the target's final norm: fingerprint its output as layer ``index`` (= n)
+    (``replay``: its static-buffer site, as for a layer)."""
 
     def post(capturing: bool, due: bool, call: int, output: Any) -> None:
         if isinstance(output, tuple) and output:  # fused add-norm (vLLM, SGLang): (normed, residual)
             output = output[0]
-        if not capturing and provenance.due and isinstance(output, Tensor):
+        if not isinstance(output, Tensor):
+            return
+        if replay is not None and (capturing or replay[0].armed):
+            replay[0].write(replay[1], output, capturing)
+        elif not capturing and provenance.due:
             provenance.record(index, output)
 
     return post

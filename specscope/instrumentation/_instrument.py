@@ -20,8 +20,12 @@ from specscope.instrumentation._hooks import (
     target_layer_hook,
 )
 from specscope.instrumentation._provenance import Provenance
+from specscope.instrumentation._replay import ReplayRecorder, ReplaySite
 from specscope.instrumentation._resolve import decoder_layers, final_norm, resolve_modules
 from specscope.instrumentation.tracer import Tracer
+
+DRAFT_SITE = "draft"
+"""Key of the draft's target-fed input among the static-buffer sites."""
 
 
 def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = None,
@@ -80,24 +84,30 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
     state, sampling = tracer.hook_state, tracer.sampling
     handles = []
     provenance = None
+    replay = {}
     if target is not None:
         layer_hooks, provenance, norm = _target_plan(tracer, target, aux, layers, final_norm_module)
+        replay = _replay_sites(tracer, target, aux, [index for index, _ in layer_hooks], norm, provenance)
         if norm is not None:
-            handles.append(tap_forward(norm, state, post=final_norm_hook(state, provenance, config.num_target_layers),
+            handles.append(tap_forward(norm, state, post=final_norm_hook(state, provenance, config.num_target_layers,
+                                                                         replay.get(config.num_target_layers)),
                                        post_point=points.TARGET_NORM_OUTPUT))
         read_input = layer_input or default_layer_input
         first = min(index for index, _ in layer_hooks)
         for index, layer in layer_hooks:
             hook, traced = target_layer_hook(state, sampling, index, config.target_hidden_size, index in aux,
-                                             index == first, provenance, read_input, layer_value)
+                                             index == first, provenance, read_input, layer_value,
+                                             replay.get(index))
             handles.append(tap_forward(layer, state, pre=hook, pre_point=points.target_layer_input(index),
                                        traced=traced))
     pre, post = draft_forward_hooks(state, sampling, draft, draft_hidden_arg, config.expected_fused_width,
-                                    draft_width, provenance, fused_here=fused is None)
+                                    draft_width, provenance, fused_here=fused is None,
+                                    replay=replay.get(DRAFT_SITE))
     handles.append(tap_forward(draft, state, pre, post, points.point(points.DRAFT_FORWARD, points.INPUT),
                                points.DRAFT_OUTPUT))
     if fused is not None:
-        hook = fused_input_hook(state, sampling, fused[0], config.expected_fused_width, provenance)
+        hook = fused_input_hook(state, sampling, fused[0], config.expected_fused_width, provenance,
+                                replay.get(DRAFT_SITE))
         handles.append(tap_forward(fused[1], state, pre=hook, pre_point=points.point(fused[0], points.INPUT)))
     for name, module in extra:
         pre, post = module_hooks(state, sampling, name)
@@ -107,6 +117,31 @@ def instrument(tracer: Tracer, *, draft: nn.Module, target: nn.Module | None = N
     tracer.device = tracer.device or module_device(draft)
     tracer.start()
     return tracer
+
+
+def _replay_sites(tracer: Tracer, target: nn.Module, aux: tuple[int, ...], hooked: list[int],
+                  norm: nn.Module | None, provenance: Provenance | None) -> dict[int | str, tuple[ReplayRecorder, int]]:
+    """The static buffer for CUDA-graph replay (:mod:`specscope.instrumentation._replay`), where a
+    graph can be captured (CUDA; ``hook_state.capturing`` set): a site per hooked layer (keyed by its
+    index), the final norm (``num_target_layers``) and, with provenance, the draft's target-fed
+    input (:data:`DRAFT_SITE`). Empty where nothing can be captured: eager runs are unchanged."""
+    state, config = tracer.hook_state, tracer.config
+    if state.capturing is None:
+        return {}
+    width = config.target_hidden_size
+    keys: list[int | str] = list(hooked)
+    sites = [ReplaySite(points.target_layer_input(i) if i in aux else None, width if i in aux else None, i)
+             for i in hooked]
+    if norm is not None:
+        keys.append(config.num_target_layers)
+        sites.append(ReplaySite(None, None, config.num_target_layers))
+    if provenance is not None:
+        keys.append(DRAFT_SITE)
+        sites.append(ReplaySite(None, None, None))
+    recorder = ReplayRecorder(state, sites, module_device(target) or "cpu", width,
+                              config.expected_fused_width // width, provenance)
+    state.replay = recorder
+    return {key: (recorder, site) for site, key in enumerate(keys)}
 
 
 def _draft_hidden_size(draft: nn.Module) -> int:

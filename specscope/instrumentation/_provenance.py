@@ -53,7 +53,7 @@ class Provenance:
 
     def record(self, layer: int, hidden: torch.Tensor) -> None:
         """Fingerprint the rows of one target hidden state ``(..., H)``; no sync (device matmul)."""
-        self._prints[layer] = self._fingerprint(hidden)
+        self._prints[layer] = self.fingerprint(hidden)
 
     def check(self, hidden: torch.Tensor) -> tuple[int | None, ...] | None:
         """Count one target-fed draft call; on sampled calls match its ``(..., W)`` input.
@@ -72,25 +72,33 @@ class Provenance:
         if width % self.hidden_size:
             return (None,) * max(1, width // self.hidden_size)
         chunks = hidden.detach().split(self.hidden_size, dim=-1)
-        return tuple(self._match(self._fingerprint(chunk)) for chunk in chunks)
+        return tuple(self.match(self.fingerprint(chunk), self._prints) for chunk in chunks)
 
-    def _fingerprint(self, hidden: torch.Tensor) -> torch.Tensor:
-        projection = self._on_device.get(hidden.device)
+    def projection(self, device: torch.device) -> torch.Tensor:
+        """The ``(H, 8)`` fingerprint projection on ``device`` (copied there once; call it outside a
+        CUDA-graph capture first, where a host-to-device copy is not allowed)."""
+        projection = self._on_device.get(device)
         if projection is None:
-            projection = self._on_device[hidden.device] = self._projection.to(hidden.device)
-        return hidden.detach().reshape(-1, self.hidden_size).float() @ projection  # (rows, 8)
+            projection = self._on_device[device] = self._projection.to(device)
+        return projection
 
-    def _match(self, rows: torch.Tensor) -> int | None:
+    def fingerprint(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(rows, 8)`` fingerprints of the rows of ``hidden`` ``(..., H)``; device ops, no sync."""
+        return hidden.detach().reshape(-1, self.hidden_size).float() @ self.projection(hidden.device)
+
+    def match(self, rows: torch.Tensor, prints: dict[int, torch.Tensor]) -> int | None:
+        """The candidate layer whose fingerprints ``prints[layer]`` ``(target rows, 8)`` hold a near
+        row for every one of ``rows`` ``(draft rows, 8)``, or None. Synchronises the device."""
         # Candidates in configured-first order, strict improvement: a tie keeps the configured layer.
         best, best_score = None, float("inf")
         for layer in self.candidates:
-            prints = self._prints.get(layer)
-            if prints is None or rows.shape[0] == 0 or prints.shape[0] == 0:
+            layer_prints = prints.get(layer)
+            if layer_prints is None or rows.shape[0] == 0 or layer_prints.shape[0] == 0:
                 continue
-            prints = prints.to(rows.device)
-            distance = torch.cdist(rows, prints)  # (draft rows, target rows)
+            layer_prints = layer_prints.to(rows.device)
+            distance = torch.cdist(rows, layer_prints)  # (draft rows, target rows)
             nearest, index = distance.min(dim=1)
-            scale = prints.norm(dim=1)[index].clamp_min(1e-12)
+            scale = layer_prints.norm(dim=1)[index].clamp_min(1e-12)
             score = float((nearest / scale).max().item())
             if score < best_score:
                 best, best_score = layer, score

@@ -19,6 +19,7 @@ from specscope.instrumentation._sampling import CallCount, SamplingConfig, value
 
 if TYPE_CHECKING:
     from specscope.instrumentation._provenance import Provenance
+    from specscope.instrumentation._replay import ReplayRecorder
 
 logger = logging.getLogger("specscope")
 
@@ -35,16 +36,18 @@ class HookState:
     ``sink``: where events go (``emit(event)``, never blocking); ``run_id`` / ``rank``: stamped on
     every event; ``sampling``: which calls become events; ``capturing``: a cheap ``() -> bool``, is a
     CUDA graph being captured (``_context.capture_probe``; None where CUDA is unavailable).
-    Counters: :attr:`calls` (hook calls, summed from the wrappers' :class:`CallCount` when read),
-    ``errors`` (hook or sink failures) and ``capture_calls`` (hook calls under graph capture), plain
-    ints.
+    Counters: :attr:`calls` (hook calls, summed from the wrappers' :class:`CallCount` when read,
+    plus ``replay_calls``), ``errors`` (hook or sink failures), ``capture_calls`` (hook calls under
+    graph capture) and ``replay_calls`` (observed calls replayed from CUDA graphs, decoded from the
+    static buffer of ``replay``, a :class:`~specscope.instrumentation._replay.ReplayRecorder` or
+    None), plain ints.
     Request tags: ``request`` / ``step`` (the request the engine last reported; exact at batch size 1).
     ``target_fed``: set by a target forward (or, without target hooks, by a request / verify-step
     boundary), consumed by the next draft call.
     """
 
-    __slots__ = ("sink", "run_id", "rank", "capturing", "value_stats", "errors", "capture_calls", "request",
-                 "step", "target_fed", "sees_target", "provenance", "installed", "_sampling", "_counts",
+    __slots__ = ("sink", "run_id", "rank", "capturing", "value_stats", "errors", "capture_calls", "replay_calls",
+                 "replay", "request", "step", "target_fed", "sees_target", "provenance", "installed", "_sampling", "_counts",
                  "_handles", "_failed_points")
 
     def __init__(self, sink: object, run_id: str, rank: int, sampling: SamplingConfig,
@@ -53,7 +56,8 @@ class HookState:
         self.run_id, self.rank = run_id, rank
         self.capturing = capturing
         self.value_stats = sampling.value_stats
-        self.errors = self.capture_calls = 0
+        self.errors = self.capture_calls = self.replay_calls = 0
+        self.replay: ReplayRecorder | None = None
         self._sampling = sampling
         self._counts: list[CallCount] = []
         self.request: str | None = None
@@ -77,8 +81,8 @@ class HookState:
     @property
     def calls(self) -> int:
         """Hook calls so far: every body call, sampled or not (module calls x bodies, summed over
-        the wrappers, removed ones included)."""
-        return sum(count.calls * count.bodies for count in self._counts)
+        the wrappers, removed ones included), and the replayed calls read from the static buffer."""
+        return sum(count.calls * count.bodies for count in self._counts) + self.replay_calls
 
     def install(self, handles: Sequence[Removable], provenance: Provenance | None,
                 sees_target: bool) -> None:

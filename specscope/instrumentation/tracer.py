@@ -67,9 +67,10 @@ class Tracer:
     flushes it (waiting at most ``CLOSE_FLUSH_TIMEOUT_S``), its owner closes it; ``close`` also runs at
     interpreter exit. ``audit_every``: audit every n-th verify step's emitted tokens against the
     target (:meth:`record_audit`; 0 = off). ``compiled``: the engine runs the models compiled
-    (torch.compile), so hooks inside compiled regions never fire; the run says so (``graph_mode``
-    ``"compiled"``) instead of claiming every call was seen. Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together
-    with a sampling keyword, a ``step_sample`` outside 0..1, or a bad rank.
+    (torch.compile): the run says so (``graph_mode`` ``"compiled"``; ``"cuda_graph"`` once replayed
+    CUDA graphs were read from the static buffer, :mod:`specscope.instrumentation._replay`).
+    Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together with a sampling
+    keyword, a ``step_sample`` outside 0..1, or a bad rank.
 
     ``hook_state`` is what the hooks share on the hot path (counters, sampling, request tags);
     :func:`~specscope.instrumentation.instrument` installs hooks over it.
@@ -147,6 +148,7 @@ class Tracer:
         self.hook_state.remove()
         self._closed = True
         self._flush_groups()
+        self._read_replays(final=True)
         try:
             self.auditor.drain(wait=True)
         except Exception as exc:  # noqa: BLE001 - observing must not break the engine's shutdown
@@ -185,10 +187,15 @@ class Tracer:
 
     @property
     def graph_mode(self) -> str:
-        """``"eager"``, ``"compiled"`` (the engine runs its models through torch.compile: hooks inside
-        the compiled regions never fire), ``"capture_only"`` (hooks only fired under CUDA-graph
-        capture) or ``"mixed"``."""
-        captured = self.hook_state.capture_calls
+        """``"eager"``, ``"compiled"`` (the engine runs its models through torch.compile: the
+        capture layers are observed through specscope's op in the graph), ``"cuda_graph"`` (CUDA
+        graphs were replayed and their calls read from the static buffer the captured graph
+        writes), ``"capture_only"`` (hooks only fired under CUDA-graph capture, replays unseen) or
+        ``"mixed"`` (some calls seen eagerly, others only under capture)."""
+        state = self.hook_state
+        if state.replay_calls:
+            return "cuda_graph"
+        captured = state.capture_calls
         if captured == 0:
             return "compiled" if self.compiled else "eager"
         return "capture_only" if captured == self.hook_calls else "mixed"
@@ -201,6 +208,8 @@ class Tracer:
             self._resolve_context()
             if (self.rank, self.world_size) != before:
                 self._announce()
+        if not finished:
+            self._read_replays(final=False)
         event = RankStatus(self.run_id, self.rank, self.hook_calls, self.hook_errors,
                            self.graph_mode, finished, error if finished else None)
         self._emit(event)
@@ -337,6 +346,23 @@ class Tracer:
         for rid in ids:
             for mask, (steps, proposed, accepted) in self._groups.pop(rid, {}).items():
                 self._emit(VerifyGroup(self.run_id, rid, self.rank, mask, steps, proposed, accepted))
+
+    # -- CUDA-graph replays (docs/design.md, "Where the engines let us in") ---------------------
+
+    def _read_replays(self, final: bool) -> None:
+        """Decode what replayed CUDA graphs wrote into the static buffer since the last read: the
+        copy started by the previous status if it has landed (no sync), or, ``final``, a fresh copy
+        waited for (at close)."""
+        replay = self.hook_state.replay
+        if replay is None:
+            return
+        try:
+            if final:
+                replay.drain()
+            else:
+                replay.poll()
+        except Exception as exc:  # noqa: BLE001 - observing must not change what the engine does
+            self._hook_failed("replay buffer", exc)
 
     # -- events -------------------------------------------------------------------------------
 

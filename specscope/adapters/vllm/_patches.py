@@ -45,7 +45,6 @@ import functools
 import importlib
 import inspect
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -75,11 +74,8 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").lower() not in ("", "0", "false"):
-        # vllm/v1/worker/gpu/model_runner.py: none of the worker attach points below exist there
-        logger.warning("specscope: vLLM model runner v2 (VLLM_USE_V2_MODEL_RUNNER) is not supported: "
-                       "the draft-input widths, capture layers, provenance and the losslessness audit "
-                       "are not recorded; acceptance from the scheduler is")
+    if _session.runner_v2_requested():
+        _warn_runner_v2()
     for module, cls, name, after in (
             ("vllm.v1.core.sched.scheduler", "Scheduler", "__init__", _after_scheduler_init),
             ("vllm.v1.core.sched.scheduler", "Scheduler", "add_request", _after_add_request),
@@ -96,6 +92,17 @@ def install() -> None:
         except Exception as exc:  # noqa: BLE001 - an attach point vLLM moved: say which, go on
             logger.warning("specscope: cannot attach to vLLM %s.%s.%s (%s: %s); what it records is "
                            "missing from the run", module, cls, name, type(exc).__name__, exc)
+
+
+def _warn_runner_v2() -> None:
+    """One logged line per process: vLLM's model runner v2 (``vllm/v1/worker/gpu/model_runner.py``)
+    has none of the worker attach points below."""
+    if "runner v2" not in _failed:
+        _failed.add("runner v2")
+        logger.warning("specscope: vLLM model runner v2 (VLLM_USE_V2_MODEL_RUNNER) is not supported: "
+                       "the draft-input widths, capture layers, provenance and the losslessness audit "
+                       "are not recorded; acceptance from the scheduler is (the run's findings say so: "
+                       "RUNNER_NOT_ATTACHED)")
 
 
 def _once(what: str, exc: BaseException) -> None:
@@ -149,6 +156,8 @@ def _after_scheduler_init(call: dict[str, Any]) -> None:
     scheduler = call["self"]
     if scheduler.vllm_config.speculative_config is None or not _session.enabled():
         return  # nothing to observe, or specscope switched off for engines built from now on
+    if _session.model_runner(scheduler.vllm_config) == "v2":  # vLLM's default choice too, on GPUs
+        _warn_runner_v2()
     tracer = _session.session(scheduler.vllm_config, has_model=False).tracer
     setattr(scheduler, _TRACER, tracer)
 

@@ -25,6 +25,7 @@ from specscope.events import Event, RankStart, RankStatus, RunConfig, RunStart
 logger = logging.getLogger("specscope")
 
 ENGINE = "vllm"
+ENV_RUNNER_V2 = "VLLM_USE_V2_MODEL_RUNNER"
 DEFAULT_PROVENANCE_EVERY = 16
 STATUS_INTERVAL_S = 5.0
 ERROR_CHARS = 2000  # of a crash's text kept with the run
@@ -57,6 +58,25 @@ def compiled(vllm_config: Any) -> bool:
     return int(mode or 0) > 0
 
 
+def runner_v2_requested() -> bool:
+    """``VLLM_USE_V2_MODEL_RUNNER`` asks for vLLM's second model runner (read as vLLM reads it:
+    unset or 0 is no)."""
+    return os.environ.get(ENV_RUNNER_V2, "0").strip().lower() not in ("", "0", "false")
+
+
+def model_runner(vllm_config: Any) -> str:
+    """``"v2"`` when vLLM builds its second model runner (``vllm/v1/worker/gpu/model_runner.py``, its
+    CPU twin ``vllm/v1/worker/cpu/model_runner.py``), else ``"v1"``. vLLM 0.32 decides in
+    ``VllmConfig.use_v2_model_runner``: ``VLLM_USE_V2_MODEL_RUNNER`` when set, else v2 wherever
+    Triton is present and the run uses no feature v2 lacks (on GPUs, by default); a version without
+    that property reads the variable alone."""
+    try:
+        chosen = vllm_config.use_v2_model_runner
+    except AttributeError:
+        chosen = runner_v2_requested()
+    return "v2" if chosen else "v1"
+
+
 def aux_layer_ids(vllm_config: Any) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """``(resolved, configured)`` EAGLE-3 capture layers, as vLLM 0.32 resolves them.
 
@@ -78,7 +98,8 @@ def aux_layer_ids(vllm_config: Any) -> tuple[tuple[int, ...], tuple[int, ...] | 
 
 def run_config(vllm_config: Any, active: tuple[int, ...] | None = None) -> RunConfig:
     """The draft-target contract of a vLLM config (EAGLE-3: fused width = n_aux x target hidden);
-    ``active``: the capture layers the loaded target reports (None where no model is at hand)."""
+    ``active``: the capture layers the loaded target reports (None where no model is at hand); the
+    model runner vLLM builds (:func:`model_runner`)."""
     spec = vllm_config.speculative_config
     model = vllm_config.model_config
     hidden = model.get_hidden_size()
@@ -88,7 +109,8 @@ def run_config(vllm_config: Any, active: tuple[int, ...] | None = None) -> RunCo
                      expected_fused_width=len(resolved) * hidden, k=int(spec.num_speculative_tokens),
                      num_target_layers=model.get_total_num_hidden_layers(),
                      aux_layer_ids_configured=configured,
-                     dtype=str(model.dtype).removeprefix("torch."), aux_layer_ids_active=active)
+                     dtype=str(model.dtype).removeprefix("torch."), aux_layer_ids_active=active,
+                     model_runner=model_runner(vllm_config))
 
 
 def _rank(vllm_config: Any, has_model: bool) -> tuple[int, int]:
@@ -155,7 +177,12 @@ class LazyTokenizer:
 
 
 class Session:
-    """This process's collector and tracer for one run. ``has_model``: the tracer hooks models here."""
+    """This process's collector and tracer for one run. ``has_model``: the tracer hooks models here.
+
+    Under model runner v2 no worker attaches (none of its attach points exist there), so the
+    scheduler's session owns the run and rank rows: the run then exists, with its config naming the
+    runner (``model_runner: "v2"``), and the doctor says what is missing (``RUNNER_NOT_ATTACHED``).
+    """
 
     def __init__(self, vllm_config: Any, *, has_model: bool,
                  active: tuple[int, ...] | None = None) -> None:
@@ -170,7 +197,9 @@ class Session:
         # Requests carry token ids (from the scheduler, which may share this process's session);
         # the tokenizer loads only when the first ids reach the writer thread.
         self.collector = Collector(self.collector_target, tokenizer=LazyTokenizer.of(vllm_config.model_config))
-        sink = self.collector if has_model else _SchedulerOnlySink(self.collector)
+        config = run_config(vllm_config, active)
+        owns_run = has_model or config.model_runner == "v2"
+        sink = self.collector if owns_run else _SchedulerOnlySink(self.collector)
         spec = vllm_config.speculative_config
         every = int(os.environ.get(ENV_PROVENANCE_EVERY, DEFAULT_PROVENANCE_EVERY))
         audit = os.environ.get(ENV_AUDIT_EVERY)  # unset: the tracer's default
@@ -179,9 +208,9 @@ class Session:
         self.tracer = Tracer(sink, engine=ENGINE, engine_version=vllm.__version__, rank=rank,
                              world_size=world_size,
                              target_model=str(vllm_config.model_config.model),
-                             draft_model=str(spec.model), config=run_config(vllm_config, active),
+                             draft_model=str(spec.model), config=config,
                              run_id=self.run_id, provenance_every=every, **audit_every,
-                             compiled=has_model and compiled(vllm_config),
+                             compiled=owns_run and compiled(vllm_config),
                              fault=os.environ.get(ENV_LABEL) or None)
         # under vLLM's own logger tree, so the line appears in the server log at INFO like vLLM's
         logging.getLogger("vllm.specscope").info("specscope: recording this vLLM %s into %s as run %s",

@@ -23,7 +23,11 @@ MODES = {
     "eager": "**Eager**: hooks saw every call, so shapes and sampled values are per step.",
     "compiled": "**Compiled** (torch.compile): the capture layers reach specscope through its op inside "
                 "the compiled graph, so shapes, firing and provenance are per step as in eager mode "
-                "(CUDA-graph replays would not run it).",
+                "(where CUDA graphs are replayed, the mode reads CUDA-graph replay).",
+    "cuda_graph": "**CUDA-graph replay**: the captured graphs write each capture layer's calls and row "
+                  "fingerprints into a static device buffer that specscope reads between steps, so firing "
+                  "counts every replay and provenance is sampled at each read (every few seconds); shapes are "
+                  "those captured, and per-call value statistics of replayed steps are not read.",
     "capture_only": "**CUDA-graph capture only**: hooks fired only while graphs were captured; replays "
                     "are invisible. The shapes shown are those captured (and replayed); per-step values "
                     "and counts are not observed.",
