@@ -14,9 +14,9 @@ CONFIG = RunConfig(aux_layer_ids_resolved=AUX, target_hidden_size=HIDDEN, expect
 
 
 class Layer(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN) -> None:
         super().__init__()
-        self.proj = nn.Linear(HIDDEN, HIDDEN)
+        self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return hidden_states + torch.tanh(self.proj(hidden_states))
@@ -26,10 +26,10 @@ class Target(nn.Module):
     """Keeps the hidden state entering each layer, as an engine's aux capture does; ``capture``:
     which of them it hands the draft (a port bug hands the wrong ones)."""
 
-    def __init__(self, capture: tuple[int, ...] = AUX) -> None:
+    def __init__(self, capture: tuple[int, ...] = AUX, hidden: int = HIDDEN, layers: int = LAYERS) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(HIDDEN)
+        self.layers = nn.ModuleList(Layer(hidden) for _ in range(layers))
+        self.norm = nn.LayerNorm(hidden)
         self.capture = capture
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,9 +41,22 @@ class Target(nn.Module):
 
 
 class Draft(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN, aux: int = len(AUX)) -> None:
         super().__init__()
-        self.fc = nn.Linear(len(AUX) * HIDDEN, HIDDEN)
+        self.fc = nn.Linear(aux * hidden, hidden)
 
     def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.fc(hidden_states)
+
+
+def capture_graph(step) -> torch.cuda.CUDAGraph:
+    """Capture ``step()`` after an eager warm-up on a side stream, as ``torch.cuda.graph`` asks."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph

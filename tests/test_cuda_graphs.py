@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _hooked_pair import AUX, CONFIG, HIDDEN, Draft, Target
+from _hooked_pair import AUX, CONFIG, HIDDEN, Draft, Target, capture_graph
 from _list_sink import ListSink
 
 from specscope import Tracer, instrument
@@ -17,19 +17,6 @@ from specscope.instrumentation import AuditSlot
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 ROWS, REPLAYS = 4, 5
-
-
-def _graph(step) -> torch.cuda.CUDAGraph:
-    """Capture ``step()`` after an eager warm-up on a side stream, as ``torch.cuda.graph`` asks."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 def _replayed(capture: tuple[int, ...], compiled: bool = False) -> tuple[list, Tracer]:
@@ -49,7 +36,7 @@ def _replayed(capture: tuple[int, ...], compiled: bool = False) -> tuple[list, T
         return draft(ids, aux[1:3])  # the accepted rows only
 
     with torch.no_grad():
-        graph = _graph(step)
+        graph = capture_graph(step)
         torch.cuda.synchronize()
         mark = len(sink.events)
         torch.cuda.set_sync_debug_mode("error")  # the step path and the status polls never sync

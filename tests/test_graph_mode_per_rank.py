@@ -35,12 +35,18 @@ def test_run_is_mixed_and_ranks_keep_their_mode(split_modes: str) -> None:
         assert blind.evidence["ranks"] == [1]
 
 
-def test_tensors_page_shows_mode_per_rank(monkeypatch, split_modes: str) -> None:
-    monkeypatch.setenv(DB_ENV, split_modes)
+def _observed_mode(monkeypatch, db: str) -> str:
+    """The Tensors page's "Observed mode" line for the store's newest run."""
+    monkeypatch.setenv(DB_ENV, db)
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     at.switch_page("screens/tensors.py").run()
     assert not at.exception
     (mode,) = [i.value for i in at.info if i.value.startswith("Observed mode")]
+    return mode
+
+
+def test_tensors_page_shows_mode_per_rank(monkeypatch, split_modes: str) -> None:
+    mode = _observed_mode(monkeypatch, split_modes)
     assert "**Mixed**" in mode and "Per rank: rank 0 eager, rank 1 capture_only." in mode
 
 
@@ -49,9 +55,5 @@ def test_tensors_page_says_what_a_cuda_graph_replay_run_observed(monkeypatch, tm
     with open_store(path) as store:
         store.write([ev.RankStatus(run_id="replayed", rank=0, hook_calls=10, hook_errors=0,
                                    graph_mode="cuda_graph", finished=True)])
-    monkeypatch.setenv(DB_ENV, path)
-    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
-    at.switch_page("screens/tensors.py").run()
-    assert not at.exception
-    (mode,) = [i.value for i in at.info if i.value.startswith("Observed mode")]
+    mode = _observed_mode(monkeypatch, path)
     assert "**CUDA-graph replay**" in mode and "static device buffer" in mode

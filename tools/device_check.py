@@ -17,72 +17,21 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
-from torch import nn
 
 from specscope import RunConfig, Tracer, instrument
 from specscope.events import ProvenanceEvent, TensorEvent
 
-
-class Block(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.proj = nn.Linear(hidden, hidden, bias=False)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return hidden_states + torch.tanh(self.proj(hidden_states))
-
-
-class Target(nn.Module):
-    def __init__(self, hidden: int, layers: int, aux: tuple[int, ...]) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Block(hidden) for _ in range(layers))
-        self.norm = nn.LayerNorm(hidden)
-        self.aux = aux
-
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        entering = []
-        for layer in self.layers:
-            entering.append(hidden_states)
-            hidden_states = layer(hidden_states)
-        return self.norm(hidden_states), torch.cat([entering[i] for i in self.aux], dim=-1)
-
-
-class Draft(nn.Module):
-    def __init__(self, hidden: int, aux: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(aux * hidden, hidden, bias=False)
-
-    def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.fc(hidden_states)
-
-
-class Events:
-    """A sink that keeps events in a list."""
-
-    def __init__(self) -> None:
-        self.events: list = []
-
-    def emit(self, event: object) -> None:
-        self.events.append(event)
-
-    def flush(self, timeout_s: float | None = None) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
+# The suite's small hooked pair and list sink, at this script's sizes (the device image runs both).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _hooked_pair import Draft, Target, capture_graph  # noqa: E402
+from _list_sink import ListSink  # noqa: E402
 
 
 def _graph(step) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     torch.cuda.synchronize()
     return graph
 
@@ -127,7 +76,7 @@ def main() -> int:
     config = RunConfig(aux_layer_ids_resolved=aux, target_hidden_size=hidden, expected_fused_width=3 * hidden,
                        k=3, num_target_layers=layers, dtype="bfloat16")
     torch.manual_seed(0)
-    target = Target(hidden, layers, aux).cuda().to(torch.bfloat16).eval()
+    target = Target(aux, hidden, layers).cuda().to(torch.bfloat16).eval()
     draft = Draft(hidden, len(aux)).cuda().to(torch.bfloat16).eval()
     x = torch.randn(args.rows, hidden, device="cuda", dtype=torch.bfloat16)
     ids = torch.zeros(args.rows // 2, dtype=torch.long, device="cuda")
@@ -140,7 +89,7 @@ def main() -> int:
                      "layers": layers, "rows": args.rows, "replays": args.replays}
     with torch.no_grad():
         bare, _ = _replays(_graph(step), x, args.replays, None)
-        sink = Events()
+        sink = ListSink()
         tracer = Tracer(sink, engine="device-check", engine_version="0", target_model="t", draft_model="d",
                         config=config, provenance_every=16)
         instrument(tracer, draft=draft, target=target, draft_hidden_size=hidden)
