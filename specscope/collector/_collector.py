@@ -15,6 +15,11 @@ drains one batch per wait, so a ``flush`` during an outage returns at its timeou
 ``queued / batch_size * MAX_BACKOFF_S``), and ``close`` on a failing store drops what is queued at once. An event whose values
 the database refuses (:class:`~specscope.errors.EventRejected`) is isolated by writing its batch in
 halves: it alone is dropped (counted in ``rejected`` and ``dropped``, logged once), the rest commits.
+Each committed batch also tells the collector which ranks it heard from: while a rank has not ended,
+an idle writer marks it heard every ``heartbeat_s`` seconds (``Store.touch``), so a live engine
+with nothing to record never reads 'lost' (``v_run_summary``); when a batch that ends a rank commits
+(``RankStatus(finished=True)``), ``on_run_end(store, run_id)`` runs on the writer thread, off the
+engine's (the read model's :func:`specscope.readmodel.store_verdict` stores the doctor's verdict then).
 After ``os.fork`` the child gets an empty queue, a writer thread of its own and fresh database
 connections (``os.register_at_fork``), so what a forked worker emits is written, not silently lost.
 """
@@ -25,9 +30,10 @@ import atexit
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from specscope.errors import ConfigError, EventRejected
 from specscope.events import Event
@@ -39,6 +45,11 @@ Key = tuple[str, int]  # (run_id, rank)
 FIRST_BACKOFF_S = 0.05  # wait after the first failed write; doubled per failure in a row
 MAX_BACKOFF_S = 2.0  # longest wait between two write attempts on a failing store (seconds)
 EXIT_TIMEOUT_S = 30.0  # longest wait of the close at interpreter exit for the writer (seconds)
+HEARTBEAT_S = 30.0
+"""Longest silence (seconds) of a live rank in the store: an idle writer marks the ranks it wrote for
+and that have not ended as heard (``run_ranks.last_seen_wall``) this often, far below
+:data:`specscope.storage.views.LOST_AFTER_S`."""
+RunEnd = Callable[[Store, str], None]
 
 
 class _FlushMarker:
@@ -63,6 +74,10 @@ class Collector:
         flush_interval_s: longest time (seconds) an event waits before the writer picks it up. One
             second keeps commits rare (each costs CPU the engine's compute threads feel on a small
             host) while the dashboard, refreshing every 2 s, still looks live.
+        heartbeat_s: how often (seconds) an idle writer marks its live ranks heard.
+        on_run_end: called as ``on_run_end(store, run_id)`` on the writer thread after a batch that
+            ends a rank of ``run_id`` committed (e.g. :func:`specscope.readmodel.store_verdict`); an
+            exception it raises is logged, never raised to the engine.
 
     Raises:
         ConfigError: capacity or batch_size not an int >= 1, or flush_interval_s not a finite
@@ -79,7 +94,8 @@ class Collector:
     """
 
     def __init__(self, store: Store | str, *, capacity: int = 100_000, batch_size: int = 5_000,
-                 flush_interval_s: float = 1.0) -> None:
+                 flush_interval_s: float = 1.0, on_run_end: RunEnd | None = None,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
         if not (_is_count(capacity) and _is_count(batch_size) and isinstance(flush_interval_s, (int, float))
                 and not isinstance(flush_interval_s, bool) and 0 < flush_interval_s < float("inf")):
             raise ConfigError(f"collector needs capacity >= 1, batch_size >= 1 and flush_interval_s > 0"
@@ -89,6 +105,8 @@ class Collector:
         self._capacity = capacity
         self._batch_size = batch_size
         self._interval = flush_interval_s
+        self._on_run_end = on_run_end
+        self._heartbeat_s = heartbeat_s
         self._closing = False
         self._start_writer()
         _LIVE.add(self)
@@ -117,6 +135,8 @@ class Collector:
         self._failing = False
         self._backoff_s = FIRST_BACKOFF_S
         self._logged_rejection = False
+        self._live: set[Key] = set()  # ranks written for that have not ended (writer thread only)
+        self._heard = time.monotonic()  # when the store last heard from those ranks
         self._thread = threading.Thread(target=self._run, name="specscope-collector", daemon=True)
         self._thread.start()
 
@@ -262,6 +282,7 @@ class Collector:
             emit_drops, self._emit_drops = self._emit_drops, {}
         _add(self._pending_drops, emit_drops)
         if not chunk and not self._pending_drops:
+            self._heartbeat()
             return True
         written = _per_key(chunk)
         try:
@@ -272,7 +293,37 @@ class Collector:
             self._failed(written, len(chunk), exc)
             return False
         self._committed(len(chunk))
+        self._heard_from(chunk)
         return True
+
+    def _heartbeat(self) -> None:
+        """Mark the live ranks heard when the store has not heard from them for HEARTBEAT_S."""
+        if not self._live or time.monotonic() - self._heard < self._heartbeat_s:
+            return
+        try:
+            self._open().touch(sorted(self._live))
+        except Exception:  # noqa: BLE001 - a failing store is reported by the next batch's write
+            return
+        self._heard = time.monotonic()
+
+    def _heard_from(self, events: Sequence[Event]) -> None:
+        """Track live ranks over committed ``events``; run ``on_run_end`` for each run a rank ended."""
+        self._heard = time.monotonic()
+        ended: list[str] = []
+        for event in events:
+            key = (getattr(event, "run_id", None), getattr(event, "rank", 0))
+            if key[0] is None:
+                continue
+            if getattr(event, "finished", False):
+                self._live.discard(key)
+                ended.append(key[0])
+            elif event.kind != "finding":
+                self._live.add(key)
+        for run_id in dict.fromkeys(ended) if self._on_run_end is not None else ():
+            try:
+                self._on_run_end(self._open(), run_id)
+            except Exception:  # noqa: BLE001 - the engine's events matter more than the verdict
+                logger.exception("specscope collector: the run-end callback failed for run %s", run_id)
 
     def _quarantine(self, chunk: Sequence[Event], rejection: EventRejected) -> bool:
         """Write ``chunk`` in halves until every rejected event is alone; drop and count only those
@@ -307,6 +358,7 @@ class Collector:
         self.rejected += len(bad)
         _add(self._pending_drops, _per_key(bad))
         self.written += len(good)
+        self._heard_from(good)
         try:  # the counters of what did commit, and of the rejected events
             store.write((), counters=self._counters(_per_key(good)))
         except Exception as exc:  # noqa: BLE001 - kept pending: they go with the next batch
