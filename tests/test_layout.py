@@ -1,5 +1,6 @@
 """The package layout shows the architecture: dependencies point one way (instrumentation -> collector
--> storage; app / doctor / fleet read storage; the UI never imports the CLI). Read with ``ast`` from the
+-> storage; the doctor reads storage; the read model reads storage and the doctor; app / fleet read
+through them; the UI never imports the CLI). Read with ``ast`` from the
 source, every import counted (top level, TYPE_CHECKING blocks, function bodies)."""
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ ROOT = Path(specscope.__file__).parent
 
 # package -> packages it must never import (directly, anywhere in its files)
 FORBIDDEN = {
-    "storage": {"instrumentation", "collector", "app", "doctor", "cli", "engine", "adapters", "fleet"},
-    "collector": {"instrumentation", "app", "doctor", "cli", "engine", "adapters"},
-    "instrumentation": {"app", "doctor", "cli", "engine", "adapters", "fleet", "inspector"},
-    "doctor": {"app", "cli", "engine", "adapters", "instrumentation"},
-    "inspector": {"app", "cli", "engine", "adapters", "instrumentation", "doctor"},
+    "storage": {"instrumentation", "collector", "app", "doctor", "cli", "engine", "adapters", "fleet", "readmodel"},
+    "collector": {"instrumentation", "app", "doctor", "cli", "engine", "adapters", "readmodel"},
+    "instrumentation": {"app", "doctor", "cli", "engine", "adapters", "fleet", "inspector", "readmodel"},
+    "doctor": {"app", "cli", "engine", "adapters", "instrumentation", "readmodel", "fleet"},
+    "readmodel": {"app", "cli", "engine", "adapters", "instrumentation", "fleet", "collector"},
+    "inspector": {"app", "cli", "engine", "adapters", "instrumentation", "doctor", "readmodel"},
     "app": {"cli", "engine", "adapters", "instrumentation"},
     "fleet": {"app", "cli", "engine", "adapters", "instrumentation"},
 }
@@ -85,3 +87,51 @@ def test_the_sql_check_sees_statements(tmp_path, monkeypatch):
                                               'R = """SELECT run_id\n  FROM runs"""\n')
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert _sql_outside_storage() == ["app/page.py:2", "app/page.py:3"]
+
+
+# what only the read model may do: run the doctor for a run's verdict, define when a run is stale,
+# lost or ended
+VERDICT_NAMES = {"diagnose", "checkpoint_findings", "save_findings"}
+STATE_NAMES = {"STALE_AFTER_S", "LOST_AFTER_S", "ENDED"}
+READ_MODEL = {"readmodel/_run_view.py", "storage/views.py"}  # LOST_AFTER_S is the view's, in SQL
+
+
+def _read_side_outside_the_read_model(root: Path) -> list[str]:
+    """``file:line: what`` for each import of the doctor's verdict functions outside ``doctor/`` and
+    ``readmodel/``, each definition of a state timeout or of the ended statuses, and each literal
+    collection naming both 'finished' and 'crashed' (an ended-statuses tuple by another name), outside
+    :data:`READ_MODEL`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        name = str(path.relative_to(root))
+        if name in READ_MODEL:
+            continue
+        package = path.relative_to(root).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specscope.doctor")
+                    and package not in ("doctor", "readmodel")):
+                found += [f"{name}:{node.lineno}: imports {a.name}" for a in node.names if a.name in VERDICT_NAMES]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found += [f"{name}:{node.lineno}: defines {t.id}" for t in targets
+                          if isinstance(t, ast.Name) and t.id in STATE_NAMES]
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                values = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if {"finished", "crashed"} <= values:
+                    found.append(f"{name}:{node.lineno}: ended statuses {sorted(values)}")
+    return found
+
+
+def test_the_read_side_lives_once():
+    """The doctor CLI, the dashboard and the exporter get a run's state, verdict and counts from
+    ``specscope.readmodel``; nobody else runs the doctor for them or decides when a run has ended."""
+    assert _read_side_outside_the_read_model(ROOT) == []
+
+
+def test_the_read_side_check_sees_duplicates(tmp_path):
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "fleet" / "x.py").write_text(
+        "from specscope.doctor import diagnose, named_ranks\nSTALE_AFTER_S = 60.0\nDONE = ('finished', 'crashed')\n")
+    assert _read_side_outside_the_read_model(tmp_path) == [
+        "fleet/x.py:1: imports diagnose", "fleet/x.py:2: defines STALE_AFTER_S",
+        "fleet/x.py:3: ended statuses ['crashed', 'finished']"]

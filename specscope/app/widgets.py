@@ -15,10 +15,10 @@ from typing import Any
 
 import streamlit as st
 
+from specscope import readmodel
 from specscope.app import DB_ENV, queries, trace_threshold
-from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import SpecscopeError
-from specscope.events import Finding, by_severity
+from specscope.events import Finding
 from specscope.storage import Store, open_store
 
 logger = logging.getLogger("specscope")
@@ -29,10 +29,13 @@ RUN_KEY = "run_id"
 PICKER_KEY = "run_picker"  # the select box's own state
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
-STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale"}
+STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale", "lost": "lost"}
 STATE_HELP = {"running": "events are arriving", "finished": "every rank ended",
               "crashed": "a rank stopped on an error",
-              "stale": f"not finished, and no event for more than {queries.STALE_AFTER_S:g} s"}
+              "stale": f"not finished, and not heard from for more than {readmodel.STALE_AFTER_S:g} s",
+              "lost": f"not finished, and not heard from for more than {readmodel.LOST_AFTER_S:g} s: "
+                      "its processes are gone"}
+STATE_COLOR = {"running": "green", "finished": "gray", "crashed": "red", "stale": "orange", "lost": "red"}
 
 
 def db_url() -> str:
@@ -80,9 +83,13 @@ def _cached_finished(url: str, name: str, args: tuple) -> Any:
     return getattr(queries, name)(_open(url), *args)
 
 
-def _finished(run_id: Any) -> bool:
+def _state(run_id: Any) -> str | None:
     runs = _cached(db_url(), "runs", ())
-    return any(run["run_id"] == run_id and run["state"] in ("finished", "crashed") for run in runs)
+    return next((run["state"] for run in runs if run["run_id"] == run_id), None)
+
+
+def _finished(run_id: Any) -> bool:
+    return _state(run_id) in readmodel.ENDED
 
 
 def query(name: str, *args: Any) -> Any:
@@ -97,36 +104,35 @@ def query(name: str, *args: Any) -> Any:
         st.stop()
 
 
-def _diagnosed(url: str, run_id: str) -> list[Finding]:
-    store = _open(url)
-    return by_severity(diagnose(store, run_id).findings + checkpoint_findings(store, run_id))
+@st.cache_resource(show_spinner=False)
+def _reader(url: str) -> readmodel.RunReader:
+    return readmodel.RunReader(_open(url))
 
 
-_findings_live = st.cache_data(ttl=REFRESH_S, show_spinner=False)(_diagnosed)
-_findings_finished = st.cache_data(ttl=FINISHED_TTL_S, show_spinner=False)(_diagnosed)
+@st.cache_data(ttl=REFRESH_S, show_spinner=False)
+def _verdict(url: str, run_id: str, state: str | None) -> list[Finding]:
+    return _reader(url).findings(run_id, state)
 
 
 def findings(run_id: str) -> list[Finding]:
-    """The doctor's findings for ``run_id`` (computed from the store, cached like :func:`query`)
-    plus the run's stored checkpoint-inspection findings as the doctor reads them
-    (:func:`specscope.doctor.checkpoint_findings`); errors first."""
+    """The verdict on ``run_id`` (:class:`specscope.readmodel.RunReader`: the doctor's findings plus
+    the run's stored checkpoint findings, errors first; an ended run's computed once, a live run's at
+    most every :data:`REFRESH_S` seconds)."""
     store()
-    cached = _findings_finished if _finished(run_id) else _findings_live
     try:
-        return cached(db_url(), run_id)
+        return _verdict(db_url(), run_id, _state(run_id))
     except SpecscopeError as exc:
         st.error(f"The doctor could not read run {run_id}: {exc}")
         return []
 
 
 def counts(run: dict[str, Any], diagnosed: bool = False) -> dict[str, int]:
-    """Error and warning findings of a run (``{"error": n, "warning": n}``): the doctor's (run now,
-    see :func:`findings`) when ``diagnosed``, else those stored in the ``findings`` table by
-    ``specscope demo`` / :func:`specscope.doctor.save_findings` (:func:`queries.runs` counts them in
-    one query, so listing runs never runs the doctor per run)."""
+    """Error and warning findings of a run (``{"error": n, "warning": n}``): of its verdict
+    (:func:`findings`) when ``diagnosed``, else those last stored with it (``v_run_summary``: an
+    ended run's verdict, stored when it ended; one query for every run, so listing runs never runs
+    the doctor per run)."""
     if diagnosed:
-        items = findings(run["run_id"])
-        return {severity: sum(f.severity == severity for f in items) for severity in ("error", "warning")}
+        return readmodel.counts(findings(run["run_id"]))
     return {"error": run["error_findings"], "warning": run["warning_findings"]}
 
 
@@ -222,9 +228,8 @@ def live(body: Callable[[], None], state: str) -> None:
 
 def state_badge(state: str) -> None:
     """A coloured badge for a run's state, one short word (its meaning on hover): live (green),
-    finished (grey), crashed (red), stale (orange)."""
-    color = {"running": "green", "finished": "gray", "crashed": "red", "stale": "orange"}[state]
-    st.badge(STATE_LABEL[state], color=color, help=STATE_HELP[state])
+    finished (grey), crashed and lost (red), stale (orange)."""
+    st.badge(STATE_LABEL[state], color=STATE_COLOR[state], help=STATE_HELP[state])
 
 
 def shape_text(shape: str | None) -> str:
