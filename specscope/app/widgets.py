@@ -7,6 +7,7 @@ so a page that refreshes itself while a run is written reads at most once per in
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from collections.abc import Callable
@@ -54,8 +55,10 @@ def _slow_statements(threshold_s: float):
 @st.cache_resource(show_spinner=False)
 def _open(url: str) -> Store:
     threshold = trace_threshold()
-    return open_store(url, create=False, read_only=True,
-                      tracer=None if threshold is None else _slow_statements(threshold))
+    opened = open_store(url, create=False, read_only=True,
+                        tracer=None if threshold is None else _slow_statements(threshold))
+    atexit.register(opened.close)  # Streamlit ends on SIGTERM / SIGINT by returning from its main
+    return opened
 
 
 def store() -> Store:
