@@ -22,9 +22,10 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specscope.adapters.prometheus_metrics import CONVENTIONS
 from specscope.cli import main
 from specscope.events import LosslessAudit
-from specscope.fleet import CONVENTIONS, serve_exporter
+from specscope.exporter import serve_exporter
 from specscope.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
-"""The package layout shows the architecture: dependencies point one way (instrumentation -> collector
--> storage; the doctor reads storage; the read model reads storage and the doctor; app / fleet read
-through them; the UI never imports the CLI). Read with ``ast`` from the
-source, every import counted (top level, TYPE_CHECKING blocks, function bodies)."""
+"""The package layout shows the architecture: dependencies point one way (instrumentation and the
+adapters -> collector -> storage; the doctor reads storage; the read model reads storage and the
+doctor; app and exporter read through them; the UI never imports the CLI). Read with ``ast`` from
+the source, every import counted (top level, TYPE_CHECKING blocks, function bodies)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ ROOT = Path(specscope.__file__).parent
 
 # package -> packages it must never import (directly, anywhere in its files)
 FORBIDDEN = {
-    "storage": {"instrumentation", "collector", "app", "doctor", "cli", "engine", "adapters", "fleet", "readmodel"},
+    "storage": {"instrumentation", "collector", "app", "doctor", "cli", "engine", "adapters", "exporter",
+                "readmodel"},
     "collector": {"instrumentation", "app", "doctor", "cli", "engine", "adapters", "readmodel"},
-    "instrumentation": {"app", "doctor", "cli", "engine", "adapters", "fleet", "inspector", "readmodel"},
-    "doctor": {"app", "cli", "engine", "adapters", "instrumentation", "readmodel", "fleet"},
-    "readmodel": {"app", "cli", "engine", "adapters", "instrumentation", "fleet", "collector"},
+    "instrumentation": {"app", "doctor", "cli", "engine", "adapters", "exporter", "inspector", "readmodel"},
+    "doctor": {"app", "cli", "engine", "adapters", "instrumentation", "readmodel", "exporter"},
+    "readmodel": {"app", "cli", "engine", "adapters", "instrumentation", "exporter", "collector"},
     "inspector": {"app", "cli", "engine", "adapters", "instrumentation", "doctor", "readmodel"},
     "app": {"cli", "engine", "adapters", "instrumentation"},
-    "fleet": {"app", "cli", "engine", "adapters", "instrumentation"},
+    "exporter": {"app", "cli", "engine", "adapters", "instrumentation", "collector"},
 }
 
 
@@ -50,6 +51,13 @@ def test_dependencies_point_one_way(package):
     imports = imported_packages(package)
     wrong = {target: sorted(files) for target, files in imports.items() if target in FORBIDDEN[package]}
     assert not wrong, f"specscope.{package} imports {wrong}"
+
+
+def test_the_prometheus_watch_is_a_producer_writing_through_the_collector():
+    source = (ROOT / "adapters" / "prometheus_watch.py").read_text()
+    calls = {node.func.attr for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    assert "from specscope.collector import" in source and not calls & {"write", "touch", "replace_findings"}
 
 
 def test_the_check_sees_imports():

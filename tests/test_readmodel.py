@@ -15,7 +15,7 @@ from specscope import readmodel
 from specscope.app import queries
 from specscope.cli import main
 from specscope.collector import HEARTBEAT_S, Collector
-from specscope.fleet import StoreCollector
+from specscope.exporter import StoreCollector
 from specscope.storage import open_store
 
 

@@ -1,6 +1,6 @@
 """`specscope exporter --db URL [--port 9464] [--host 127.0.0.1] [--max-runs 50]`: serve the store's
 findings, draft-input contract, acceptance and counters as a Prometheus target (``/metrics``; metric
-names in :mod:`specscope.fleet`). The store is opened read-only. Runs until Ctrl-C or SIGTERM (either
+names in :mod:`specscope.exporter`). The store is opened read-only. Runs until Ctrl-C or SIGTERM (either
 shuts the server down, closes the store and exits 0), or exits 2 for a missing store or an address
 that cannot be bound.
 """
@@ -13,7 +13,7 @@ import signal
 from specscope.cli._signals import stopped_by
 from specscope.cli._types import add_db_argument, port, positive_int
 from specscope.errors import ConfigError
-from specscope.fleet import serve_exporter
+from specscope.exporter import serve_exporter
 from specscope.storage import open_store
 
 

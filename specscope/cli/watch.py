@@ -1,6 +1,6 @@
 """`specscope watch --db URL ENDPOINT... [--interval 5s] [--count N | --duration 10m]`: store the
 acceptance of servers you cannot instrument, from their Prometheus endpoints (vLLM, SGLang,
-TensorRT-LLM, llama.cpp; see :mod:`specscope.fleet`).
+TensorRT-LLM, llama.cpp; see :mod:`specscope.adapters.prometheus_watch`).
 
 Runs until ``--count`` scrapes or ``--duration`` have passed, or Ctrl-C or SIGTERM (both end the watch
 the same way: every rank marked finished, the store flushed); then prints one line per watched run.
@@ -16,10 +16,10 @@ import logging
 import re
 import signal
 
+from specscope.adapters.prometheus_watch import watch
 from specscope.cli._signals import stopped_by
 from specscope.cli._types import add_db_argument, positive_int
 from specscope.errors import ConfigError
-from specscope.fleet import watch
 from specscope.storage import open_store, queries
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

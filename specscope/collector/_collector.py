@@ -89,6 +89,7 @@ class Collector:
             rejected by the database.
         rejected: of those, events whose values the database refused (quarantined one by one).
         write_errors: failed write attempts (a failed batch counts once).
+        last_error: the exception of the latest failed write attempt (None before any).
 
     Usable as a context manager; also flushed and closed at interpreter exit (``atexit``) until closed.
     """
@@ -118,6 +119,7 @@ class Collector:
         self.dropped = 0
         self.rejected = 0
         self.write_errors = 0
+        self.last_error: Exception | None = None
         self._queue: deque[Event | _FlushMarker] = deque()
         self._in_flight = 0  # events taken off the queue and not yet handled (writer thread only)
         self._wake = threading.Event()
@@ -393,6 +395,7 @@ class Collector:
             logger.info("specscope collector: store %s writable again", self._describe())
 
     def _failed(self, lost: dict[Key, int], count: int, exc: Exception) -> None:
+        self.last_error = exc
         self.write_errors += 1
         with self._drop_lock:
             self.dropped += count
