@@ -225,7 +225,7 @@ def findings_banner(items: list[Finding], *, limit: int | None = None,
 
 def live(body: Callable[[], None], state: str) -> None:
     """Run ``body`` as a fragment that reruns itself every REFRESH_S seconds while the run is being
-    written (``state == 'running'``); a finished or stale run renders once."""
+    written (``state == 'running'``); a run in any other state renders once."""
     st.fragment(body, run_every=REFRESH_S if state == "running" else None)()
 
 

@@ -295,7 +295,7 @@ class Collector:
             self._failed(written, len(chunk), exc)
             return False
         self._committed(len(chunk))
-        self._heard_from(chunk)
+        self._heard_from(chunk, written)
         return True
 
     def _heartbeat(self) -> None:
@@ -308,19 +308,16 @@ class Collector:
             return
         self._heard = time.monotonic()
 
-    def _heard_from(self, events: Sequence[Event]) -> None:
-        """Track live ranks over committed ``events``; run ``on_run_end`` for each run a rank ended."""
+    def _heard_from(self, events: Sequence[Event], keys: dict[Key, int]) -> None:
+        """Track live ranks over committed ``events`` (``keys``: their ``_per_key`` counts); run
+        ``on_run_end`` for each run a rank ended."""
         self._heard = time.monotonic()
+        self._live.update(key for key in keys if key[0] is not None)
         ended: list[str] = []
         for event in events:
-            key = (getattr(event, "run_id", None), getattr(event, "rank", 0))
-            if key[0] is None:
-                continue
-            if getattr(event, "finished", False):
-                self._live.discard(key)
-                ended.append(key[0])
-            elif event.kind != "finding":
-                self._live.add(key)
+            if event.kind == "rank_status" and event.finished:
+                self._live.discard((event.run_id, event.rank))
+                ended.append(event.run_id)
         for run_id in dict.fromkeys(ended) if self._on_run_end is not None else ():
             try:
                 self._on_run_end(self._open(), run_id)
@@ -360,7 +357,7 @@ class Collector:
         self.rejected += len(bad)
         _add(self._pending_drops, _per_key(bad))
         self.written += len(good)
-        self._heard_from(good)
+        self._heard_from(good, _per_key(good))
         try:  # the counters of what did commit, and of the rejected events
             store.write((), counters=self._counters(_per_key(good)))
         except Exception as exc:  # noqa: BLE001 - kept pending: they go with the next batch
