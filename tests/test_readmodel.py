@@ -29,6 +29,14 @@ def test_run_state_running_stale_and_the_views_states():
     assert HEARTBEAT_S < readmodel.STALE_AFTER_S
 
 
+def test_the_dashboard_names_every_state_with_the_timeouts():
+    from specscope.app import widgets
+
+    assert set(widgets.STATE_LABEL) == set(widgets.STATE_HELP) == set(widgets.STATE_COLOR) == set(readmodel.STATES)
+    assert f"{readmodel.LOST_AFTER_S:g} s" in widgets.STATE_HELP["lost"]
+    assert f"{readmodel.STALE_AFTER_S:g} s" in widgets.STATE_HELP["stale"]
+
+
 def _started(run_id: str, wall: float) -> list:
     return [ev.RunStart(run_id, "e", "0", "t", "d", {}, ts_wall=wall),
             ev.RankStart(run_id, 0, 1, "h", 1, "cpu", ts_wall=wall)]

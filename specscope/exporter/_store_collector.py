@@ -78,7 +78,7 @@ class StoreCollector(Collector):
             return [runs[run_id].target_model, runs[run_id].engine]
 
         running = GaugeMetricFamily("specscope_run_running", "1 while a run is being written, 0 once "
-                                    "every rank finished.", labels=["run_id", "model_name", "engine_name"])
+                                    "it ended or was lost.", labels=["run_id", "model_name", "engine_name"])
         for run_id, run in runs.items():
             running.add_metric([run_id, *meta(run_id)], 1.0 if run.status == "running" else 0.0)
         yield running
