@@ -38,7 +38,7 @@ import sqlalchemy as sa
 import specscope
 from specscope import events as ev
 from specscope.app import queries
-from specscope.readmodel import report
+from specscope.doctor import checkpoint_findings, diagnose
 from specscope.storage import Store, open_store, schema
 
 GENERATOR_VERSION = 4
@@ -194,7 +194,7 @@ def pages(store: Store, run_id: str) -> dict[str, list[tuple[str, Callable[[], o
     """``page -> [(call, function)]``: every call a page makes on a cold cache, with its arguments."""
     request_id = queries.requests(store, run_id, limit=1)[0]["request_id"]
     common = [("runs (run picker)", lambda: queries.runs(store)),
-              ("doctor findings", lambda: report(store, run_id).findings),
+              ("doctor findings", lambda: diagnose(store, run_id).findings + checkpoint_findings(store, run_id)),
               ("run_summary", lambda: queries.run_summary(store, run_id))]
     return {
         "Overview": common + [("acceptance_over_time", lambda: queries.acceptance_over_time(store, run_id)),
