@@ -9,4 +9,8 @@
   what a server returns (llama.cpp ``timings``, SGLang ``meta_info``), for servers we cannot hook.
 - :mod:`specscope.adapters.llamacpp`: a real llama.cpp server in process (``xllamacpp``) serving the
   reference target with draft-model or n-gram speculation.
+- :mod:`specscope.adapters.prometheus_watch`: ``specscope watch``, a server's acceptance from its
+  Prometheus endpoint (vLLM, SGLang, TensorRT-LLM, llama.cpp), with no hooks in it; each engine's
+  metrics in specscope's definitions in :mod:`specscope.adapters.prometheus_metrics` (for a check
+  against an engine's own counters: ``window(parse_exposition(before)[i], parse_exposition(after)[i])``).
 """
