@@ -95,6 +95,10 @@ class Trace:
                          num_target_layers=LAYERS, aux_layer_ids_active=self.active,
                          model_runner=self.model_runner)
 
+    def events(self) -> list[Event]:
+        """Every rank's events in engine order, rank by rank (for a collector)."""
+        return [event for rank in self.ranks for event in _RankRecorder(self, rank).events()]
+
     def write(self, store: Store) -> None:
         """Write every rank's events with the collector's counters (events written / dropped)."""
         for rank in self.ranks:

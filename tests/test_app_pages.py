@@ -262,14 +262,13 @@ def _codes(messages: list[str]) -> list[str]:
 def test_pages_show_the_doctors_findings(monkeypatch, doctor_store, name):
     import _traces as T
 
-    from specscope.doctor import CONTRACT_CODES, checkpoint_findings, diagnose
+    from specscope.doctor import CONTRACT_CODES
+    from specscope.readmodel import report
 
     run_id = getattr(T, name)().run_id
     with open_store(doctor_store, create=False, read_only=True) as store:
-        found = diagnose(store, run_id).with_checkpoint(checkpoint_findings(store, run_id)).findings
-    runtime = [f for f in found if f.source != "inspect"]
-    checkpoint = [f for f in found if f.source == "inspect"]
-    loud = [f for f in found if f.severity in ("error", "warning")]
+        verdict = report(store, run_id).findings  # what `specscope doctor --run` prints, in its order
+    loud = [f for f in verdict if f.severity in ("error", "warning")]
     errors = [f.code for f in loud if f.severity == "error"]
     warnings = [f.code for f in loud if f.severity == "warning"]
 
@@ -283,25 +282,26 @@ def test_pages_show_the_doctors_findings(monkeypatch, doctor_store, name):
     with open_store(doctor_store, create=False, read_only=True) as store:  # the other runs: stored counts
         for other in AGREEMENT_TRACES:
             other_id = getattr(T, other)().run_id
-            other_found = diagnose(store, other_id).with_checkpoint(checkpoint_findings(store, other_id)).findings
+            other_found = report(store, other_id).findings
             counted = at.selectbox(key="run_picker").format_func(other_id)
             for severity in ("error", "warning"):
                 n = sum(f.severity == severity for f in other_found)
                 assert (f"{n} {severity}" in counted) == bool(n), (other, counted)
 
     visit(at, "tensors")
-    contract = [f.code for f in runtime if f.code in CONTRACT_CODES + ("NOT_OBSERVED",)]
+    contract = [f.code for f in verdict if f.code in CONTRACT_CODES + ("NOT_OBSERVED",)]
     assert _codes(texts(at, "error") + texts(at, "warning")) == contract
     assert any("contract kept" in s for s in texts(at, "success")) == (
-        not contract and not any(f.code == "CHECKS_SKIPPED" for f in runtime))
+        not contract and not any(f.code == "CHECKS_SKIPPED" for f in verdict))
 
     visit(at, "gpus")
-    divergence = [f.code for f in runtime if f.code == "RANK_DIVERGENCE"]
+    divergence = [f.code for f in verdict if f.code == "RANK_DIVERGENCE"]
     assert _codes(texts(at, "warning")) == divergence
 
     visit(at, "findings")
     shown = [e.label.split("**")[1] for e in at.expander]
-    assert shown == [f.code for f in runtime] + [f.code for f in checkpoint]
+    assert shown == ([f.code for f in verdict if f.source == "doctor"]
+                     + [f.code for f in verdict if f.source == "inspect"])
 
 
 def test_checkpoint_convention_warning_is_settled_by_provenance(doctor_store):

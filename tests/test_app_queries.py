@@ -32,13 +32,6 @@ def test_runs_newest_first_with_state(filled):
     assert rows[0]["fault"] == "no-aux-capture" and rows[0]["config"]["expected_fused_width"] == FUSED
 
 
-def test_run_state_running_and_stale():
-    assert queries.run_state("running", 1000.0, now=1010.0) == "running"
-    assert queries.run_state("running", 1000.0, now=1000.0 + queries.STALE_AFTER_S + 1) == "stale"
-    assert queries.run_state("running", None, now=5.0) == "stale"
-    assert queries.run_state("finished", 0.0, now=1e9) == "finished"
-
-
 def test_run_summary_matches_metrics_and_view(filled):
     for run_id, fault in (("healthy", None), ("faulty", "no-aux-capture")):
         row = queries.run_summary(filled, run_id)

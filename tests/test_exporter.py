@@ -5,10 +5,13 @@ against the exported names."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,9 +22,10 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specscope.adapters.prometheus_metrics import CONVENTIONS
 from specscope.cli import main
 from specscope.events import LosslessAudit
-from specscope.fleet import CONVENTIONS, serve_exporter
+from specscope.exporter import serve_exporter
 from specscope.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,20 +222,26 @@ def test_real_prometheus_scrapes_the_exporter_and_fires_the_alerts(exporter, tmp
             proc.wait()
 
 
-def test_exporter_cli_serves_until_stopped(tmp_path) -> None:
-    import os
-    import sys
-
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_exporter_cli_serves_until_stopped(tmp_path, stop) -> None:
+    """Served until a service manager's SIGTERM or Ctrl-C's SIGINT: then exit 0, nothing on stderr,
+    the port freed."""
     path = str(tmp_path / "s.db")
     with open_store(path) as store:
         _traces.no_aux_capture().write(store)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "specscope", "exporter", "--db", path, "--port", "0"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = proc.stdout.readline().split()[-1]
         samples = _samples(httpx.get(url, timeout=30).text)
         assert _value(samples, "specscope_finding", code="AUX_NOT_FUSED") == 1
+        assert _value(samples, "specscope_run_findings", run_id="no-aux", severity="error") >= 2
+        proc.send_signal(stop)
+        _, err = proc.communicate(timeout=30)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, err) == (0, "")
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url, timeout=5)

@@ -1,6 +1,7 @@
-"""The package layout shows the architecture: dependencies point one way (instrumentation -> collector
--> storage; app / doctor / fleet read storage; the UI never imports the CLI). Read with ``ast`` from the
-source, every import counted (top level, TYPE_CHECKING blocks, function bodies)."""
+"""The package layout shows the architecture: dependencies point one way (instrumentation and the
+adapters -> collector -> storage; the doctor reads storage; the read model reads storage and the
+doctor; app and exporter read through them; the UI never imports the CLI). Read with ``ast`` from
+the source, every import counted (top level, TYPE_CHECKING blocks, function bodies)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ ROOT = Path(specscope.__file__).parent
 
 # package -> packages it must never import (directly, anywhere in its files)
 FORBIDDEN = {
-    "storage": {"instrumentation", "collector", "app", "doctor", "cli", "engine", "adapters", "fleet"},
-    "collector": {"instrumentation", "app", "doctor", "cli", "engine", "adapters"},
-    "instrumentation": {"app", "doctor", "cli", "engine", "adapters", "fleet", "inspector"},
-    "doctor": {"app", "cli", "engine", "adapters", "instrumentation"},
-    "inspector": {"app", "cli", "engine", "adapters", "instrumentation", "doctor"},
+    "storage": {"instrumentation", "collector", "app", "doctor", "cli", "engine", "adapters", "exporter",
+                "readmodel"},
+    "collector": {"instrumentation", "app", "doctor", "cli", "engine", "adapters", "readmodel"},
+    "instrumentation": {"app", "doctor", "cli", "engine", "adapters", "exporter", "inspector", "readmodel"},
+    "doctor": {"app", "cli", "engine", "adapters", "instrumentation", "readmodel", "exporter"},
+    "readmodel": {"app", "cli", "engine", "adapters", "instrumentation", "exporter", "collector"},
+    "inspector": {"app", "cli", "engine", "adapters", "instrumentation", "doctor", "readmodel"},
     "app": {"cli", "engine", "adapters", "instrumentation"},
-    "fleet": {"app", "cli", "engine", "adapters", "instrumentation"},
+    "exporter": {"app", "cli", "engine", "adapters", "instrumentation", "collector"},
 }
 
 
@@ -53,6 +56,13 @@ def test_dependencies_point_one_way(package):
     imports = imported_packages(package)
     wrong = {target: sorted(files) for target, files in imports.items() if target in FORBIDDEN[package]}
     assert not wrong, f"specscope.{package} imports {wrong}"
+
+
+def test_the_prometheus_watch_is_a_producer_writing_through_the_collector():
+    source = (ROOT / "adapters" / "prometheus_watch.py").read_text()
+    calls = {node.func.attr for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    assert "from specscope.collector import" in source and not calls & {"write", "touch", "replace_findings"}
 
 
 def test_the_check_sees_imports():
@@ -149,3 +159,51 @@ def test_root_modules_are_the_base_layer():
     found = {(path.name, name) for path, name in _imports(roots)
              if name.startswith("specscope.") and (ROOT / name.split(".")[1]).is_dir()}
     assert found == set()
+
+
+# what only the read model may do: run the doctor for a run's verdict, define when a run is stale,
+# lost or ended
+VERDICT_NAMES = {"diagnose", "checkpoint_findings", "save_findings"}
+STATE_NAMES = {"STALE_AFTER_S", "LOST_AFTER_S", "ENDED"}
+READ_MODEL = {"readmodel/_run_view.py", "storage/views.py"}  # LOST_AFTER_S is the view's, in SQL
+
+
+def _read_side_outside_the_read_model(root: Path) -> list[str]:
+    """``file:line: what`` for each import of the doctor's verdict functions outside ``doctor/`` and
+    ``readmodel/``, each definition of a state timeout or of the ended statuses, and each literal
+    collection naming both 'finished' and 'crashed' (an ended-statuses tuple by another name), outside
+    :data:`READ_MODEL`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        name = str(path.relative_to(root))
+        if name in READ_MODEL:
+            continue
+        package = path.relative_to(root).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specscope.doctor")
+                    and package not in ("doctor", "readmodel")):
+                found += [f"{name}:{node.lineno}: imports {a.name}" for a in node.names if a.name in VERDICT_NAMES]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found += [f"{name}:{node.lineno}: defines {t.id}" for t in targets
+                          if isinstance(t, ast.Name) and t.id in STATE_NAMES]
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                values = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if {"finished", "crashed"} <= values:
+                    found.append(f"{name}:{node.lineno}: ended statuses {sorted(values)}")
+    return found
+
+
+def test_the_read_side_lives_once():
+    """The doctor CLI, the dashboard and the exporter get a run's state, verdict and counts from
+    ``specscope.readmodel``; nobody else runs the doctor for them or decides when a run has ended."""
+    assert _read_side_outside_the_read_model(ROOT) == []
+
+
+def test_the_read_side_check_sees_duplicates(tmp_path):
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "fleet" / "x.py").write_text(
+        "from specscope.doctor import diagnose, named_ranks\nSTALE_AFTER_S = 60.0\nDONE = ('finished', 'crashed')\n")
+    assert _read_side_outside_the_read_model(tmp_path) == [
+        "fleet/x.py:1: imports diagnose", "fleet/x.py:2: defines STALE_AFTER_S",
+        "fleet/x.py:3: ended statuses ['crashed', 'finished']"]

@@ -12,9 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specscope.adapters.llamacpp import ONE_SHOT, LlamaCppServer, engine_version
+from specscope.adapters.prometheus_watch import Watcher
 from specscope.adapters.recorder import ResponseRecorder
 from specscope.collector import Collector
-from specscope.fleet import Watcher
 from specscope.storage import open_store
 
 pytestmark = pytest.mark.llamacpp

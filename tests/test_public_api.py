@@ -9,7 +9,7 @@ import pytest
 import specscope
 
 PACKAGES = ["specscope.instrumentation", "specscope.collector", "specscope.storage", "specscope.doctor",
-            "specscope.fleet",
+            "specscope.readmodel", "specscope.exporter",
             "specscope.inspector", "specscope.engine"]
 
 

@@ -222,7 +222,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 9
+        assert store.schema_version == SCHEMA_VERSION == 10
         with store.connect() as conn:
             index = next(ix for ix in sa.inspect(conn).get_indexes("verify_steps")
                          if ix["name"] == "ix_verify_steps_masks")
@@ -233,8 +233,8 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
         assert store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance")[1] == [(8, 32, 10)]
         assert store.query("SELECT position, accepted_steps, verify_steps FROM v_position_acceptance "
                            "ORDER BY position")[1] == [(0, 7, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
-    assert _versions(store_url)[-4:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
-                                         (8, "summary_tables"), (9, "sampling_and_audit")]
+    assert _versions(store_url)[-5:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
+                                         (8, "summary_tables"), (9, "sampling_and_audit"), (10, "lost_runs_view")]
 
 
 def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
@@ -261,11 +261,11 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == 9
+        assert store.schema_version == SCHEMA_VERSION == 10
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=3, temperature=0.0),
                      ev.VerifyStep(run_id="r", request_id="new", rank=0, step=0, proposed=4, accepted=4),
                      ev.LosslessAudit(run_id="r", rank=0, request_id="new", sampling="greedy", tokens=5)])
         assert store.query("SELECT sampling, verify_steps, accepted FROM v_sampling_acceptance "
                            "ORDER BY sampling")[1] == [("greedy", 1, 4), ("unknown", 1, 2)]
         assert store.query("SELECT tokens_audited, verdict FROM v_lossless_audit")[1] == [(5, "passed")]
-    assert _versions(store_url)[-1] == (9, "sampling_and_audit")
+    assert _versions(store_url)[-2:] == [(9, "sampling_and_audit"), (10, "lost_runs_view")]

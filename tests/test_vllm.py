@@ -356,9 +356,10 @@ def test_openai_server_plugin_and_watch_equal_vllms_counters(tmp_path):
 
     import httpx
 
+    from specscope.adapters.prometheus_metrics import parse_exposition, window
+    from specscope.adapters.prometheus_watch import Watcher
     from specscope.engine import DEFAULT_DRAFT_DIR, target_folder
     from specscope.engine.vllm_server import complete, start_server
-    from specscope.fleet import Watcher, parse_exposition, window
 
     plugin_db, watch_db = str(tmp_path / "plugin.db"), str(tmp_path / "watch.db")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECSCOPE_")},

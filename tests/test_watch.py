@@ -17,9 +17,10 @@ from _exposition import (
 )
 
 from specscope import metrics
+from specscope.adapters.prometheus_metrics import Reading, is_reset, parse_exposition, window
+from specscope.adapters.prometheus_watch import Watcher, normalize_endpoint
 from specscope.cli import main
 from specscope.doctor import diagnose
-from specscope.fleet import Reading, Watcher, is_reset, normalize_endpoint, parse_exposition, window
 from specscope.storage import open_store
 
 K = 3
@@ -62,7 +63,7 @@ def test_vllm_counters_with_a_restart_and_an_outage_equal_the_engine_figures(ser
             seen[engine] += steps
         server.body = vllm_exposition("smollm2", engines)
 
-    caplog.set_level(logging.WARNING, logger="specscope.fleet")
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
     with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [server.url]) as watcher:
         assert [r.verify_steps for r in watcher.scrape()] == [0]  # baseline
         serve(40)
@@ -94,7 +95,7 @@ def test_vllm_counters_with_a_restart_and_an_outage_equal_the_engine_figures(ser
         assert store.query(status)[1] == [("vllm", "smollm2", 2, "running")]
         watcher.close()
         assert store.query(status)[1] == [("vllm", "smollm2", 2, "finished")]
-    gap_lines = [r for r in caplog.records if r.name == "specscope.fleet"]
+    gap_lines = [r for r in caplog.records if r.name == "specscope.watch"]
     assert len(gap_lines) == 1 and server.url in gap_lines[0].getMessage()
 
 
@@ -262,8 +263,7 @@ def test_a_refused_store_write_loses_no_window(server, tmp_path) -> None:
 
 
 def test_window_groups_rebuild_a_chain_and_fall_back_without_one() -> None:
-    from specscope.fleet import Window
-    from specscope.fleet._conventions import window_groups
+    from specscope.adapters.prometheus_metrics import Window, window_groups
 
     def groups(w: Window) -> list[tuple]:
         return [(g.accepted_mask, g.steps, g.proposed, g.accepted)

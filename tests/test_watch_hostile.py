@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from _exposition import ChainCounters, MetricsServer, llamacpp_exposition, vllm_exposition
 
+from specscope.adapters.prometheus_watch import Watcher
 from specscope.cli import main
 from specscope.errors import StoreError
-from specscope.fleet import Watcher
 from specscope.storage import open_store
 
 K = 3
@@ -58,7 +58,7 @@ def test_a_value_that_is_not_a_count_costs_only_its_series(servers, tmp_path, ca
     bad, good = servers(), servers(llamacpp_exposition(_counters()))
     engines = {"0": _counters(), "1": _counters()}
     bad.body = vllm_exposition("m", engines)
-    caplog.set_level(logging.WARNING, logger="specscope.fleet")
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
     with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [bad.url, good.url]) as watcher:
         watcher.scrape()
         engines["0"].add([1, 2, 3])
@@ -182,7 +182,7 @@ def test_sigterm_ends_the_watch_like_ctrl_c(servers, tmp_path) -> None:
 
 def test_credentials_in_an_endpoint_stay_out_of_the_store():
     """A user, password or query token in the endpoint URL is used to scrape but never stored."""
-    from specscope.fleet import public_endpoint
+    from specscope.adapters.prometheus_watch import public_endpoint
 
     assert public_endpoint("http://admin:hunter2@127.0.0.1:9400/metrics?token=SECRET") == \
         "http://127.0.0.1:9400/metrics"

@@ -11,4 +11,8 @@
   reference target with draft-model or n-gram speculation.
 - :mod:`specscope.adapters.reference`: the demo job, specscope's own reference engine instrumented
   into a store (``specscope demo``): like the adapters, it stands above the engine it serves.
+- :mod:`specscope.adapters.prometheus_watch`: ``specscope watch``, a server's acceptance from its
+  Prometheus endpoint (vLLM, SGLang, TensorRT-LLM, llama.cpp), with no hooks in it; each engine's
+  metrics in specscope's definitions in :mod:`specscope.adapters.prometheus_metrics` (for a check
+  against an engine's own counters: ``window(parse_exposition(before)[i], parse_exposition(after)[i])``).
 """

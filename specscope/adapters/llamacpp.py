@@ -141,9 +141,10 @@ def serve_recorded(db: str, mode: str, prompts: Sequence[str], *, max_new_tokens
 
     from specscope.adapters.recorder import ResponseRecorder
     from specscope.collector import Collector
+    from specscope.readmodel import store_verdict
 
     run_id = f"llamacpp-{mode}-{uuid.uuid4().hex[:8]}"
-    with LlamaCppServer(mode, k=k, seed=seed) as server, Collector(db) as collector:
+    with LlamaCppServer(mode, k=k, seed=seed) as server, Collector(db, on_run_end=store_verdict) as collector:
         recorder = ResponseRecorder(collector, run_id=run_id, engine=ENGINE, engine_version=engine_version(),
                                     target_model=server.target_model, draft_model=server.draft_model, k=k)
         with httpx.Client(base_url=server.url, transport=recorder, timeout=300, headers=ONE_SHOT) as client:

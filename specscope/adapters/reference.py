@@ -91,6 +91,7 @@ def _serve_rank(rank: int, opts: DemoOptions, port: int | None) -> None:
     import torch.distributed as dist
 
     from specscope.collector import Collector
+    from specscope.readmodel import store_verdict
 
     # Ranks share the host's cores: oversubscribed OpenMP threads spin against each other and slow
     # the target's forward by an order of magnitude.
@@ -99,7 +100,7 @@ def _serve_rank(rank: int, opts: DemoOptions, port: int | None) -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=opts.ranks)
     try:
-        with Collector(opts.db) as collector:
+        with Collector(opts.db, on_run_end=store_verdict) as collector:
             _serve(rank, opts, collector)
     finally:
         if port is not None:

@@ -11,52 +11,18 @@ are wall-clock seconds since the Unix epoch (``*_wall``) or durations (``*_s``).
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-from specscope import metrics, points
+from specscope import metrics, points, readmodel
 from specscope.compare import compare
 from specscope.errors import ConfigError
 from specscope.storage import Store
 from specscope.storage import queries as q
 
-STALE_AFTER_S = 60.0  # a running run silent for longer than this is shown as 'stale'
-
 Row = dict[str, Any]
 
-
-def run_state(status: str, last_seen_wall: float | None, now: float | None = None) -> str:
-    """``'finished'`` (every rank ended), ``'crashed'`` (a rank stopped on an error), ``'running'``, or
-    ``'stale'``: running in ``v_run_summary`` but not heard from for more than :data:`STALE_AFTER_S`
-    seconds (a killed engine that could not say so)."""
-    if status != "running":
-        return status
-    now = time.time() if now is None else now
-    if last_seen_wall is None or now - last_seen_wall > STALE_AFTER_S:
-        return "stale"
-    return "running"
-
-
-def _shaped_runs(rows: list[Row], now: float | None) -> list[Row]:
-    for row in rows:
-        row["state"] = run_state(row.pop("status"), row["last_seen_wall"], now)
-        row["config"] = json.loads(row["config"])
-    return rows
-
-
-def runs(store: Store, now: float | None = None) -> list[Row]:
-    """One row per run, newest first (:data:`specscope.storage.queries.RUNS`: metadata, counters,
-    graph mode, requests, acceptance, stored ``error_findings`` / ``warning_findings`` of any
-    source) with ``state`` (:func:`run_state`) instead of ``status`` and the parsed ``config`` (the
-    RunConfig contract). Reads the summary tables: the run picker costs the same on any store size."""
-    return _shaped_runs(store.fetch(q.RUNS), now)
-
-
-def run_summary(store: Store, run_id: str, now: float | None = None) -> Row | None:
-    """One run as in :func:`runs` (verify steps, proposed, accepted, mean acceptance length,
-    acceptance rate, emitted tokens, tokens/s included); None when the run does not exist."""
-    rows = _shaped_runs(store.fetch(q.RUN, run_id=run_id), now)
-    return rows[0] if rows else None
+runs = readmodel.summaries  # the run picker's rows: one per run, newest first, with its state
+run_summary = readmodel.summary  # one run as in ``runs``; None when it does not exist
 
 
 def acceptance_over_time(store: Store, run_id: str, buckets: int = 120) -> list[Row]:

@@ -10,13 +10,14 @@ equal and runs it on real torch modules.
 
 SNIPPET = '''\
 from specscope import Collector, RunConfig, Tracer, check_load, instrument
+from specscope.readmodel import store_verdict
 
 # The contract between target and draft: n capture layers x target hidden size = fc input width.
 hidden = target_model.config.hidden_size
 config = RunConfig(aux_layer_ids_resolved=tuple(aux_ids), target_hidden_size=hidden,
                    expected_fused_width=len(aux_ids) * hidden, k=k,
                    num_target_layers=target_model.config.num_hidden_layers)
-collector = Collector("specscope.db")  # or "postgresql+psycopg://user@host:5432/db"
+collector = Collector("specscope.db", on_run_end=store_verdict)  # or "postgresql+psycopg://user@host/db"
 tracer = Tracer(collector, engine="my-engine", engine_version="1.0", target_model="my-target",
                 draft_model="my-eagle3-draft", config=config,
                 provenance_every=16)  # every 16th target-fed draft call: which layers it received

@@ -7,6 +7,7 @@ so a page that refreshes itself while a run is written reads at most once per in
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import types
@@ -16,8 +17,8 @@ from typing import Any
 
 import streamlit as st
 
+from specscope import readmodel
 from specscope.app import DB_ENV, queries, trace_threshold
-from specscope.doctor import checkpoint_findings, diagnose
 from specscope.errors import SpecscopeError
 from specscope.events import Finding
 from specscope.storage import Store, open_store
@@ -30,10 +31,13 @@ RUN_KEY = "run_id"
 PICKER_KEY = "run_picker"  # the select box's own state
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
-STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale"}
+STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale", "lost": "lost"}
 STATE_HELP = {"running": "events are arriving", "finished": "every rank ended",
               "crashed": "a rank stopped on an error",
-              "stale": f"not finished, and no event for more than {queries.STALE_AFTER_S:g} s"}
+              "stale": f"not finished, and not heard from for more than {readmodel.STALE_AFTER_S:g} s",
+              "lost": f"not finished, and not heard from for more than {readmodel.LOST_AFTER_S:g} s: "
+                      "its processes are gone"}
+STATE_COLOR = {"running": "green", "finished": "gray", "crashed": "red", "stale": "orange", "lost": "red"}
 
 
 def db_url() -> str:
@@ -52,8 +56,10 @@ def _slow_statements(threshold_s: float):
 @st.cache_resource(show_spinner=False)
 def _open(url: str) -> Store:
     threshold = trace_threshold()
-    return open_store(url, create=False, read_only=True,
-                      tracer=None if threshold is None else _slow_statements(threshold))
+    opened = open_store(url, create=False, read_only=True,
+                        tracer=None if threshold is None else _slow_statements(threshold))
+    atexit.register(opened.close)  # Streamlit ends on SIGTERM / SIGINT by returning from its main
+    return opened
 
 
 def store() -> Store:
@@ -85,9 +91,13 @@ def _cached_finished(url: str, read: Callable[..., Any], args: tuple) -> Any:
     return read(_open(url), *args)
 
 
-def _finished(run_id: Any) -> bool:
+def _state(run_id: Any) -> str | None:
     runs = _cached(db_url(), queries.runs, ())
-    return any(run["run_id"] == run_id and run["state"] in ("finished", "crashed") for run in runs)
+    return next((run["state"] for run in runs if run["run_id"] == run_id), None)
+
+
+def _finished(run_id: Any) -> bool:
+    return _state(run_id) in readmodel.ENDED
 
 
 def query(read: Callable[..., Any], *args: Any) -> Any:
@@ -103,36 +113,35 @@ def query(read: Callable[..., Any], *args: Any) -> Any:
         st.stop()
 
 
-def _diagnosed(url: str, run_id: str) -> list[Finding]:
-    store = _open(url)
-    return diagnose(store, run_id).with_checkpoint(checkpoint_findings(store, run_id)).findings
+@st.cache_resource(show_spinner=False)
+def _reader(url: str) -> readmodel.RunReader:
+    return readmodel.RunReader(_open(url))
 
 
-_findings_live = st.cache_data(ttl=REFRESH_S, show_spinner=False)(_diagnosed)
-_findings_finished = st.cache_data(ttl=FINISHED_TTL_S, show_spinner=False)(_diagnosed)
+@st.cache_data(ttl=REFRESH_S, show_spinner=False)
+def _verdict(url: str, run_id: str, state: str | None) -> list[Finding]:
+    return _reader(url).findings(run_id, state)
 
 
 def findings(run_id: str) -> list[Finding]:
-    """The doctor's findings for ``run_id`` (computed from the store, cached like :func:`query`)
-    plus the run's stored checkpoint-inspection findings as the doctor reads them
-    (:func:`specscope.doctor.checkpoint_findings`); errors first."""
+    """The verdict on ``run_id`` (:class:`specscope.readmodel.RunReader`: the doctor's findings plus
+    the run's stored checkpoint findings, errors first; an ended run's computed once, a live run's at
+    most every :data:`REFRESH_S` seconds)."""
     store()
-    cached = _findings_finished if _finished(run_id) else _findings_live
     try:
-        return cached(db_url(), run_id)
+        return _verdict(db_url(), run_id, _state(run_id))
     except SpecscopeError as exc:
         st.error(f"The doctor could not read run {run_id}: {exc}")
         return []
 
 
 def counts(run: dict[str, Any], diagnosed: bool = False) -> dict[str, int]:
-    """Error and warning findings of a run (``{"error": n, "warning": n}``): the doctor's (run now,
-    see :func:`findings`) when ``diagnosed``, else those stored in the ``findings`` table by
-    ``specscope demo`` / :func:`specscope.doctor.save_findings` (:func:`queries.runs` counts them in
-    one query, so listing runs never runs the doctor per run)."""
+    """Error and warning findings of a run (``{"error": n, "warning": n}``): of its verdict
+    (:func:`findings`) when ``diagnosed``, else those last stored with it (``v_run_summary``: an
+    ended run's verdict, stored when it ended; one query for every run, so listing runs never runs
+    the doctor per run)."""
     if diagnosed:
-        items = findings(run["run_id"])
-        return {severity: sum(f.severity == severity for f in items) for severity in ("error", "warning")}
+        return readmodel.counts(findings(run["run_id"]))
     return {"error": run["error_findings"], "warning": run["warning_findings"]}
 
 
@@ -222,15 +231,14 @@ def findings_banner(items: list[Finding], *, limit: int | None = None,
 
 def live(body: Callable[[], None], state: str) -> None:
     """Run ``body`` as a fragment that reruns itself every REFRESH_S seconds while the run is being
-    written (``state == 'running'``); a finished or stale run renders once."""
+    written (``state == 'running'``); a run in any other state renders once."""
     st.fragment(body, run_every=REFRESH_S if state == "running" else None)()
 
 
 def state_badge(state: str) -> None:
     """A coloured badge for a run's state, one short word (its meaning on hover): live (green),
-    finished (grey), crashed (red), stale (orange)."""
-    color = {"running": "green", "finished": "gray", "crashed": "red", "stale": "orange"}[state]
-    st.badge(STATE_LABEL[state], color=color, help=STATE_HELP[state])
+    finished (grey), crashed and lost (red), stale (orange)."""
+    st.badge(STATE_LABEL[state], color=STATE_COLOR[state], help=STATE_HELP[state])
 
 
 def shape_text(shape: str | None) -> str:

@@ -70,7 +70,8 @@ def _rank_fault(text: str) -> tuple[int, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specscope.doctor import checkpoint_findings, diagnose, render_text, save_findings
+    from specscope.doctor import render_text
+    from specscope.readmodel import report, store_verdict
     from specscope.storage import open_store
 
     # bad options, then a location that cannot hold a store, fail here: before any engine runs
@@ -81,14 +82,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         run_ids = {"vllm": _run_vllm, "llama.cpp": _run_llamacpp}[args.engine](args)
     with open_store(args.db) as store:
-        reports = [diagnose(store, run_id) for run_id in run_ids]
-        for report in reports:
-            save_findings(store, report)
+        for run_id in run_ids:  # once every rank ended (a rank's run-end callback may see others running)
+            store_verdict(store, run_id)
         # what `specscope doctor` and the dashboard say: the stored checkpoint findings included
-        reports = [report.with_checkpoint(checkpoint_findings(store, run_id))
-                   for report, run_id in zip(reports, run_ids)]
-    for report in reports:
-        print(render_text(report))
+        reports = [report(store, run_id) for run_id in run_ids]
+    for verdict in reports:
+        print(render_text(verdict))
     if args.no_dashboard:
         return max(r.exit_code for r in reports)
     from specscope.cli import dashboard

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from specscope.cli._types import add_db_argument, add_json_argument
-from specscope.doctor import checkpoint_findings, diagnose, render_text
+from specscope.doctor import render_text
+from specscope.readmodel import report as verdict
 from specscope.results import to_json
 from specscope.storage import open_store
 
@@ -32,10 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the report; returns 0 / 1 (StoreError, ConfigError: exit 2 via the CLI shell)."""
     with open_store(args.db, create=False, read_only=True) as store:
-        report = diagnose(store, args.run)
-        # The dashboard shows the checkpoint inspection stored with a run beside the runtime rules;
-        # the verdict here must be the same one (and a stored checkpoint error fails the run).
-        report = report.with_checkpoint([f for run in report.runs
-                                         for f in checkpoint_findings(store, run.run_id)])
+        # the verdict the dashboard and the exporter show: a stored checkpoint error fails the run too
+        report = verdict(store, args.run)
     print(to_json(report.to_dict()) if args.json else render_text(report))
     return report.exit_code

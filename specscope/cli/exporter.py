@@ -1,17 +1,19 @@
 """`specscope exporter --db URL [--port 9464] [--host 127.0.0.1] [--max-runs 50]`: serve the store's
 findings, draft-input contract, acceptance and counters as a Prometheus target (``/metrics``; metric
-names in :mod:`specscope.fleet`). The store is opened read-only. Runs until Ctrl-C (exit 130), or exits
-2 for a missing store or an address that cannot be bound.
+names in :mod:`specscope.exporter`). The store is opened read-only. Runs until Ctrl-C or SIGTERM (either
+shuts the server down, closes the store and exits 0), or exits 2 for a missing store or an address
+that cannot be bound.
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
+import signal
 
+from specscope.cli._signals import stopped_by
 from specscope.cli._types import add_db_argument, port, positive_int
 from specscope.errors import ConfigError
-from specscope.fleet import serve_exporter
+from specscope.exporter import serve_exporter
 from specscope.storage import open_store
 
 
@@ -29,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; 0 (StoreError / ConfigError: exit 2 via the CLI shell)."""
-    with open_store(args.db, create=False, read_only=True) as store:
+    """Serve until SIGINT or SIGTERM; 0 (StoreError / ConfigError: exit 2 via the CLI shell)."""
+    with open_store(args.db, create=False, read_only=True) as store, \
+            stopped_by(signal.SIGINT, signal.SIGTERM) as stop:
         try:
             server, _, _ = serve_exporter(store, host=args.host, port=args.port, max_runs=args.max_runs)
         except OSError as exc:
@@ -38,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         host, port = server.server_address[:2]
         print(f"specscope exporter: http://{host}:{port}/metrics", flush=True)
         try:
-            threading.Event().wait()
+            stop.wait()
         finally:
             server.shutdown()
+            server.server_close()
     return 0

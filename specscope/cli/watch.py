@@ -1,6 +1,6 @@
 """`specscope watch --db URL ENDPOINT... [--interval 5s] [--count N | --duration 10m]`: store the
 acceptance of servers you cannot instrument, from their Prometheus endpoints (vLLM, SGLang,
-TensorRT-LLM, llama.cpp; see :mod:`specscope.fleet`).
+TensorRT-LLM, llama.cpp; see :mod:`specscope.adapters.prometheus_watch`).
 
 Runs until ``--count`` scrapes or ``--duration`` have passed, or Ctrl-C or SIGTERM (both end the watch
 the same way: every rank marked finished, the store flushed); then prints one line per watched run.
@@ -15,13 +15,11 @@ import argparse
 import logging
 import re
 import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
+from specscope.adapters.prometheus_watch import watch
+from specscope.cli._signals import stopped_by
 from specscope.cli._types import add_db_argument, positive_int
 from specscope.errors import ConfigError
-from specscope.fleet import watch
 from specscope.storage import open_store, queries
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -64,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     """Watch, then print one line per watched run; 0 (errors: exit 2 via the CLI shell)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    with open_store(args.db) as store, _stopped_by_sigterm() as stop:
+    # Ctrl-C stays a KeyboardInterrupt: the watch ends its runs on it itself
+    with open_store(args.db) as store, stopped_by(signal.SIGTERM) as stop:
         try:
             run_ids = watch(store, args.endpoints, interval_s=args.interval, count=args.count,
                             duration_s=args.duration, timeout_s=args.timeout, stop=stop)
@@ -76,21 +75,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"run {row['run_id']} [{row['engine']} {row['target_model']}]: "
                       f"{row['verify_steps']} verify step(s), AL {_fmt(al, '.2f')}, rate {_fmt(rate, '.1%')}")
     return 0
-
-
-@contextmanager
-def _stopped_by_sigterm() -> Iterator[threading.Event]:
-    """An event SIGTERM sets while the watch runs (a service manager's stop ends it as Ctrl-C does);
-    the previous handler is restored after. Off the main thread (tests) signals cannot be handled."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _fmt(value: float | None, spec: str) -> str:

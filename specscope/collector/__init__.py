@@ -4,6 +4,6 @@
 :class:`~specscope.storage.Store` in batches from a background thread.
 """
 
-from specscope.collector._collector import Collector
+from specscope.collector._collector import HEARTBEAT_S, Collector
 
-__all__ = ["Collector"]
+__all__ = ["HEARTBEAT_S", "Collector"]

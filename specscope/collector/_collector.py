@@ -15,6 +15,11 @@ drains one batch per wait, so a ``flush`` during an outage returns at its timeou
 ``queued / batch_size * MAX_BACKOFF_S``), and ``close`` on a failing store drops what is queued at once. An event whose values
 the database refuses (:class:`~specscope.errors.EventRejected`) is isolated by writing its batch in
 halves: it alone is dropped (counted in ``rejected`` and ``dropped``, logged once), the rest commits.
+Each committed batch also tells the collector which ranks it heard from: while a rank has not ended,
+an idle writer marks it heard every ``heartbeat_s`` seconds (``Store.touch``), so a live engine
+with nothing to record never reads 'lost' (``v_run_summary``); when a batch that ends a rank commits
+(``RankStatus(finished=True)``), ``on_run_end(store, run_id)`` runs on the writer thread, off the
+engine's (the read model's :func:`specscope.readmodel.store_verdict` stores the doctor's verdict then).
 After ``os.fork`` the child gets an empty queue, a writer thread of its own and fresh database
 connections (``os.register_at_fork``), so what a forked worker emits is written, not silently lost.
 """
@@ -25,9 +30,10 @@ import atexit
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from specscope.collector._decode import Decoder
@@ -41,6 +47,11 @@ Key = tuple[str, int]  # (run_id, rank)
 FIRST_BACKOFF_S = 0.05  # wait after the first failed write; doubled per failure in a row
 MAX_BACKOFF_S = 2.0  # longest wait between two write attempts on a failing store (seconds)
 EXIT_TIMEOUT_S = 30.0  # longest wait of the close at interpreter exit for the writer (seconds)
+HEARTBEAT_S = 30.0
+"""Longest silence (seconds) of a live rank in the store: an idle writer marks the ranks it wrote for
+and that have not ended as heard (``run_ranks.last_seen_wall``) this often, far below
+:data:`specscope.storage.views.LOST_AFTER_S`."""
+RunEnd = Callable[[Store, str], None]
 
 
 class _FlushMarker:
@@ -68,6 +79,10 @@ class Collector:
         tokenizer: decodes the token ids events carry (``VerifyStep.emitted_ids``,
             ``RequestEnd.output_ids``) in the writer thread: anything with Hugging Face's
             ``decode(ids, skip_special_tokens=)``; None stores no text for them.
+        heartbeat_s: how often (seconds) an idle writer marks its live ranks heard.
+        on_run_end: called as ``on_run_end(store, run_id)`` on the writer thread after a batch that
+            ends a rank of ``run_id`` committed (e.g. :func:`specscope.readmodel.store_verdict`); an
+            exception it raises is logged, never raised to the engine.
 
     Raises:
         ConfigError: capacity or batch_size not an int >= 1, or flush_interval_s not a finite
@@ -79,12 +94,14 @@ class Collector:
             rejected by the database.
         rejected: of those, events whose values the database refused (quarantined one by one).
         write_errors: failed write attempts (a failed batch counts once).
+        last_error: the exception of the latest failed write attempt (None before any).
 
     Usable as a context manager; also flushed and closed at interpreter exit (``atexit``) until closed.
     """
 
     def __init__(self, store: Store | str, *, capacity: int = 100_000, batch_size: int = 5_000,
-                 flush_interval_s: float = 1.0, tokenizer: Any = None) -> None:
+                 flush_interval_s: float = 1.0, tokenizer: Any = None, on_run_end: RunEnd | None = None,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
         if not (_is_count(capacity) and _is_count(batch_size) and isinstance(flush_interval_s, (int, float))
                 and not isinstance(flush_interval_s, bool) and 0 < flush_interval_s < float("inf")):
             raise ConfigError(f"collector needs capacity >= 1, batch_size >= 1 and flush_interval_s > 0"
@@ -95,6 +112,8 @@ class Collector:
         self._batch_size = batch_size
         self._interval = flush_interval_s
         self._decode = None if tokenizer is None else Decoder(tokenizer)
+        self._on_run_end = on_run_end
+        self._heartbeat_s = heartbeat_s
         self._closing = False
         self._start_writer()
         _LIVE.add(self)
@@ -106,6 +125,7 @@ class Collector:
         self.dropped = 0
         self.rejected = 0
         self.write_errors = 0
+        self.last_error: Exception | None = None
         self._queue: deque[Event | _FlushMarker] = deque()
         self._in_flight = 0  # events taken off the queue and not yet handled (writer thread only)
         self._wake = threading.Event()
@@ -123,6 +143,8 @@ class Collector:
         self._failing = False
         self._backoff_s = FIRST_BACKOFF_S
         self._logged_rejection = False
+        self._live: set[Key] = set()  # ranks written for that have not ended (writer thread only)
+        self._heard = time.monotonic()  # when the store last heard from those ranks
         self._thread = threading.Thread(target=self._run, name="specscope-collector", daemon=True)
         self._thread.start()
 
@@ -270,6 +292,7 @@ class Collector:
             emit_drops, self._emit_drops = self._emit_drops, {}
         _add(self._pending_drops, emit_drops)
         if not chunk and not self._pending_drops:
+            self._heartbeat()
             return True
         written = _per_key(chunk)
         try:
@@ -280,7 +303,34 @@ class Collector:
             self._failed(written, len(chunk), exc)
             return False
         self._committed(len(chunk))
+        self._heard_from(chunk, written)
         return True
+
+    def _heartbeat(self) -> None:
+        """Mark the live ranks heard when the store has not heard from them for HEARTBEAT_S."""
+        if not self._live or time.monotonic() - self._heard < self._heartbeat_s:
+            return
+        try:
+            self._open().touch(sorted(self._live))
+        except Exception:  # noqa: BLE001 - a failing store is reported by the next batch's write
+            return
+        self._heard = time.monotonic()
+
+    def _heard_from(self, events: Sequence[Event], keys: dict[Key, int]) -> None:
+        """Track live ranks over committed ``events`` (``keys``: their ``_per_key`` counts); run
+        ``on_run_end`` for each run a rank ended."""
+        self._heard = time.monotonic()
+        self._live.update(key for key in keys if key[0] is not None)
+        ended: list[str] = []
+        for event in events:
+            if event.kind == "rank_status" and event.finished:
+                self._live.discard((event.run_id, event.rank))
+                ended.append(event.run_id)
+        for run_id in dict.fromkeys(ended) if self._on_run_end is not None else ():
+            try:
+                self._on_run_end(self._open(), run_id)
+            except Exception:  # noqa: BLE001 - the engine's events matter more than the verdict
+                logger.exception("specscope collector: the run-end callback failed for run %s", run_id)
 
     def _quarantine(self, chunk: Sequence[Event], rejection: EventRejected) -> bool:
         """Write ``chunk`` in halves until every rejected event is alone; drop and count only those
@@ -315,6 +365,7 @@ class Collector:
         self.rejected += len(bad)
         _add(self._pending_drops, _per_key(bad))
         self.written += len(good)
+        self._heard_from(good, _per_key(good))
         try:  # the counters of what did commit, and of the rejected events
             store.write((), counters=self._counters(_per_key(good)))
         except Exception as exc:  # noqa: BLE001 - kept pending: they go with the next batch
@@ -349,6 +400,7 @@ class Collector:
             logger.info("specscope collector: store %s writable again", self._describe())
 
     def _failed(self, lost: dict[Key, int], count: int, exc: Exception) -> None:
+        self.last_error = exc
         self.write_errors += 1
         with self._drop_lock:
             self.dropped += count

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from specscope.storage import _summaries, schema
-from specscope.storage.views import VIEWS
+from specscope.storage.views import VIEWS, create_view_sql
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,11 @@ def sampling_and_audit(conn: Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.lossless_audit])
 
 
+def lost_runs_view(conn: Connection) -> None:
+    """Version 10: no table changes; the views are recreated after the step (``v_run_summary`` reads
+    a run silent for longer than :data:`views.LOST_AFTER_S` as ``'lost'``)."""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
@@ -121,6 +126,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "mixed_graph_mode_view", mixed_graph_mode_view),
     Migration(8, "summary_tables", summary_tables),
     Migration(9, "sampling_and_audit", sampling_and_audit),
+    Migration(10, "lost_runs_view", lost_runs_view),
 )
 
 
@@ -167,5 +173,5 @@ def refresh_views(conn: Connection) -> None:
     """Drop and recreate every view of ``VIEWS`` (reverse order first: later views use earlier ones)."""
     for name in reversed(VIEWS):
         conn.exec_driver_sql(f"DROP VIEW IF EXISTS {name}")
-    for name, select_sql in VIEWS.items():
-        conn.exec_driver_sql(f"CREATE VIEW {name} AS {select_sql}")
+    for name in VIEWS:
+        conn.exec_driver_sql(create_view_sql(name, conn.dialect.name))

@@ -318,8 +318,6 @@ RUNS_DRAFT_CONTRACT = Query("runs_draft_contract", "SELECT run_id, rank, hook_po
                             "calls FROM v_tensor_contract WHERE run_id IN :runs "
                             f"AND hook_point >= '{points.DRAFT_PREFIX}' AND hook_point < '{points.DRAFT_PREFIX[:-1]}/' "
                             "AND expected_width IS NOT NULL", expanding=("runs",))
-RUNS_INSPECT_FINDINGS = Query("runs_inspect_findings", "SELECT run_id, code, severity, evidence FROM findings "
-                              "WHERE source = 'inspect' AND run_id IN :runs", expanding=("runs",))
 
 QUERIES: tuple[Query, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Query))
 """Every named query of this module (a test runs each on SQLite and PostgreSQL)."""

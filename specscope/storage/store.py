@@ -171,6 +171,27 @@ class Store:
             raise StoreError(f"writing to {self.url}: the store file was deleted or replaced while open; "
                              "nothing more is written to it (open the store again to start a new one)")
 
+    def touch(self, ranks: Sequence[tuple[str, int]]) -> None:
+        """Set ``last_seen_wall`` of these ``(run_id, rank)`` rows of ``run_ranks`` (those that exist)
+        to now: the collector's heartbeat for a live rank with nothing to write, so the run does not
+        read 'lost' (:data:`specscope.storage.views.LOST_AFTER_S`).
+
+        Raises:
+            ReadOnlyViolation: the store was opened read-only.
+            StoreError: as :meth:`write`.
+        """
+        self._check_writable()
+        if not ranks:
+            return
+        table = schema.run_ranks
+        statement = (sa.update(table).where(table.c.run_id == sa.bindparam("b_run_id"),
+                                            table.c.rank == sa.bindparam("b_rank"))
+                     .values(last_seen_wall=sa.bindparam("b_wall")))
+        wall = time.time()
+        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
+            conn.execute(statement, [{"b_run_id": run_id, "b_rank": rank, "b_wall": wall}
+                                     for run_id, rank in ranks])
+
     def replace_findings(self, source: str, run_ids: Sequence[str], findings: Sequence[Finding]) -> None:
         """Delete the ``source`` findings (``"doctor"`` / ``"inspect"``) of ``run_ids`` and write
         ``findings`` in ONE transaction, so a reader sees the old set or the new one, never a mix.

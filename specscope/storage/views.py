@@ -20,6 +20,14 @@ into one grouping level, not through a join with a grouped subquery).
 | ``v_request_position_acceptance`` | run, request, position | p_i of one request |
 | ``v_tensor_contract`` | run, rank, hook point, shape | calls, observed vs expected width |
 | ``v_run_summary`` | run | run metadata and config, status, counters, acceptance, stored findings |
+
+``v_run_summary.status`` is ``'crashed'`` (a rank stopped on an error), ``'finished'`` (every rank
+ended), ``'running'``, or ``'lost'``: not ended and no rank heard from for more than
+:data:`LOST_AFTER_S` seconds by the database's clock (its processes vanished without a word: killed,
+host gone). A lost run that is heard from again reads ``'running'`` again. Its ``error_findings`` /
+``warning_findings`` count the findings last stored with the run (the collector's run-end callback
+stores the doctor's verdict when a rank ends: docs/design.md, "Reading a run"); a live run's current
+verdict is computed by :mod:`specscope.readmodel`.
 | ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate of each sampling group |
 | ``v_lossless_audit`` | run, sampling group | tokens audited, greedy mismatches, rare tokens vs the bound |
 """
@@ -112,6 +120,28 @@ FROM (SELECT DISTINCT {", ".join(f"t.{k}" for k in columns)}, p.pos AS position,
 """
 
 
+LOST_AFTER_S = 300.0
+"""A run that has not ended and from which no rank was heard (an event written, or the collector's
+heartbeat) for longer than this many seconds is ``'lost'`` (docs/design.md, "Reading a run"). Five
+minutes: many heartbeats (:data:`specscope.collector.HEARTBEAT_S`) long, and longer than a clock
+skew between an engine host and the database host is likely to be."""
+
+NOW_WALL = "__now_wall__"
+"""Placeholder for the database's wall clock (seconds since the epoch) in :data:`VIEWS`, replaced
+per dialect by :func:`create_view_sql` (SQLite and PostgreSQL share no expression for it)."""
+
+_NOW_WALL_SQL = {
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+    "postgresql": "CAST(EXTRACT(EPOCH FROM CURRENT_TIMESTAMP) AS DOUBLE PRECISION)",
+}
+
+
+def create_view_sql(name: str, dialect: str) -> str:
+    """``CREATE VIEW name AS ...`` of one view of :data:`VIEWS` for ``dialect``
+    (``'sqlite'`` / ``'postgresql'``)."""
+    return f"CREATE VIEW {name} AS {VIEWS[name].replace(NOW_WALL, _NOW_WALL_SQL[dialect])}"
+
+
 RUN_GRAPH_MODE = "CASE WHEN COUNT(DISTINCT graph_mode) > 1 THEN 'mixed' ELSE MAX(graph_mode) END"
 """A run's graph mode over its ``run_ranks`` rows: ranks that saw different modes make it ``'mixed'``
 (a lexical MAX would call an eager + capture_only run ``'eager'``, telling the user hooks saw every
@@ -177,7 +207,9 @@ GROUP BY run_id, sampling
 SELECT r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
        r.world_size, r.host, r.started_wall, k.ended_wall,
        CASE WHEN k.ranks_crashed > 0 THEN 'crashed'
-            WHEN k.ranks_ended >= r.world_size THEN 'finished' ELSE 'running' END AS status,
+            WHEN k.ranks_ended >= r.world_size THEN 'finished'
+            WHEN {NOW_WALL} - COALESCE(k.last_seen_wall, r.started_wall) > {LOST_AFTER_S!r} THEN 'lost'
+            ELSE 'running' END AS status,
        k.last_seen_wall, k.error,
        (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.run_id) AS requests,
        {_summed("m.")},

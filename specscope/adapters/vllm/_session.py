@@ -190,13 +190,16 @@ class Session:
 
         from specscope.collector import Collector
         from specscope.instrumentation import Tracer
+        from specscope.readmodel import store_verdict
 
         self.run_id = run_id()
         self.has_model = has_model
         self.collector_target = os.environ[ENV_DB]
         # Requests carry token ids (from the scheduler, which may share this process's session);
-        # the tokenizer loads only when the first ids reach the writer thread.
-        self.collector = Collector(self.collector_target, tokenizer=LazyTokenizer.of(vllm_config.model_config))
+        # the tokenizer loads only when the first ids reach the writer thread. A rank's end stores the
+        # run's verdict there too, so v_run_summary and the run picker count what the doctor says.
+        self.collector = Collector(self.collector_target, tokenizer=LazyTokenizer.of(vllm_config.model_config),
+                                   on_run_end=store_verdict)
         config = run_config(vllm_config, active)
         owns_run = has_model or config.model_runner == "v2"
         sink = self.collector if owns_run else _SchedulerOnlySink(self.collector)

@@ -8,6 +8,7 @@ target model, ``position`` = the draft position, 0 first):
 | metric | type | labels |
 |---|---|---|
 | ``specscope_finding`` | gauge (1 per open finding) | code, severity, run_id, rank |
+| ``specscope_run_findings`` | gauge (findings of the run's verdict) | run_id, severity |
 | ``specscope_draft_input_width`` / ``..._expected_width`` | gauge (elements) | run_id, rank, hook_point, expected_width |
 | ``specscope_draft_input_width_mismatch_calls`` | gauge | run_id, rank, hook_point, expected_width |
 | ``specscope_mean_acceptance_length`` | gauge (tokens per verify step) | run_id, rank, model_name, engine_name |
@@ -15,19 +16,20 @@ target model, ``position`` = the draft position, 0 first):
 | ``specscope_verify_steps_total`` / ``_draft_tokens_total`` / ``_accepted_tokens_total`` | counter | run_id, rank, model_name, engine_name |
 | ``specscope_position_acceptance`` | gauge (ratio p_i) | run_id, position, model_name |
 | ``specscope_events_dropped_total`` / ``specscope_hook_errors_total`` | counter | run_id, rank |
-| ``specscope_run_running`` | gauge (1 running, 0 finished) | run_id, model_name, engine_name |
+| ``specscope_run_running`` | gauge (1 running, 0 ended or lost) | run_id, model_name, engine_name |
 
 ``rank`` is the torch.distributed rank, ``"all"`` for a run-wide figure; a finding that names ranks
 (:func:`specscope.doctor.named_ranks`: the rank of a load, the low rank of a divergence, the ranks a
 contract failure was seen on) has one series per named rank, else one with ``rank="all"``. Findings
-are the doctor's verdicts (computed at scrape time; a finished run's verdict is cached, it cannot
-change) plus stored checkpoint (``inspect``) findings of those runs: "open" means the run's current
-verdict, so a fixed and rerun engine clears its alert with the new run.
+are each run's verdict as :class:`specscope.readmodel.RunReader` gives it (the doctor's findings
+plus the stored checkpoint findings as the doctor reads them; computed at scrape time, an ended run's
+once): "open" means the run's current verdict, so a fixed and rerun engine clears its alert with the
+new run. ``specscope_run_findings`` counts them per severity, as ``specscope doctor`` and the
+dashboard do.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,19 +37,17 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from specscope.doctor import diagnose, named_ranks
-from specscope.events import Finding
+from specscope.doctor import named_ranks
+from specscope.readmodel import RunReader, counts
 from specscope.storage import Store
 from specscope.storage import queries as q
 
 ALL = "all"
-ENDED = ("finished", "crashed")  # v_run_summary statuses after which a run's verdict no longer changes
 _RUN = ["run_id", "rank", "model_name", "engine_name"]
 _CONTRACT = ["run_id", "rank", "hook_point", "expected_width"]
 
 _PER_RUNS = {"run_acceptance": q.RUNS_ACCEPTANCE, "rank_acceptance": q.RUNS_RANK_ACCEPTANCE,
-             "positions": q.RUNS_POSITIONS, "ranks": q.RUNS_RANK_HEALTH, "contract": q.RUNS_DRAFT_CONTRACT,
-             "inspect_findings": q.RUNS_INSPECT_FINDINGS}
+             "positions": q.RUNS_POSITIONS, "ranks": q.RUNS_RANK_HEALTH, "contract": q.RUNS_DRAFT_CONTRACT}
 
 
 class StoreCollector(Collector):
@@ -60,7 +60,7 @@ class StoreCollector(Collector):
     def __init__(self, store: Store, *, max_runs: int = 50) -> None:
         self.store = store
         self.max_runs = max_runs
-        self._finished_findings: dict[str, list[Finding]] = {}
+        self.reader = RunReader(store)
 
     def collect(self) -> Iterator[Metric]:
         with self.store.connect() as conn:
@@ -71,14 +71,14 @@ class StoreCollector(Collector):
         yield from self._acceptance(runs, rows)
         yield from self._contract(rows["contract"])
         yield from self._counters(rows["ranks"])
-        yield self._findings(runs, rows["inspect_findings"])
+        yield from self._findings(runs)
 
     def _acceptance(self, runs: dict[str, Any], rows: dict[str, list]) -> Iterator[Metric]:
         def meta(run_id: str) -> list[str]:
             return [runs[run_id].target_model, runs[run_id].engine]
 
         running = GaugeMetricFamily("specscope_run_running", "1 while a run is being written, 0 once "
-                                    "every rank finished.", labels=["run_id", "model_name", "engine_name"])
+                                    "it ended or was lost.", labels=["run_id", "model_name", "engine_name"])
         for run_id, run in runs.items():
             running.add_metric([run_id, *meta(run_id)], 1.0 if run.status == "running" else 0.0)
         yield running
@@ -138,27 +138,22 @@ class StoreCollector(Collector):
             errors.add_metric([row.run_id, str(row.rank)], float(row.hook_errors))
         yield from (dropped, errors)
 
-    def _findings(self, runs: dict[str, Any], inspect_rows: list) -> Metric:
-        family = GaugeMetricFamily("specscope_finding", "1 per open finding: the doctor's current verdict "
-                                   "on the run, and its stored checkpoint findings.",
+    def _findings(self, runs: dict[str, Any]) -> Iterator[Metric]:
+        family = GaugeMetricFamily("specscope_finding", "1 per open finding: the run's current verdict "
+                                   "(the doctor's findings and its stored checkpoint findings).",
                                    labels=["code", "severity", "run_id", "rank"])
+        totals = GaugeMetricFamily("specscope_run_findings", "Findings of the run's current verdict per "
+                                   "severity (as specscope doctor counts them).", labels=["run_id", "severity"])
         seen = set()
         for run_id, run in runs.items():
-            for f in self._verdict(run_id, run.status):
+            found = self.reader.findings(run_id, run.status)
+            for f in found:
                 seen.update(_finding_labels(f.code, f.severity, run_id, f.evidence))
-        for row in inspect_rows:
-            seen.update(_finding_labels(row.code, row.severity, row.run_id, json.loads(row.evidence or "{}")))
+            for severity, n in counts(found).items():
+                totals.add_metric([run_id, severity], float(n))
         for labels in sorted(seen):
             family.add_metric(list(labels), 1.0)
-        return family
-
-    def _verdict(self, run_id: str, status: str) -> list[Finding]:
-        if run_id in self._finished_findings:
-            return self._finished_findings[run_id]
-        found = diagnose(self.store, run_id).findings
-        if status in ENDED:
-            self._finished_findings[run_id] = found
-        return found
+        yield from (family, totals)
 
 
 def _finding_labels(code: str, severity: str, run_id: str, evidence: Any) -> list[tuple[str, str, str, str]]:

@@ -1,4 +1,5 @@
-"""``specscope watch``: observe a serving engine through its Prometheus endpoint, with no hooks in it.
+"""``specscope watch``: observe a serving engine through its Prometheus endpoint, with no hooks in it
+(a producer like the other adapters: it writes through a :class:`~specscope.collector.Collector`).
 
 Design (the one chosen over a separate table of scraped samples): each scrape's counter increases are
 written as ordinary runs, ranks and :class:`~specscope.events.VerifyGroup` rows of ``verify_steps``
@@ -21,8 +22,13 @@ RANK_DIVERGENCE, ACCEPT_SATURATED) read a watched server exactly as an instrumen
   all (connect, headers and body: a server trickling bytes cannot hold a scrape), with its body capped
   at ``max_bytes`` as sent and as decompressed (the decoder inflates one network read at a time, so
   a compressed bomb costs at most one read's inflation before it is refused). A series with a value
-  that is not a count (:func:`~specscope.fleet.check_reading`) or a window no engine produces is
+  that is not a count (:func:`~specscope.adapters.prometheus_metrics.check_reading`) or a window no engine produces is
   skipped alone (one warning line per series), the endpoint's other series are stored.
+- Writes go through a collector (its heartbeat keeps a watched run from reading 'lost' while an
+  endpoint is down, and its run end stores the doctor's verdict: docs/design.md, "Reading a run"),
+  one transaction per endpoint and scrape: the collector's writer wakes only for the scrape's flush,
+  which hands it every event of the scrape as one batch, so a refused write stores nothing of it
+  and the watch keeps its state, and the next scrape stores the whole increase.
 """
 
 from __future__ import annotations
@@ -39,16 +45,25 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from specscope.adapters.prometheus_metrics import Reading, check_reading, parse_exposition, window, window_groups
+from specscope.collector import Collector
 from specscope.errors import StoreError
 from specscope.events import Event, RankStart, RankStatus, RunStart
-from specscope.fleet._conventions import Reading, check_reading, parse_exposition, window, window_groups
+from specscope.readmodel import store_verdict
 from specscope.storage import Store
 
-logger = logging.getLogger("specscope.fleet")
+logger = logging.getLogger("specscope.watch")
 
 MAX_BYTES = 16 << 20
 """Default cap of one scrape's body (bytes, as sent and as decompressed); vLLM's exposition with its
 histograms is a few hundred KB."""
+
+MAX_EVENTS = 1_000_000
+"""Most events one endpoint's scrape may write (one collector batch; a series gives at most a few)."""
+
+HOLD_S = 3600.0
+"""The collector's own flush period: longer than any scrape interval, so that only a scrape's flush
+wakes its writer (and one scrape is never split over two transactions)."""
 
 WATCH_REQUEST_ID = "watch"
 """``verify_steps.request_id`` of watched rows: a server's counters do not name requests."""
@@ -86,7 +101,7 @@ class Watcher:
     """Scrapes Prometheus endpoints and stores their acceptance as runs of ``store``.
 
     Call :meth:`scrape` once per interval (the first call is the baseline) and :meth:`close` at the
-    end (marks every watched rank finished). ``timeout_s`` bounds one endpoint's whole scrape;
+    end (marks every watched rank finished, stores each run's verdict and stops the collector). ``timeout_s`` bounds one endpoint's whole scrape;
     ``max_bytes`` caps its body. The lead's real-vLLM check: scrape, serve requests, scrape, compare
     ``v_run_acceptance`` of :attr:`run_ids` with vLLM's own counter increases.
 
@@ -99,6 +114,8 @@ class Watcher:
             raise ValueError(f"watch needs timeout > 0 and max_bytes > 0, got {timeout_s}, {max_bytes}")
         self.store = store
         self.endpoints = [normalize_endpoint(e) for e in endpoints]
+        self._sink = Collector(store, capacity=MAX_EVENTS, batch_size=MAX_EVENTS, flush_interval_s=HOLD_S,
+                               on_run_end=store_verdict)
         self._timeout_s = timeout_s
         self._max_bytes = max_bytes
         self._session = f"{time.time():.6f}"
@@ -123,14 +140,39 @@ class Watcher:
         return [self._scrape(endpoint, body) for endpoint, body in zip(self.endpoints, bodies)]
 
     def close(self) -> None:
-        """Mark every watched rank finished (idempotent)."""
+        """Mark every watched rank finished and stop the collector (idempotent).
+
+        Raises:
+            StoreError: the store refused the write.
+        """
         if self._closed:
             return
         self._closed = True
         events: list[Event] = [RankStatus(run_id, rank, 0, 0, "eager", finished=True)
                                for run_id, ranks in self._ranks.items() for rank in ranks.values()]
-        if events:
-            self.store.write(events)
+        try:
+            self._write(events)
+        finally:
+            self._sink.close()
+
+    def _write(self, events: list[Event]) -> None:
+        """Write ``events`` in one transaction through the collector.
+
+        Raises:
+            StoreError: nothing of them was stored (the collector's error), or too many to hold.
+        """
+        if len(events) > MAX_EVENTS:
+            raise StoreError(f"a scrape gave {len(events)} events, over the {MAX_EVENTS} one write holds")
+        failures, rejected = self._sink.write_errors, self._sink.rejected
+        for event in events:
+            self._sink.emit(event)
+        if self._sink.flush():
+            return
+        if self._sink.write_errors > failures:
+            raise StoreError(str(self._sink.last_error)) from self._sink.last_error
+        # the store refused single events (set aside by the collector): the rest is stored
+        logger.warning("watch: the store refused %d event(s) of a scrape; the rest is stored",
+                       self._sink.rejected - rejected)
 
     def __enter__(self) -> Watcher:
         return self
@@ -168,6 +210,7 @@ class Watcher:
         if endpoint not in self._down:
             logger.warning("watch: %s gives no metrics (%s); recording a gap until it answers", endpoint, error)
             self._down.add(endpoint)
+        self._sink.flush()  # wakes the collector's writer for its heartbeat: the run is still watched
         return ScrapeResult(endpoint, False, error=error)
 
     def _scrape(self, endpoint: str, body: str | Exception) -> ScrapeResult:
@@ -209,7 +252,7 @@ class Watcher:
             if run_id not in runs:
                 runs.append(run_id)
         try:
-            self.store.write(events)
+            self._write(events)
         except StoreError:  # nothing of this scrape is stored: keep the state, the next scrape retries
             self._ranks, self.run_ids = known
             raise

@@ -1,0 +1,123 @@
+"""specscope.readmodel: one state, one verdict and one count of a run for every reader (the run
+picker, ``v_run_summary``, the exporter and ``specscope doctor``), and the 'lost' state, on SQLite
+and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import _traces
+import pytest
+
+from specscope import events as ev
+from specscope import readmodel
+from specscope.app import queries
+from specscope.cli import main
+from specscope.collector import HEARTBEAT_S, Collector
+from specscope.exporter import StoreCollector
+from specscope.storage import open_store
+
+
+def test_run_state_running_stale_and_the_views_states():
+    assert readmodel.run_state("running", 1000.0, now=1010.0) == "running"
+    assert readmodel.run_state("running", 1000.0, now=1000.0 + readmodel.STALE_AFTER_S + 1) == "stale"
+    assert readmodel.run_state("running", None, now=5.0) == "stale"
+    for status in ("finished", "crashed", "lost"):
+        assert readmodel.run_state(status, 0.0, now=1e9) == status
+    assert readmodel.STALE_AFTER_S < readmodel.LOST_AFTER_S
+    assert HEARTBEAT_S < readmodel.STALE_AFTER_S
+
+
+def test_the_dashboard_names_every_state_with_the_timeouts():
+    from specscope.app import widgets
+
+    assert set(widgets.STATE_LABEL) == set(widgets.STATE_HELP) == set(widgets.STATE_COLOR) == set(readmodel.STATES)
+    assert f"{readmodel.LOST_AFTER_S:g} s" in widgets.STATE_HELP["lost"]
+    assert f"{readmodel.STALE_AFTER_S:g} s" in widgets.STATE_HELP["stale"]
+
+
+def _started(run_id: str, wall: float) -> list:
+    return [ev.RunStart(run_id, "e", "0", "t", "d", {}, ts_wall=wall),
+            ev.RankStart(run_id, 0, 1, "h", 1, "cpu", ts_wall=wall)]
+
+
+def _status(store, run_id: str) -> str:
+    return store.query("SELECT status FROM v_run_summary WHERE run_id = :r", {"r": run_id})[1][0][0]
+
+
+def test_a_silent_run_reads_lost_until_heard_from_again(store):
+    now = time.time()
+    store.write([*_started("gone", now - readmodel.LOST_AFTER_S - 30),
+                 *_started("quiet", now - readmodel.LOST_AFTER_S + 30),
+                 *_started("ended", now - 10 * readmodel.LOST_AFTER_S),
+                 ev.RankStatus("ended", 0, 0, 0, "eager", finished=True,
+                               ts_wall=now - 10 * readmodel.LOST_AFTER_S)])
+    assert [_status(store, r) for r in ("gone", "quiet", "ended")] == ["lost", "running", "finished"]
+    states = {row["run_id"]: row["state"] for row in queries.runs(store)}
+    assert states == {"gone": "lost", "quiet": "stale", "ended": "finished"}
+    store.touch([("gone", 0)])  # the collector's heartbeat: the process was alive after all
+    assert _status(store, "gone") == "running"
+
+
+def _last_seen(store, run_id: str) -> float:
+    return store.query("SELECT last_seen_wall FROM v_run_summary WHERE run_id = :r", {"r": run_id})[1][0][0]
+
+
+def test_the_collector_heartbeat_keeps_an_idle_live_rank_heard(store):
+    with Collector(store, flush_interval_s=0.05, heartbeat_s=0.2) as sink:
+        for event in _started("idle", time.time()):
+            sink.emit(event)
+        assert sink.flush(10)
+        heard = _last_seen(store, "idle")
+        deadline = time.time() + 10
+        while _last_seen(store, "idle") == heard and time.time() < deadline:
+            time.sleep(0.1)
+        assert _last_seen(store, "idle") > heard  # nothing written since, yet heard from
+        sink.emit(ev.RankStatus("idle", 0, 0, 0, "eager", finished=True))
+        assert sink.flush(10)
+        ended = _last_seen(store, "idle")
+        time.sleep(0.6)
+        assert _last_seen(store, "idle") == ended  # an ended rank gets no heartbeat
+    assert _status(store, "idle") == "finished"
+
+
+def _counts_everywhere(store, url: str, run_id: str, capsys) -> dict[str, dict[str, int]]:
+    picker = next(row for row in queries.runs(store) if row["run_id"] == run_id)
+    (errors, warnings), = store.query("SELECT error_findings, warning_findings FROM v_run_summary "
+                                      "WHERE run_id = :r", {"r": run_id})[1]
+    exported = {s.labels["severity"]: int(s.value)
+                for family in StoreCollector(store).collect() if family.name == "specscope_run_findings"
+                for s in family.samples if s.labels["run_id"] == run_id}
+    assert main(["doctor", "--db", url, "--run", run_id, "--json"]) == 1
+    severities = [f["severity"] for f in json.loads(capsys.readouterr().out)["findings"]]
+    doctor = {severity: severities.count(severity) for severity in ("error", "warning")}
+    return {"picker (stored)": {"error": picker["error_findings"], "warning": picker["warning_findings"]},
+            "picker (open run)": readmodel.RunReader(store).counts(run_id),
+            "v_run_summary": {"error": errors, "warning": warnings},
+            "exporter": exported, "doctor": doctor}
+
+
+def test_picker_view_exporter_and_doctor_count_a_runtime_only_error_alike(store_url, capsys):
+    """A no-aux-capture run (ACCEPT_COLLAPSE, AUX_NOT_FUSED: runtime findings, nothing stored by an
+    inspection) written through a collector whose run end stores the verdict."""
+    trace = _traces.no_aux_capture()
+    with open_store(store_url) as store:
+        _traces.healthy().write(store)  # another run, ended without a stored verdict
+        with Collector(store, on_run_end=readmodel.store_verdict) as sink:
+            for event in trace.events():
+                sink.emit(event)
+        verdict = readmodel.report(store, trace.run_id)
+        assert {"ACCEPT_COLLAPSE", "AUX_NOT_FUSED"} <= set(verdict.codes(trace.run_id))
+        counts = _counts_everywhere(store, store_url, trace.run_id, capsys)
+    expected = readmodel.counts(verdict.findings)
+    assert expected["error"] >= 2
+    assert counts == dict.fromkeys(counts, expected)
+
+
+def test_an_ended_runs_verdict_is_computed_once(store, monkeypatch):
+    _traces.no_aux_capture().write(store)
+    reader = readmodel.RunReader(store)
+    first = reader.findings("no-aux")
+    monkeypatch.setattr(readmodel._run_view, "report", pytest.fail)
+    assert reader.findings("no-aux") is first
