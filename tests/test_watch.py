@@ -271,6 +271,10 @@ def test_window_groups_rebuild_a_chain_and_fall_back_without_one() -> None:
 
     # 10 steps, p = (6, 3, 1): 4 accepted none, 3 one, 2 two, 1 three; 29 proposed (one step short)
     assert groups(Window(10, 29, 10, (6, 3, 1))) == [
-        ("000", 4, 11, 0), ("100", 3, 9, 3), ("110", 2, 6, 4), ("111", 1, 3, 3)]
+        ("000", 4, 12, 0), ("100", 3, 9, 3), ("110", 2, 5, 4), ("111", 1, 3, 3)]
+    # 10 steps of k = 4 that drafted one token each (vLLM near its token limit): no group proposes
+    # fewer than it accepted, none a negative count, the totals are the window's
+    fewer = groups(Window(10, 10, 5, (5, 0, 0, 0)))
+    assert fewer == [("0000", 5, 5, 0), ("1000", 5, 5, 5)]
     assert groups(Window(10, 30, 9, (3, 6, 0))) == [("", 10, 30, 9)]  # not a chain: no positions
     assert groups(Window(0, 0, 0)) == []

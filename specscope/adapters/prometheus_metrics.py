@@ -234,8 +234,8 @@ def window_groups(w: Window, *, run_id: str, request_id: str, rank: int, ts_wall
     With per-position counts of a chain (steps >= p_0 >= p_1 >= ..., their sum = accepted), the
     steps that accepted exactly j drafts are ``p_{j-1} - p_j`` (``p_{-1}`` = steps, ``p_k`` = 0), each
     group with mask ``'1' * j + '0' * (k - j)``: the views then compute the engine's own AL, rate and
-    p_i exactly. Proposed tokens go to the groups as k per step, the remainder (``proposed`` differing
-    from k x steps) to the largest group. Without per-position counts, or counts that are not a
+    p_i exactly. Proposed tokens are spread at the window's mean per step, no group proposing fewer than it
+    accepted nor more than k per step (beyond k x steps in all, the rest goes to the largest group). Without per-position counts, or counts that are not a
     chain's, one group with an empty mask (no per-position figure). Empty windows give no row.
     """
     if w.steps <= 0:
@@ -246,7 +246,16 @@ def window_groups(w: Window, *, run_id: str, request_id: str, rank: int, ts_wall
     if not chain:
         return [VerifyGroup(run_id, request_id, rank, "", w.steps, w.proposed, w.accepted, ts_wall)]
     counts = [a - b for a, b in zip((w.steps, *pos), (*pos, 0))]  # counts[j]: steps accepting j drafts
-    proposed = [n * k for n in counts]
-    proposed[counts.index(max(counts))] += w.proposed - w.steps * k
+    # each group drafts the window's mean per step, within [its accepted, k] per step; the rounding
+    # rest goes to the largest groups first (more than k per step, if any, to the largest)
+    per_step = w.proposed / w.steps
+    proposed = [max(n * j, min(n * k, int(n * per_step))) for j, n in enumerate(counts)]
+    rest = w.proposed - sum(proposed)
+    for j in sorted(range(len(counts)), key=lambda j: counts[j], reverse=True):
+        room = counts[j] * k - proposed[j] if rest > 0 else proposed[j] - counts[j] * j
+        move = min(room, abs(rest))
+        proposed[j] += move if rest > 0 else -move
+        rest -= move if rest > 0 else -move
+    proposed[counts.index(max(counts))] += rest
     return [VerifyGroup(run_id, request_id, rank, chain_mask(j, k), n, proposed[j], n * j, ts_wall)
             for j, n in enumerate(counts) if n > 0]
