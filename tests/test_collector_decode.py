@@ -75,6 +75,36 @@ def test_a_failing_tokenizer_stores_the_events_without_text(tmp_path, caplog):
     assert sum("decoding token ids failed" in r.getMessage() for r in caplog.records) == 1
 
 
+@pytest.mark.parametrize("returned", [b"bytes", None, 7], ids=["bytes", "none", "int"])
+def test_a_tokenizer_returning_no_text_keeps_every_event(tmp_path, returned):
+    class Odd:
+        def decode(self, *args, **kwargs):
+            return returned
+
+    db = str(tmp_path / "d.db")
+    collector = Collector(db, tokenizer=Odd())
+    for event in _events([5, 6, 7], (5, 6)):
+        collector.emit(event)
+    assert collector.flush(10)
+    collector.close()
+    assert _stored(db) == (None, None) and collector.dropped == 0
+    with open_store(db, read_only=True) as store:  # the request's figures are all there
+        assert store.query("SELECT output_tokens, verify_steps FROM requests")[1] == [(3, 1)]
+
+
+def test_decoded_text_is_made_storable(tmp_path):
+    class Hostile:
+        def decode(self, ids, skip_special_tokens=False):
+            return "a\x00b\ud800c"
+
+    db = str(tmp_path / "d.db")
+    collector = Collector(db, tokenizer=Hostile())
+    for event in _events([5, 6, 7], (5,)):
+        collector.emit(event)
+    collector.close()
+    assert _stored(db) == (["ab\ufffdc"], "ab\ufffdc")
+
+
 def test_without_a_tokenizer_ids_are_not_stored_as_text(tmp_path):
     db = str(tmp_path / "d.db")
     collector = Collector(db)

@@ -234,9 +234,10 @@ def window_groups(w: Window, *, run_id: str, request_id: str, rank: int, ts_wall
     With per-position counts of a chain (steps >= p_0 >= p_1 >= ..., their sum = accepted), the
     steps that accepted exactly j drafts are ``p_{j-1} - p_j`` (``p_{-1}`` = steps, ``p_k`` = 0), each
     group with mask ``'1' * j + '0' * (k - j)``: the views then compute the engine's own AL, rate and
-    p_i exactly. Proposed tokens are spread at the window's mean per step, no group proposing fewer than it
-    accepted nor more than k per step (beyond k x steps in all, the rest goes to the largest group). Without per-position counts, or counts that are not a
-    chain's, one group with an empty mask (no per-position figure). Empty windows give no row.
+    p_i exactly. Proposed tokens are spread at the window's mean per step, no group proposing fewer
+    than it accepted nor more than k per step (beyond k x steps in all, the rest goes to the largest
+    group). Without per-position counts, or counts that are not a chain's, one group with an empty
+    mask (no per-position figure). Empty windows give no row.
     """
     if w.steps <= 0:
         return []

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 import plotly.graph_objects as go
@@ -152,7 +153,8 @@ def marked_text(tokens: list[Row]) -> str:
     spans = []
     for token in tokens:
         color = DRAFT if token["source"] == "draft" else TARGET
-        text = html.escape(token["token"]).replace("\n", "↵<br>")
+        # a lone surrogate (a producer's own text) would fail the page's UTF-8 encoding: replaced
+        text = re.sub("[\ud800-\udfff]", "\ufffd", html.escape(token["token"])).replace("\n", "↵<br>")
         spans.append(f'<span title="step {token["step"]}: {token["source"]}" '
                      f'style="background:{color};border-radius:3px;padding:1px 0;'
                      f'white-space:pre-wrap">{text}</span>')

@@ -4,43 +4,65 @@ engine thread) and the text is decoded here, never where the engine waits.
 The tokenizer is anything with Hugging Face's ``decode(ids, skip_special_tokens=...) -> str``; per
 verify step each emitted token is decoded alone (the Requests page marks each token as draft-accepted
 or bonus), a request's text in one call; special tokens are skipped in both, as engines return text.
+Decoded text is made storable (no NUL, no lone surrogate: every database takes it); anything else
+a tokenizer returns, or raises, leaves the event without text: the event itself is always kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Any
 
 from specscope.events import Event, RequestEnd, VerifyStep
 
 logger = logging.getLogger("specscope.collector")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` with NUL removed and lone surrogates replaced (U+FFFD), as every store accepts it."""
+    return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
 
 
 class Decoder:
     """Decodes the token ids of :class:`VerifyStep` (``emitted_ids``) and :class:`RequestEnd`
-    (``output_ids``) events with ``tokenizer``. A failing tokenizer leaves the event without text,
-    logged once; an event without ids passes unchanged."""
+    (``output_ids``) events with ``tokenizer``. Never raises: a failing tokenizer, or one that
+    returns something other than text, leaves the event without its text (logged once)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._failed = False
 
     def __call__(self, event: Event) -> Event:
-        if isinstance(event, VerifyStep) and event.emitted_ids is not None and event.emitted is None:
-            tokens = self._decode(lambda t: tuple(t.decode([i], skip_special_tokens=True) for i in event.emitted_ids))
-            return dataclasses.replace(event, emitted=tokens, emitted_ids=None)
-        if isinstance(event, RequestEnd) and event.output_ids is not None and event.text is None:
-            text = self._decode(lambda t: t.decode(list(event.output_ids), skip_special_tokens=True))
-            return dataclasses.replace(event, text=text, output_ids=None)
+        try:
+            if isinstance(event, VerifyStep) and event.emitted_ids is not None:
+                tokens = event.emitted if event.emitted is not None else self._tokens(event.emitted_ids)
+                return dataclasses.replace(event, emitted=tokens, emitted_ids=None)
+            if isinstance(event, RequestEnd) and event.output_ids is not None:
+                text = event.text if event.text is not None else self._text(event.output_ids)
+                return dataclasses.replace(event, text=text, output_ids=None)
+        except Exception as exc:  # noqa: BLE001 - text is a courtesy: the event is stored without it
+            self._warn(exc)
+            return dataclasses.replace(event, emitted_ids=None) if isinstance(event, VerifyStep) else \
+                dataclasses.replace(event, output_ids=None)
         return event
 
-    def _decode(self, how) -> Any:
-        try:
-            return how(self._tokenizer)
-        except Exception as exc:  # noqa: BLE001 - text is a courtesy: the event is stored without it
-            if not self._failed:
-                self._failed = True
-                logger.warning("specscope: decoding token ids failed (%s: %s); requests are stored without "
-                               "their text", type(exc).__name__, exc)
-            return None
+    def _tokens(self, ids: tuple[int, ...]) -> tuple[str, ...]:
+        return tuple(storable(self._checked(self._tokenizer.decode([i], skip_special_tokens=True))) for i in ids)
+
+    def _text(self, ids: tuple[int, ...]) -> str:
+        return storable(self._checked(self._tokenizer.decode(list(ids), skip_special_tokens=True)))
+
+    @staticmethod
+    def _checked(text: Any) -> str:
+        if not isinstance(text, str):
+            raise TypeError(f"the tokenizer's decode returned {type(text).__name__}, not str")
+        return text
+
+    def _warn(self, exc: Exception) -> None:
+        if not self._failed:
+            self._failed = True
+            logger.warning("specscope: decoding token ids failed (%s: %s); requests are stored without "
+                           "their text", type(exc).__name__, exc)
