@@ -113,7 +113,8 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
 AUX_IDS_SORTED_UNIQUE = frozenset({"vllm"})
 """Engines that sort and deduplicate the aux layer ids before capturing (vLLM 0.32
 ``vllm/model_executor/models/interfaces.py`` ``_set_aux_hidden_state_layers``: ``tuple(sorted(set(layers)))``);
-the others capture and fuse the ids in the configured order, repeats included."""
+the others capture and fuse the ids in the configured order, repeats included. vLLM also reads an empty
+list as no ids (``GPUModelRunner._get_eagle3_aux_layers_from_config``: ``if not layer_ids``): the defaults."""
 
 
 VOCAB_SIZE_PADDING_SERVED = frozenset({"vllm"})
@@ -137,7 +138,7 @@ def physical_capture_layers(engine: str, aux_ids: Sequence[int] | None,
     Raises :class:`ConfigError` for an unknown engine or when defaults are asked without ``num_layers``.
     """
     loader_convention(engine)
-    if aux_ids is None:
+    if aux_ids is None or (not aux_ids and engine in AUX_IDS_SORTED_UNIQUE):  # vLLM: [] means the defaults
         if num_layers is None:
             raise ConfigError("default aux layers need the target's number of layers")
         return default_aux_layer_ids(num_layers)

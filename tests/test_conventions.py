@@ -27,6 +27,7 @@ def test_explicit_ids_mean_different_layers_per_engine():
 def test_vllm_fuses_aux_ids_sorted_and_once_the_others_as_listed():
     assert cv.physical_capture_layers("vllm", [27, 15, 2], 30) == (2, 15, 27)
     assert cv.physical_capture_layers("vllm", [2, 15, 15], 30) == (2, 15)
+    assert cv.physical_capture_layers("vllm", [], 30) == (2, 15, 27)  # no ids: the defaults
     assert cv.physical_capture_layers("sglang", [27, 15, 2], 30) == (28, 16, 3)
     for engine in ("speculators", "eagle", "reference"):
         assert cv.physical_capture_layers(engine, [2, 15, 15], 30) == (2, 15, 15)

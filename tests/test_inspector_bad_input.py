@@ -52,6 +52,18 @@ def test_config_not_json(copy, capsys):
     _fail([str(copy)], capsys, "is not valid JSON")
 
 
+@pytest.mark.parametrize("key, value, needle", [
+    ("vocab_size", "NaN", "nan is not a whole number"), ("vocab_size", "1e400", "inf is not a whole number"),
+    ("eagle_aux_hidden_state_layer_ids", "[2.5, 15, 27]", "2.5 is not a whole number"),
+    ("eagle_aux_hidden_state_layer_ids", "[Infinity, 15, 27]", "inf is not a whole number"),
+    ("initializer_range", '"abc"', "initializer_range must be a finite number"),
+])
+def test_config_numbers_no_engine_can_size_by(copy, key, value, needle, capsys):
+    text = (copy / "config.json").read_text().rstrip().rstrip("}")
+    (copy / "config.json").write_text(f'{text}, "{key}": {value}}}')  # Python's json reads NaN, Infinity
+    _fail([str(copy)], capsys, needle)
+
+
 def test_index_names_missing_shard(copy, capsys):
     (copy / "model.safetensors").rename(copy / "model-00001-of-00002.safetensors")
     index = {"weight_map": {"fc.weight": "model-00001-of-00002.safetensors",

@@ -8,6 +8,7 @@ nest the layer config under ``transformer_layer_config`` and carry ``speculators
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,20 @@ DEFAULT_INITIALIZER_RANGE = 0.02
 
 
 def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A config count: an int (or a whole float, as some exporters write them); None when the key is
+    absent or not a number. Raises CheckpointError for a fractional or non-finite number, which no
+    engine can size anything by."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise CheckpointError(f"config value {value!r} is not a whole number")
+    return int(value)
+
+
+def _float(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CheckpointError(f"config {key} must be a finite number, got {value!r}")
+    return float(value)
 
 
 _DEFAULT_ROPE = ("default", None, None)
@@ -144,7 +158,7 @@ def draft_config(raw: dict[str, Any] | None) -> DraftConfig:
         num_hidden_layers=_int(merged.get("num_hidden_layers")) or 1,
         tie_word_embeddings=bool(merged.get("tie_word_embeddings", False)),
         aux_layer_ids=_aux_ids(raw),
-        initializer_range=float(merged.get("initializer_range", DEFAULT_INITIALIZER_RANGE)),
+        initializer_range=_float(merged.get("initializer_range", DEFAULT_INITIALIZER_RANGE), "initializer_range"),
         speculators=speculators,
         settings=model_settings(merged),
         behaviour=tuple((k, flat[k]) for k in DRAFT_BEHAVIOUR_KEYS if k in flat),
