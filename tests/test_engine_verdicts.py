@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from specscope.doctor import DoctorReport, RunSummary
+from specscope.doctor import DoctorReport, RunSummary, as_inspected
 from specscope.engine import vllm_run
 from specscope.events import Finding
 from specscope.inspector import inspect_checkpoint
@@ -86,3 +86,20 @@ def test_checkpoint_errors_are_never_settled_by_acceptance():
     error = Finding("VOCAB_SIZE_MISMATCH", "error", "vocab", {}, "fix", run_id="r", source="inspect")
     (kept,) = DoctorReport([_run(1.65, 100)], []).with_checkpoint([error]).findings
     assert kept == error
+
+
+def test_a_settled_warning_is_read_from_the_inspection_every_time():
+    """What a reading stores (the settled info) is not what the next reading starts from: the
+    original severity and message come back, so a run that later collapses un-settles it."""
+    (settled,) = DoctorReport([_run(1.65, 100)], []).with_checkpoint([WARNING]).findings
+    (again,) = DoctorReport([_run(1.65, 100)], []).with_checkpoint(
+        [as_inspected(settled)]).findings
+    assert again.message == settled.message  # no note appended twice
+    collapse, kept = DoctorReport([_run(1.0, 100)], [COLLAPSE]).with_checkpoint([as_inspected(settled)]).findings
+    assert kept == WARNING and collapse.evidence["likely_causes"] == ["AUX_LAYER_IDS_ORDER"]
+
+
+@pytest.mark.parametrize("code", ["RANK_DIVERGENCE", "ACCEPT_SATURATED"])
+def test_a_run_whose_acceptance_is_suspect_settles_nothing(code):
+    symptom = Finding(code, "warning", "suspect", {}, "fix", run_id="r")
+    assert WARNING in DoctorReport([_run(1.65, 100)], [symptom]).with_checkpoint([WARNING]).findings

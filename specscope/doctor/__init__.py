@@ -10,6 +10,7 @@ instrumentation's recorded contract (run config, tensor events, provenance, load
 counters, verify steps), never the reference engine's fault switch.
 """
 
+from specscope.doctor._causes import SETTLED_BY_ACCEPTANCE, as_inspected
 from specscope.doctor._context import RunContext
 from specscope.doctor._diagnose import RULES, diagnose
 from specscope.doctor._report import DoctorReport, RunSummary, render_text
@@ -25,6 +26,6 @@ SEVERITY = {code: _SEVERITY[code] for code in CODES}
 
 __all__ = [
     "CODES", "COLLAPSE_AL", "CONTRACT_CODES", "DoctorReport", "MIN_VERIFY_STEPS", "POSITION0_MIN",
-    "RANK_AL_MARGIN", "RULES", "RunContext", "RunSummary", "SETTLED_BY_PROVENANCE", "SEVERITY",
-    "checkpoint_findings", "diagnose", "named_ranks", "render_text", "save_findings",
+    "RANK_AL_MARGIN", "RULES", "RunContext", "RunSummary", "SETTLED_BY_ACCEPTANCE", "SETTLED_BY_PROVENANCE",
+    "SEVERITY", "as_inspected", "checkpoint_findings", "diagnose", "named_ranks", "render_text", "save_findings",
 ]

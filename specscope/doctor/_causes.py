@@ -26,6 +26,33 @@ SETTLED_BY_ACCEPTANCE = ("AUX_LAYER_IDS_ORDER", "VOCAB_SIZE_MISMATCH", "VOCAB_MA
 COLLAPSE_CODES = ("ACCEPT_COLLAPSE", "ACCEPT_COLLAPSE_SAMPLED", "POSITION0_LOW")
 """Runtime findings that are a symptom whose cause may sit in the checkpoint."""
 
+UNSETTLED_BY = (*COLLAPSE_CODES, "RANK_DIVERGENCE", "ACCEPT_SATURATED")
+"""Runtime findings after which a run's acceptance settles nothing: a rank that collapsed, or
+acceptance that may not come from comparing with the target."""
+
+SETTLEMENT_KEYS = ("as_inspected", "verified_by_provenance", "served_mean_acceptance_length", "served_verify_steps")
+"""Evidence a run's reading adds to a stored checkpoint finding (:func:`settled`)."""
+
+
+def as_inspected(f: Finding) -> Finding:
+    """``f`` as the inspector wrote it: a stored finding a run settled keeps its original severity and
+    message in its evidence (``as_inspected``), so every reading starts from the inspection, not from
+    an earlier run's reading of it."""
+    original = f.evidence.get("as_inspected") if isinstance(f.evidence, dict) else None
+    if not isinstance(original, dict):
+        return f
+    return dataclasses.replace(f, severity=original["severity"], message=original["message"],
+                               evidence={k: v for k, v in f.evidence.items() if k not in SETTLEMENT_KEYS})
+
+
+def settled(f: Finding, note: str, **evidence) -> Finding:
+    """``f`` read as info in the light of a run: its message gains ``note``, its evidence ``evidence``
+    and the original (:func:`as_inspected` restores it)."""
+    base = as_inspected(f)
+    return dataclasses.replace(base, severity="info", message=f"{base.message}; {note}",
+                               evidence={**base.evidence, **evidence,
+                                         "as_inspected": {"severity": base.severity, "message": base.message}})
+
 
 def _healthy(run: RunSummary) -> bool:
     return (run.verify_steps >= MIN_VERIFY_STEPS and run.mean_acceptance_length is not None
@@ -33,10 +60,11 @@ def _healthy(run: RunSummary) -> bool:
 
 
 def relate(runs: list[RunSummary], runtime: list[Finding], stored: list[Finding]) -> list[Finding]:
-    """``runtime`` and ``stored`` (checkpoint) findings of ``runs``, each read in the light of the
+    """``runtime`` and ``stored`` (checkpoint, as :func:`specscope.doctor.checkpoint_findings` reads
+    them: as inspected, or settled by provenance) findings of ``runs``, each read in the light of the
     other, errors first and within a severity the checkpoint's first."""
     by_run = {run.run_id: run for run in runs}
-    symptoms = {f.run_id for f in runtime if f.code in COLLAPSE_CODES}
+    symptoms = {f.run_id for f in runtime if f.code in UNSETTLED_BY}
     suspects: dict[str, list[Finding]] = {}
     for f in by_severity(stored):
         if f.severity in ("error", "warning"):
@@ -51,12 +79,9 @@ def relate(runs: list[RunSummary], runtime: list[Finding], stored: list[Finding]
 def _settled(f: Finding, run: RunSummary) -> Finding:
     if f.severity != "warning" or f.code not in SETTLED_BY_ACCEPTANCE or not _healthy(run):
         return f
-    return dataclasses.replace(
-        f, severity="info",
-        message=f"{f.message}; served here with healthy acceptance (AL {run.mean_acceptance_length:.2f} over "
-                f"{run.verify_steps} verify steps on {run.engine}): no effect measured",
-        evidence={**f.evidence, "served_mean_acceptance_length": run.mean_acceptance_length,
-                  "served_verify_steps": run.verify_steps})
+    return settled(f, f"served here with healthy acceptance (AL {run.mean_acceptance_length:.2f} over "
+                      f"{run.verify_steps} verify steps on {run.engine}): no effect measured",
+                   served_mean_acceptance_length=run.mean_acceptance_length, served_verify_steps=run.verify_steps)
 
 
 def _explained(f: Finding, causes: list[Finding]) -> Finding:

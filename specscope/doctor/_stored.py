@@ -9,8 +9,7 @@ needs, so the finding drops to info and says why; any other observation leaves i
 
 from __future__ import annotations
 
-import dataclasses
-
+from specscope.doctor._causes import as_inspected, settled
 from specscope.doctor._context import parse_json
 from specscope.doctor._diagnose import run_context
 from specscope.doctor._report import DoctorReport
@@ -39,17 +38,15 @@ def checkpoint_findings(store: Store, run_id: str) -> list[Finding]:
                           parse_json(row.evidence, "findings.evidence", ctx.run_id), row.fix,
                           run_id=ctx.run_id, source="inspect", ts_wall=row.ts_wall)
                   for row in ctx.rows(q.RUN_FINDINGS_FROM, source="inspect")]
-        settled = any(f.code in SETTLED_BY_PROVENANCE for f in stored)
-        verdicts = provenance_verdicts(ctx) if settled else {}
+        provenance_settles = any(f.code in SETTLED_BY_PROVENANCE for f in stored)
+        verdicts = provenance_verdicts(ctx) if provenance_settles else {}
+    stored = [as_inspected(f) for f in stored]
     if set(verdicts) != {"match"}:
         return by_severity(stored)
     samples = verdicts["match"]["samples"]
-    return by_severity([dataclasses.replace(
-        f, severity="info",
-        message=f"{f.message}; this run's draft received the configured layers (verified by fingerprint "
-                f"in {samples} samples)",
-        evidence={**f.evidence, "verified_by_provenance": samples})
-        if f.code in SETTLED_BY_PROVENANCE else f for f in stored])
+    return by_severity([settled(f, f"this run's draft received the configured layers (verified by fingerprint "
+                                   f"in {samples} samples)", verified_by_provenance=samples)
+                        if f.code in SETTLED_BY_PROVENANCE else f for f in stored])
 
 
 def save_findings(store: Store, report: DoctorReport) -> None:
