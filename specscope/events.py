@@ -357,14 +357,22 @@ class VerifyGroup:
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        """Raises InvalidEvent: a count not an int in ``0..MAX_COUNT``, ``accepted > proposed``, or a
-        mask of other characters than ``'0'``/``'1'``."""
+        """Raises InvalidEvent: a count not an int in ``0..MAX_COUNT``, ``accepted > proposed``, more
+        than ``MAX_PROPOSED`` proposed per step (none without a step), or a mask of other characters than
+        ``'0'``/``'1'``, longer than ``MAX_PROPOSED`` or whose accepted positions times ``steps`` are not
+        ``accepted``."""
         _check_counts("verify group", steps=self.steps, proposed=self.proposed, accepted=self.accepted)
-        if max(self.steps, self.proposed) > MAX_COUNT or self.accepted > self.proposed:
+        if (max(self.steps, self.proposed) > MAX_COUNT or self.accepted > self.proposed
+                or self.proposed > self.steps * MAX_PROPOSED):
             raise InvalidEvent(f"verify group: steps={self.steps}, proposed={self.proposed}, accepted={self.accepted}: "
-                               f"counts go up to {MAX_COUNT} and accepted cannot exceed proposed")
-        if not isinstance(self.accepted_mask, str) or self.accepted_mask.strip("01"):
-            raise InvalidEvent(f"verify group: accepted_mask {self.accepted_mask!r} is not a string of '0'/'1'")
+                               f"counts go up to {MAX_COUNT}, accepted cannot exceed proposed, nor proposed "
+                               f"{MAX_PROPOSED} per step")
+        mask = self.accepted_mask
+        if not isinstance(mask, str) or mask.strip("01") or len(mask) > MAX_PROPOSED:
+            raise InvalidEvent(f"verify group: accepted_mask {mask!r:.80} is not a string of at most {MAX_PROPOSED} '0'/'1'")
+        if mask and self.accepted != self.steps * mask.count("1"):
+            raise InvalidEvent(f"verify group: {self.steps} steps of mask {mask!r} accept {self.steps * mask.count('1')} "
+                               f"drafts, not {self.accepted}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -238,6 +238,8 @@ def test_verify_step_constructor_refuses_contradictions(fields: dict) -> None:
     dict(steps=-1, proposed=0, accepted=0), dict(steps=2, proposed=3, accepted=4),
     dict(steps=1, proposed=-3, accepted=0), dict(steps=2**31, proposed=0, accepted=0),
     dict(steps=1, proposed=3, accepted=1, accepted_mask="1x0"), dict(steps=1.0, proposed=3, accepted=1),
+    dict(steps=0, proposed=40, accepted=40), dict(steps=20, proposed=80, accepted=0, accepted_mask="1111"),
+    dict(steps=1, proposed=5000, accepted=5000, accepted_mask="1" * 5000),
 ])
 def test_verify_group_constructor_refuses_contradictions(fields: dict) -> None:
     with pytest.raises(InvalidEvent):
