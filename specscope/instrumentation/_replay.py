@@ -223,7 +223,11 @@ class ReplayRecorder:
                 continue
             layers = {}
             for other, candidate in enumerate(self.sites):
-                if candidate.layer is None or other not in complete:
+                if candidate.layer is None:
+                    continue
+                if other not in complete:
+                    if int(tails[other, TAIL]):
+                        return  # a written layer caught mid-rewrite: matching without it would read None
                     continue
                 if complete[other] > seq:
                     return  # a newer target forward began: its rows are not what this draft call got
