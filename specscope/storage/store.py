@@ -55,8 +55,8 @@ class Store:
 
     Attributes:
         url: where it lives, for messages (a path, or the URL without its password).
-        location: the same store however it was spelt: a SQLite file's resolved path (links and
-            relative parts followed), else the URL without its password.
+        location: the same store however it was spelt: a SQLite file's device and inode (links, hard
+            links and relative parts alike), else the server URL with its default port and no password.
         dialect: ``"sqlite"`` or ``"postgresql"``.
         read_only: opened with ``read_only=True``; :meth:`write` raises ReadOnlyViolation.
         schema_version: the store's schema version (``schema.SCHEMA_VERSION`` once opened).
@@ -68,7 +68,7 @@ class Store:
                  schema_version: int, bulk: str | None = None,
                  tracer: Callable[[str, Any, float], None] | None = None) -> None:
         self.url = target.display
-        self.location = str(target.sqlite_path.resolve()) if target.sqlite_path is not None else target.display
+        self.location = _location(target)
         self.dialect = target.dialect
         self.read_only = write_engine is None
         self.schema_version = schema_version
@@ -613,3 +613,14 @@ def _validate(target: Target, state: migrations.StoreState, create: bool) -> Non
             f"{schema.SCHEMA_VERSION} of this specscope; upgrade specscope to read it")
     if state.version == 0 and not create:
         raise StoreError(f"no specscope store at {target.display} (the database is empty)")
+
+
+def _location(target: Target) -> str:
+    if target.sqlite_path is not None:
+        try:
+            stat = target.sqlite_path.expanduser().stat()
+        except OSError:
+            return str(target.sqlite_path.expanduser().resolve())
+        return f"sqlite:{stat.st_dev}:{stat.st_ino}"
+    url = target.url.set(password=None, port=target.url.port or 5432, host=(target.url.host or "").lower())
+    return url.render_as_string(hide_password=False)
