@@ -123,6 +123,20 @@ def test_views_split_audit_and_acceptance_by_sampling_group(store):
     assert violation.evidence["examples"][0]["target_argmax"] == 7 and report.exit_code == 1
 
 
+@pytest.mark.parametrize("tokens, judged", [(11, False), (5000, True)], ids=["few", "many"])
+def test_a_passed_sampled_group_says_what_its_size_could_not_see(store, tokens, judged):
+    from specscope.events import RequestStart, RunStart, VerifyStep
+
+    run = f"r-{tokens}"
+    store.write([RunStart(run, "e", "1", "t", "d", {}), RequestStart(run, "b", 0, 5, temperature=0.8),
+                 VerifyStep(run, "b", 0, 0, 3, 1),
+                 LosslessAudit(run, 0, "b", "T=0.8", tokens=tokens, rare=2, rare_expected=tokens / 100,
+                               p_sum=tokens / 2, p2_sum=tokens / 3, epsilon=EPS)])
+    (audited,) = [f for f in diagnose(store, run).findings if f.code == "LOSSLESS_AUDITED"]
+    share = audited.evidence["groups"][0]["undetectable_below"]
+    assert ("too few to judge" in audited.message) == (not judged) and (share >= 0.1) == (not judged)
+
+
 # -- the reference engine, audited ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

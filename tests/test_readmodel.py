@@ -60,6 +60,21 @@ def test_a_silent_run_reads_lost_until_heard_from_again(store):
     assert _status(store, "gone") == "running"
 
 
+def test_the_process_that_stopped_a_runs_engines_ends_their_open_ranks(store):
+    """vLLM's API server SIGKILLs its engine processes right after asking them to stop: it ends the
+    ranks they could not end, and leaves those that ended (or crashed) as they are."""
+    now = time.time()
+    store.write([ev.RunStart("served", "vllm", "0", "t", "d", {}, world_size=3, ts_wall=now),
+                 *(ev.RankStart("served", rank, 3, "h", rank, "cpu", ts_wall=now) for rank in range(3)),
+                 ev.RankStatus("served", 2, 0, 0, "eager", finished=True, ts_wall=now - 5)])
+    assert _status(store, "served") == "running"
+    assert store.end_open_ranks("served") == [0, 1]
+    assert _status(store, "served") == "finished"
+    ended = dict(store.query("SELECT rank, ended_wall FROM run_ranks WHERE run_id = 'served'")[1])
+    assert ended[2] == pytest.approx(now - 5) and ended[0] >= now  # rank 2's own end stands
+    assert store.end_open_ranks("served") == []
+
+
 def _last_seen(store, run_id: str) -> float:
     return store.query("SELECT last_seen_wall FROM v_run_summary WHERE run_id = :r", {"r": run_id})[1][0][0]
 

@@ -41,6 +41,28 @@ def _evidence(group: SimpleNamespace) -> dict:
             "mean_p_emitted": group.mean_p_emitted, "mean_p_expected": group.mean_p_expected}
 
 
+def _undetectable(group: SimpleNamespace) -> float | None:
+    """The share of a sampled group's audited tokens that could be junk (target probability below
+    epsilon) and still stay under the bound: ``rare_threshold / tokens_audited`` (None for greedy,
+    where every token is checked exactly)."""
+    if group.sampling == "greedy" or group.rare_threshold is None:
+        return None
+    return min(1.0, float(group.rare_threshold) / int(group.tokens_audited))
+
+
+def _reach(group: SimpleNamespace) -> str:
+    """What a passed group's audit could have seen, in words."""
+    if group.sampling == "greedy":
+        return f"greedy {group.tokens_audited} tokens, each the target's argmax"
+    share = _undetectable(group)
+    seen = (f"{group.sampling} {group.tokens_audited} tokens, {group.rare_observed} of target probability "
+            f"< {group.epsilon:g} where {float(group.rare_expected):.1f} are expected")
+    if share is not None and share >= 0.1:
+        return (f"{seen}; too few to judge: up to {share:.0%} of them could be junk and stay under the "
+                f"bound ({float(group.rare_threshold):.1f}): audit more tokens (SPECSCOPE_AUDIT_EVERY=1)")
+    return seen
+
+
 def check_lossless(ctx: RunContext) -> list[Finding]:
     """LOSSLESS_VIOLATION [error], per sampling group whose audit failed: a greedy token that is not
     the target's argmax, or more rare tokens than a lossless engine emits but with probability 1e-3.
@@ -72,9 +94,9 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
         tokens = sum(int(g.tokens_audited) for g in groups)
         out.append(runtime_finding(
             "LOSSLESS_AUDITED", ctx.run_id,
-            f"output audited against the target: {tokens} tokens in {len(groups)} sampling group(s) "
-            f"({', '.join(g.sampling for g in groups)}), no violation",
-            {"groups": [_evidence(g) for g in groups]},
+            f"output audited against the target: {tokens} tokens in {len(groups)} sampling group(s), no "
+            f"violation: {'; '.join(_reach(g) for g in groups)}",
+            {"groups": [{**_evidence(g), "undetectable_below": _undetectable(g)} for g in groups]},
             "Nothing to fix. The audit checks a sample of verify steps (SPECSCOPE_AUDIT_EVERY / "
             "Tracer(audit_every=)); audit every step to check every token."))
     return out

@@ -192,6 +192,23 @@ class Store:
             conn.execute(statement, [{"b_run_id": run_id, "b_rank": rank, "b_wall": wall}
                                      for run_id, rank in ranks])
 
+    def end_open_ranks(self, run_id: str) -> list[int]:
+        """End the ranks of ``run_id`` that have not ended (``ended_wall`` now) and return them: for a
+        process that outlives the engine processes it stopped (vLLM's API server SIGKILLs its
+        EngineCore and workers at shutdown, before they can write their end).
+
+        Raises:
+            ReadOnlyViolation: the store was opened read-only.
+            StoreError: as :meth:`write`.
+        """
+        self._check_writable()
+        table = schema.run_ranks
+        open_ranks = sa.and_(table.c.run_id == run_id, table.c.ended_wall.is_(None))
+        with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
+            ranks = [row.rank for row in conn.execute(sa.select(table.c.rank).where(open_ranks))]
+            conn.execute(sa.update(table).where(open_ranks).values(ended_wall=time.time()))
+        return sorted(ranks)
+
     def replace_findings(self, source: str, run_ids: Sequence[str], findings: Sequence[Finding]) -> None:
         """Delete the ``source`` findings (``"doctor"`` / ``"inspect"``) of ``run_ids`` and write
         ``findings`` in ONE transaction, so a reader sees the old set or the new one, never a mix.

@@ -13,7 +13,9 @@ Scheduler (EngineCore process), ``vllm/v1/core/sched/scheduler.py`` ``Scheduler`
 - ``add_request`` also records each request's sampling settings (``request.sampling_params``:
   temperature, top-p, top-k) and prompt key (``request.prompt_token_ids``).
 - ``shutdown()``: the run's part in this process ends (also ``WorkerWrapperBase.shutdown`` in
-  ``vllm/v1/worker/worker_base.py`` for worker processes, and at interpreter exit).
+  ``vllm/v1/worker/worker_base.py`` for worker processes, and at interpreter exit). The process that
+  started them (the API server, ``vllm/v1/engine/core_client.py`` ``MPClient.shutdown``) ends the ranks
+  they could not end themselves: vLLM SIGKILLs EngineCore and workers right after its SIGTERM.
 
 Model runner (worker process), ``vllm/v1/worker/gpu_model_runner.py`` ``GPUModelRunner.load_model``
 and ``vllm/v1/worker/cpu_model_runner.py`` ``CPUModelRunner.load_model``: after vLLM loaded the target
@@ -82,6 +84,7 @@ def install() -> None:
             ("vllm.v1.core.sched.scheduler", "Scheduler", "make_spec_decoding_stats", _after_spec_stats),
             ("vllm.v1.core.sched.scheduler", "Scheduler", "_free_request", _after_free_request),
             ("vllm.v1.core.sched.scheduler", "Scheduler", "shutdown", _end_run),
+            ("vllm.v1.engine.core_client", "MPClient", "shutdown", _after_engine_stopped),
             ("vllm.v1.worker.worker_base", "WorkerWrapperBase", "shutdown", _end_run),
             ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "load_model", _after_load_model),
             ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "load_model", _after_load_model),
@@ -221,6 +224,11 @@ def _end_run(call: dict[str, Any]) -> None:
     for request_id in list(pending) if tracer is not None else ():
         _record_pending(tracer, pending, request_id, scheduler.requests.get(request_id))
     _session.close_all()
+
+
+def _after_engine_stopped(call: dict[str, Any]) -> None:
+    if _session.enabled():
+        _session.end_stopped_run()
 
 
 # -- model runner (worker) ---------------------------------------------------------------------------------

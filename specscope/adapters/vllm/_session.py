@@ -46,6 +46,26 @@ def run_id() -> str:
     return current
 
 
+def end_stopped_run() -> None:
+    """vLLM stopped its engine processes (the API server's ``MPClient.shutdown``, on SIGTERM / SIGINT
+    or exit): end the ranks of this server's run that could not say so themselves (vLLM SIGKILLs
+    EngineCore and workers shortly after asking them to stop), and store the run's verdict."""
+    from specscope.readmodel import store_verdict
+    from specscope.storage import open_store
+
+    current = os.environ.get(ENV_RUN_ID)
+    if not current:
+        return
+    with open_store(os.environ[ENV_DB]) as store:
+        ended = store.end_open_ranks(current)
+        if ended:
+            store_verdict(store, current)
+    if ended:
+        logging.getLogger("vllm.specscope").info(
+            "specscope: vLLM stopped its engine processes; run %s ended (rank(s) %s were stopped before "
+            "they could record their end)", current, ended)
+
+
 def compiled(vllm_config: Any) -> bool:
     """vLLM runs the models through torch.compile: not ``enforce_eager`` and a compilation mode
     other than none (0; vLLM 0.32 ``CompilationConfig.mode``, older ``level``)."""
