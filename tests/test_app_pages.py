@@ -55,6 +55,10 @@ def test_opens_on_latest_run_with_its_error_banner(monkeypatch, two_runs):
     assert at.session_state["run_id"] == "faulty-run"
     faulty, healthy = at.selectbox(key="run_picker").options  # runs with error findings are marked
     assert faulty.startswith("[3 errors] ") and "no-aux-capture" in faulty and "[" not in healthy
+    # the first line names every run with its verdict in colour, the open one marked
+    (strip,) = [m.value for m in at.markdown if m.value.startswith("Runs: ")]
+    assert "▶ :red[**3 errors**] specscope-reference no-aux-capture `faulty-r`" in strip
+    assert ":green[**no finding**] specscope-reference `healthy-`" in strip
     errors = texts(at, "error")
     assert errors[0].startswith("**AUX_NOT_FUSED**") and "1728" in errors[0]
     assert [m.label for m in at.metric] == ["Accept length", "Accept rate", "Tokens/s",

@@ -28,7 +28,8 @@ def body() -> None:
     st.subheader("Checkpoint loads")
     reports = widgets.query(queries.load_reports, run_id)
     if not reports:
-        st.caption("No load report recorded (check_load was not called).")
+        st.caption("No load report recorded: this run's loader was not observed (embedded API: "
+                   "`check_load`; the vLLM plugin records a load vLLM refused as the run's error).")
     else:
         st.caption("What each load did with the checkpoint's keys; the doctor's WEIGHTS_DROPPED above "
                    "judges them (for strict and non-strict loads alike).")

@@ -15,6 +15,23 @@ compare = st.columns([2, 1])[0].selectbox(
     format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid]))
 
 
+STRIP_RUNS = 6  # newest runs named in the verdict strip at the top; the Runs table below has them all
+
+
+def verdict_strip() -> None:
+    """One line naming the newest runs with their verdict in colour, so a healthy and a faulty run are
+    told apart on the first screen whichever is open."""
+    parts = []
+    for r in runs[:STRIP_RUNS]:
+        found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
+        said = ", ".join(f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in found.items() if n) or "no finding"
+        colour = "red" if found["error"] else "orange" if found["warning"] else "green"
+        name = f"{r['engine']}" + (f" {r['fault']}" if r["fault"] else "") + f" `{r['run_id'][:8]}`"
+        parts.append(("▶ " if r["run_id"] == run_id else "") + f":{colour}[**{said}**] {name}")
+    more = f" · {len(runs) - STRIP_RUNS} more in Runs below" if len(runs) > STRIP_RUNS else ""
+    st.markdown("Runs: " + " · ".join(parts) + more)
+
+
 def panel(rid: str, narrow: bool) -> None:
     summary = widgets.query(queries.run_summary, rid)
     config = summary["config"]
@@ -80,6 +97,7 @@ def verdict(candidate: str, base: str) -> None:
 
 
 def body() -> None:
+    verdict_strip()
     if compare is None:
         panel(run_id, narrow=False)
     else:
