@@ -27,9 +27,7 @@ check_load(tracer, draft_model, checkpoint)  # keys the loader drops, misses or 
 # In the serving loop, plain Python values the engine already holds (never tensors):
 tracer.start_request("req-0", prompt_tokens=prompt_len)
 tracer.record_verify("req-0", proposed=k, accepted=accepted,
-                     emitted=step_texts)  # optional: the step's tokens, decoded, as a list of str
-tracer.finish_request("req-0", output_tokens=output_len, text=text)
-
-tracer.close()  # removes every hook, flushes
-collector.close()
+                     emitted=step_texts)  # optional: the step's tokens as str (or emitted_ids=, decoded by
+tracer.finish_request("req-0", output_tokens=output_len, text=text)  # Collector(tokenizer=) off-thread)
+tracer.close(); collector.close()  # removes every hook, flushes
 '''
