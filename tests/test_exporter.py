@@ -193,7 +193,7 @@ def test_real_prometheus_scrapes_the_exporter_and_fires_the_alerts(exporter, tmp
         def query(expr: str) -> list:
             try:
                 body = httpx.get(f"{api}/query", params={"query": expr}, timeout=5).json()
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):  # not up yet: refused, or a starting server's non-JSON answer
                 return []
             assert body["status"] == "success", body
             return body["data"]["result"]
@@ -207,7 +207,7 @@ def test_real_prometheus_scrapes_the_exporter_and_fires_the_alerts(exporter, tmp
         def firing() -> set:
             try:
                 alerts = httpx.get(f"{api}/alerts", timeout=5).json()["data"]["alerts"]
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 return set()
             found = {(a["labels"]["alertname"], a["labels"]["run_id"]) for a in alerts if a["state"] == "firing"}
             return found if {name for name, _ in found} >= set(paging) else set()

@@ -70,13 +70,14 @@ def runs(tmp_path_factory) -> tuple[str, dict]:
 
 @pytest.fixture(scope="module")
 def held_back(runs, tmp_path_factory) -> tuple[str, dict]:
-    """The :data:`HELD_BACK` drafts served as the healthy run was, into its store: ``(store path,
-    {fault: VllmRun, None: the healthy run})`` (a fixture of its own: each first test's time limit
-    covers the runs it waits for)."""
+    """The :data:`HELD_BACK` drafts served as the healthy run was, into a store of their own:
+    ``(store path, {fault: VllmRun, None: the healthy run of ``runs``})`` (a fixture of its own: each
+    first test's time limit covers the runs it waits for)."""
     from specscope.engine import vllm_run
 
-    db, done = runs
+    _, done = runs
     folder = tmp_path_factory.mktemp("vllm-held-back")
+    db = str(folder / "held-back.db")
     return db, {None: done[None], **{fault: vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
                                                          workdir=folder / f"work-{fault}") for fault in HELD_BACK}}
 
@@ -86,11 +87,11 @@ def _rows(store, sql: str, run_id: str) -> list[tuple]:
 
 
 def _findings(db: str, run_id: str) -> dict[str, object]:
-    from specscope.doctor import checkpoint_findings
+    """What ``specscope doctor --run`` says of the run: runtime and checkpoint findings, read together."""
+    from specscope.readmodel import report
 
     with open_store(db, read_only=True) as store:
-        found = diagnose(store, run_id).findings + checkpoint_findings(store, run_id)
-    return {f.code: f for f in found}
+        return {f.code: f for f in report(store, run_id).findings}
 
 
 @pytest.mark.timeout(1200)  # the first test waits for the module's vLLM runs
