@@ -72,6 +72,8 @@ def body() -> None:
         st.dataframe([{"layer": r["layer"], "configured": r["configured"],
                        "fired": "yes" if r["fired"] else "NEVER", "events": r["events"]} for r in layers],
                      hide_index=True)
+        st.caption("Fired: the target ran the layer (its hook saw calls, all ranks together). Whether its "
+                   "value reached the draft is provenance's answer, beside.")
     with right:
         st.subheader("Provenance (by fingerprint)")
         rows = widgets.query(queries.provenance, run_id)
