@@ -69,11 +69,11 @@ def relate(runs: list[RunSummary], runtime: list[Finding], stored: list[Finding]
     for f in by_severity(stored):
         if f.severity in ("error", "warning"):
             suspects.setdefault(f.run_id, []).append(f)
-    settled = [_settled(f, by_run[f.run_id]) if f.run_id in by_run and f.run_id not in symptoms else f
-               for f in stored]
+    checkpoint = [_settled(f, by_run[f.run_id]) if f.run_id in by_run and f.run_id not in symptoms else f
+                  for f in stored]
     explained = [_explained(f, suspects[f.run_id]) if f.code in COLLAPSE_CODES and suspects.get(f.run_id) else f
                  for f in runtime]
-    return by_severity([*settled, *explained])
+    return by_severity([*checkpoint, *explained])
 
 
 def _settled(f: Finding, run: RunSummary) -> Finding:
