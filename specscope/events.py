@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -541,6 +542,14 @@ def _check_counts(what: str, **counts: Any) -> None:
     for name, value in counts.items():
         if not _is_int(value) or value < 0:
             raise InvalidEvent(f"{what}: {name} must be an int >= 0, got {value!r}")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every store (and a UTF-8 page) takes it: NUL removed, lone surrogates as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
 
 
 def by_severity(findings) -> list[Finding]:

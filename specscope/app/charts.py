@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import html
-import re
 from typing import Any
 
 import plotly.graph_objects as go
 
 from specscope.app import ACCENT
+from specscope.events import storable_text
 
 Row = dict[str, Any]
 # Green and red only where a chart judges (a width against its contract, the AL floor); measured
@@ -154,7 +154,7 @@ def marked_text(tokens: list[Row]) -> str:
     for token in tokens:
         color = DRAFT if token["source"] == "draft" else TARGET
         # a lone surrogate (a producer's own text) would fail the page's UTF-8 encoding: replaced
-        text = re.sub("[\ud800-\udfff]", "\ufffd", html.escape(token["token"])).replace("\n", "↵<br>")
+        text = html.escape(storable_text(token["token"])).replace("\n", "↵<br>")
         spans.append(f'<span title="step {token["step"]}: {token["source"]}" '
                      f'style="background:{color};border-radius:3px;padding:1px 0;'
                      f'white-space:pre-wrap">{text}</span>')

@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from typing import Any
 
-from specscope.events import Event, RequestEnd, VerifyStep
+from specscope.events import Event, RequestEnd, VerifyStep, storable_text
 
 logger = logging.getLogger("specscope.collector")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def storable(text: str) -> str:
-    """``text`` with NUL removed and lone surrogates replaced (U+FFFD), as every store accepts it."""
-    return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
 
 
 class Decoder:
@@ -50,10 +43,10 @@ class Decoder:
         return event
 
     def _tokens(self, ids: tuple[int, ...]) -> tuple[str, ...]:
-        return tuple(storable(self._checked(self._tokenizer.decode([i], skip_special_tokens=True))) for i in ids)
+        return tuple(storable_text(self._checked(self._tokenizer.decode([i], skip_special_tokens=True))) for i in ids)
 
     def _text(self, ids: tuple[int, ...]) -> str:
-        return storable(self._checked(self._tokenizer.decode(list(ids), skip_special_tokens=True)))
+        return storable_text(self._checked(self._tokenizer.decode(list(ids), skip_special_tokens=True)))
 
     @staticmethod
     def _checked(text: Any) -> str:

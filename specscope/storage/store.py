@@ -68,7 +68,6 @@ class Store:
                  schema_version: int, bulk: str | None = None,
                  tracer: Callable[[str, Any, float], None] | None = None) -> None:
         self.url = target.display
-        self.location = _location(target)
         self.dialect = target.dialect
         self.read_only = write_engine is None
         self.schema_version = schema_version
@@ -81,6 +80,7 @@ class Store:
         self._trace_query = tracer if self.dialect == "postgresql" else None
         self._sqlite_path = target.sqlite_path
         self._file_id = _file_id(target.sqlite_path) if target.sqlite_path is not None else None
+        self.location = _location(target, self._file_id)
 
     def __repr__(self) -> str:
         mode = "read-only" if self.read_only else "read-write"
@@ -632,12 +632,8 @@ def _validate(target: Target, state: migrations.StoreState, create: bool) -> Non
         raise StoreError(f"no specscope store at {target.display} (the database is empty)")
 
 
-def _location(target: Target) -> str:
+def _location(target: Target, file_id: tuple[int, int] | None) -> str:
     if target.sqlite_path is not None:
-        try:
-            stat = target.sqlite_path.expanduser().stat()
-        except OSError:
-            return str(target.sqlite_path.expanduser().resolve())
-        return f"sqlite:{stat.st_dev}:{stat.st_ino}"
+        return f"sqlite:{file_id[0]}:{file_id[1]}" if file_id else str(target.sqlite_path.resolve())
     url = target.url.set(password=None, port=target.url.port or 5432, host=(target.url.host or "").lower())
     return url.render_as_string(hide_password=False)
