@@ -92,15 +92,13 @@ def prepare(fault: str | None, workdir: Path) -> tuple[Path, Path]:
     if fault == "d2t-absolute":
         draft = write_faulty_draft(draft, workdir / "draft-d2t-absolute", fault)
     elif fault in _WRAPPERS:
-        target = _target_copy(target, workdir / f"target-{fault}",
+        target = _folder_copy(target, workdir / f"target-{fault}",
                               lambda config: {**config, "architectures": [_WRAPPERS[fault]]})
     elif fault == "tied-target":
-        target = _tied_only_target(target, workdir / "target-tied")
-    elif fault == "unknown-key":
-        draft = _draft_with_extra_key(draft, workdir / "draft-unknown-key")
-    elif fault in _DRAFT_CONFIG_EDITS:
-        draft = _draft_copy(draft, workdir / f"draft-{fault}", _DRAFT_CONFIG_EDITS[fault],
-                            _flip_t2d if fault == "t2d-mismatch" else None)
+        target = _folder_copy(target, workdir / "target-tied",
+                              lambda config: {k: v for k, v in config.items() if k != "architectures"}, _tied_only)
+    elif fault in _DRAFT_EDITS:
+        draft = _folder_copy(draft, workdir / f"draft-{fault}", *_DRAFT_EDITS[fault])
     return target, draft
 
 
@@ -108,14 +106,6 @@ def _aux_ids(config: dict, edit) -> dict:
     eagle = dict(config["eagle_config"])
     eagle["eagle_aux_hidden_state_layer_ids"] = edit(eagle["eagle_aux_hidden_state_layer_ids"])
     return {**config, "eagle_config": eagle}
-
-
-_DRAFT_CONFIG_EDITS = {
-    "t2d-mismatch": lambda config: config,
-    "vocab-size-padded": lambda config: {**config, "vocab_size": config["vocab_size"] + 64},
-    "aux-reversed": lambda config: _aux_ids(config, lambda ids: ids[::-1]),
-    "aux-duplicated": lambda config: _aux_ids(config, lambda ids: [ids[0], ids[1], ids[1]]),
-}
 
 
 def _flip_t2d(state: dict) -> dict:
@@ -128,58 +118,43 @@ def _flip_t2d(state: dict) -> dict:
     return {**state, "t2d": t2d}
 
 
-def _draft_copy(source: Path, dest: Path, edit_config, edit_state=None) -> Path:
-    """The draft with ``edit_config`` applied to its config and, given ``edit_state``, to its tensors
-    (else the weights are linked)."""
-    from safetensors.torch import load_file, save_file
-
-    dest.mkdir(parents=True, exist_ok=True)
-    config = json.loads((source / "config.json").read_text())
-    (dest / "config.json").write_text(json.dumps(edit_config(config), indent=2))
-    weights = dest / "model.safetensors"
-    if edit_state is None:
-        if not weights.exists():
-            weights.symlink_to(source / "model.safetensors")
-    else:
-        state = edit_state(load_file(str(source / "model.safetensors")))
-        save_file(state, str(weights), metadata={"format": "pt"})
-    return dest
-
-
-def _draft_with_extra_key(source: Path, dest: Path) -> Path:
-    """The draft with one more tensor, under a name no EAGLE-3 loader maps."""
+def _with_unknown_key(state: dict) -> dict:
+    """One more tensor, under a name no EAGLE-3 loader maps."""
     import torch
+
+    return {**state, UNKNOWN_KEY: torch.zeros(4, 4)}
+
+
+def _tied_only(state: dict) -> dict:
+    """The layout earlier specscope caches had: the tied weight as ``lm_head.weight`` only."""
+    state = dict(state)
+    state["lm_head.weight"] = state.pop("model.embed_tokens.weight")
+    return state
+
+
+_DRAFT_EDITS = {  # fault -> (config edit, tensor edit) of the draft folder
+    "unknown-key": (None, _with_unknown_key),
+    "t2d-mismatch": (None, _flip_t2d),
+    "vocab-size-padded": (lambda config: {**config, "vocab_size": config["vocab_size"] + 64}, None),
+    "aux-reversed": (lambda config: _aux_ids(config, lambda ids: ids[::-1]), None),
+    "aux-duplicated": (lambda config: _aux_ids(config, lambda ids: [ids[0], ids[1], ids[1]]), None),
+}
+
+
+def _folder_copy(source: Path, dest: Path, edit_config=None, edit_state=None) -> Path:
+    """A model folder under ``dest``: its ``config.json`` through ``edit_config``, its
+    ``model.safetensors`` through ``edit_state`` (each kept as is when None), every other file linked."""
     from safetensors.torch import load_file, save_file
 
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy(source / "config.json", dest / "config.json")
-    state = load_file(str(source / "model.safetensors"))
-    state[UNKNOWN_KEY] = torch.zeros(4, 4)
-    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    return dest
-
-
-def _target_copy(source: Path, dest: Path, edit) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
+    weights = "model.safetensors"
     for item in source.iterdir():
-        if item.name != "config.json" and not (dest / item.name).exists():
+        if item.name != "config.json" and not (edit_state and item.name == weights) and not (dest / item.name).exists():
             (dest / item.name).symlink_to(item)
     config = json.loads((source / "config.json").read_text())
-    (dest / "config.json").write_text(json.dumps(edit(config), indent=2))
-    return dest
-
-
-def _tied_only_target(source: Path, dest: Path) -> Path:
-    """The layout earlier specscope caches had: tied weight as ``lm_head.weight`` only."""
-    from safetensors.torch import load_file, save_file
-
-    dest = _target_copy(source, dest, lambda config: {k: v for k, v in config.items() if k != "architectures"})
-    weights = dest / "model.safetensors"
-    if weights.is_symlink():
-        state = load_file(str(source / "model.safetensors"))
-        state["lm_head.weight"] = state.pop("model.embed_tokens.weight")
-        weights.unlink()
-        save_file(state, str(weights), metadata={"format": "pt"})
+    (dest / "config.json").write_text(json.dumps(edit_config(config) if edit_config else config, indent=2))
+    if edit_state:
+        save_file(edit_state(load_file(str(source / weights))), str(dest / weights), metadata={"format": "pt"})
     return dest
 
 
