@@ -167,9 +167,12 @@ def test_vllm_mixed_batch_judges_each_group_on_its_own_evidence(runs):
     audit = _audit(db, done["mixed"].run_id)
     assert set(audit) == {"greedy", "T=0.8"}
     greedy = audit["greedy"]
-    # greedy requests batched with sampled ones come back corrupted: not the target's argmax
-    assert greedy["greedy_mismatches"] > greedy["tokens_audited"] // 2 and greedy["finding"] is not None
-    assert "argmax" in greedy["finding"].message
+    # greedy requests batched with sampled ones come back corrupted: not the target's argmax. How many
+    # tokens differs run to run (21 to 40 of 64 measured in CI), so the claim is any at all, which the
+    # healthy greedy run above never shows
+    assert greedy["greedy_mismatches"] > 0 and greedy["finding"] is not None
+    assert greedy["finding"].severity == "error" and "argmax" in greedy["finding"].message
+    assert greedy["finding"].evidence["greedy_mismatches"] == greedy["greedy_mismatches"]
     sampled = audit["T=0.8"]
     assert sampled["greedy_mismatches"] == 0 and sampled["tokens_audited"] > 0  # its own test, its own numbers
     with open_store(db, read_only=True) as store:
