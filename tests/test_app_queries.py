@@ -155,8 +155,19 @@ def test_capture_layers_fired_and_silent(store):
     store.write(events)
     layers = queries.capture_layers(queries.run_summary(store, "silent")["config"],
                                     queries.tensor_contract(store, "silent"))
-    assert [(r["layer"], r["fired"]) for r in layers] == [(AUX[0], True), (AUX[1], False), (AUX[2], True)]
+    assert [(r["layer"], r["rank"], r["fired"]) for r in layers] == \
+        [(AUX[0], 0, True), (AUX[1], 0, False), (AUX[2], 0, True)]
     assert all(r["configured"] for r in layers)
+
+
+def test_capture_layers_name_the_rank_that_never_ran_a_layer(store):
+    silent = f"target.layers.{AUX[1]}:input"
+    store.write([e for e in trace("healthy", world_size=2)
+                 if not (getattr(e, "hook_point", "") == silent and e.rank == 1)])
+    layers = queries.capture_layers(queries.run_summary(store, "healthy")["config"],
+                                    queries.tensor_contract(store, "healthy"))
+    assert [(r["layer"], r["rank"]) for r in layers if not r["fired"]] == [(AUX[1], 1)]
+    assert len(layers) == 2 * len(AUX)
 
 
 def test_provenance_and_load_reports(filled):

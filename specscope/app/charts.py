@@ -75,7 +75,7 @@ def what_if_k(rows: list[Row]) -> go.Figure:
                            marker_color=DRAFT, text=[f"{r['mean_acceptance_length']:.2f}" for r in rows],
                            textposition="inside"))
     if rows and rows[0]["tokens_per_s"] is not None:
-        fig.add_trace(go.Scatter(x=ks, y=[r["tokens_per_s"] for r in rows], name="predicted tokens/s",
+        fig.add_trace(go.Scatter(x=ks, y=[r["tokens_per_s"] for r in rows], name="predicted tokens/s, one stream",
                                  mode="lines+markers", line=dict(color=OK, width=3), yaxis="y2"))
         fig.update_layout(yaxis2=dict(title="tokens / s", overlaying="y", side="right", rangemode="tozero"))
     fig.update_xaxes(tickmode="array", tickvals=ks)

@@ -181,17 +181,20 @@ def draft_inputs_over_time(store: Store, run_id: str, fused_width: int | None, b
 
 def capture_layers(config: dict[str, Any], contract: list[Row]) -> list[Row]:
     """Configured capture layers (``config['aux_layer_ids_resolved']``) against the
-    ``target.layers.{i}:input`` hook points that recorded events (:func:`tensor_contract` rows):
-    ``layer``, ``configured``, ``events`` (summed over ranks and shapes), ``fired``."""
-    events: dict[int, int] = {}
+    ``target.layers.{i}:input`` hook points that recorded events (:func:`tensor_contract` rows), per
+    rank that recorded any hook point: ``layer``, ``rank``, ``configured``, ``events`` (summed over
+    shapes), ``fired``. A rank whose target never ran a layer gets its own row, so one silent rank
+    of several is not hidden by the others."""
+    events: dict[tuple[int, int], int] = {}
     for row in contract:
         index = points.capture_layer(row["hook_point"])
         if index is not None:
-            events[index] = events.get(index, 0) + row["events"]
+            events[index, row["rank"]] = events.get((index, row["rank"]), 0) + row["events"]
     configured = set(config.get("aux_layer_ids_resolved") or ())
-    return [{"layer": layer, "configured": layer in configured, "events": events.get(layer, 0),
-             "fired": events.get(layer, 0) > 0}
-            for layer in sorted(configured | set(events))]
+    ranks = sorted({row["rank"] for row in contract}) or [None]
+    return [{"layer": layer, "rank": rank, "configured": layer in configured,
+             "events": events.get((layer, rank), 0), "fired": events.get((layer, rank), 0) > 0}
+            for layer in sorted(configured | {layer for layer, _ in events}) for rank in ranks]
 
 
 def provenance(store: Store, run_id: str) -> list[Row]:

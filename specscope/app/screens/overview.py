@@ -48,7 +48,8 @@ def panel(rid: str, narrow: bool) -> None:
              ("Accept rate", widgets.fmt(None if summary["acceptance_rate"] is None
                                              else 100 * summary["acceptance_rate"], 1, " %"),
               "accepted / proposed draft tokens"),
-             ("Tokens/s", widgets.fmt(summary["tokens_per_s"], 1), "emitted tokens per second of decoding"),
+             ("Tokens/s", widgets.fmt(summary["tokens_per_s"], 1),
+              "emitted tokens per second of wall time from the first verify step to the last, all ranks together"),
              ("Verify steps", f"{summary['verify_steps']:,}", None),
              ("Requests", f"{summary['requests']:,}", None),
              ("Dropped", f"{summary['events_dropped']:,}", "events the collector could not keep (dropped)")]
@@ -59,7 +60,13 @@ def panel(rid: str, narrow: bool) -> None:
     st.plotly_chart(charts.acceptance_over_time(widgets.query(queries.acceptance_over_time, rid), config.get("k")),
                     key=f"al-{rid}")
     st.plotly_chart(charts.positions(widgets.query(queries.position_acceptance, rid)), key=f"pos-{rid}")
-    st.plotly_chart(charts.what_if_k(widgets.query(queries.what_if_k, rid)), key=f"k-{rid}")
+    what_if = widgets.query(queries.what_if_k, rid)
+    st.plotly_chart(charts.what_if_k(what_if), key=f"k-{rid}")
+    if what_if and what_if[0]["tokens_per_s"] is not None:
+        # The tile counts wall time over every rank; the prediction counts one stream's draft and verify
+        # time only, so the two differ on multi-rank runs and by the time spent between steps.
+        st.caption("Predicted tokens/s: one stream, draft and verify time only (AL / (k × draft time per "
+                   "token + verify time per step)); the Tokens/s tile counts wall time over all ranks.")
 
 
 VERDICT_BOX = {"regression": st.error, "improvement": st.success, "no change": st.info}

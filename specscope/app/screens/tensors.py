@@ -69,11 +69,11 @@ def body() -> None:
     with left:
         st.subheader("Capture layers")
         layers = queries.capture_layers(config, contract)
-        st.dataframe([{"layer": r["layer"], "configured": r["configured"],
+        st.dataframe([{"layer": r["layer"], "rank": r["rank"], "configured": r["configured"],
                        "fired": "yes" if r["fired"] else "NEVER", "events": r["events"]} for r in layers],
                      hide_index=True)
-        st.caption("Fired: the target ran the layer (its hook saw calls, all ranks together). Whether its "
-                   "value reached the draft is provenance's answer, beside.")
+        st.caption("Fired: the target ran the layer on that rank (its hook saw calls). Whether its value "
+                   "reached the draft is provenance's answer, beside.")
     with right:
         st.subheader("Provenance (by fingerprint)")
         rows = widgets.query(queries.provenance, run_id)
