@@ -15,6 +15,7 @@ from specscope import readmodel
 from specscope.app import queries
 from specscope.cli import main
 from specscope.collector import HEARTBEAT_S, Collector
+from specscope.doctor import save_findings
 from specscope.exporter import StoreCollector
 from specscope.storage import open_store
 
@@ -128,6 +129,30 @@ def test_picker_view_exporter_and_doctor_count_a_runtime_only_error_alike(store_
     expected = readmodel.counts(verdict.findings)
     assert expected["error"] >= 2
     assert counts == dict.fromkeys(counts, expected)
+
+
+def test_the_last_ranks_end_is_in_the_stored_verdict_when_two_ranks_end_at_once(store, monkeypatch):
+    """Rank 1 ends, with hook errors, while rank 0's run-end callback is still diagnosing the run it
+    read as open: the verdict stored last must be the one that saw rank 1's end."""
+    now = time.time()
+    store.write([ev.RunStart("two", "e", "0", "t", "d", {}, world_size=2, ts_wall=now),
+                 *(ev.RankStart("two", rank, 2, "h", rank, "cpu", ts_wall=now) for rank in (0, 1)),
+                 ev.RankStatus("two", 0, 100, 0, "eager", finished=True, ts_wall=now)])
+    diagnose, calls = readmodel._run_view.diagnose, []
+
+    def racing(store_, run_id):
+        report = diagnose(store_, run_id)
+        if not calls:  # rank 1 ends (and stores its own verdict) after rank 0 read the run
+            store_.write([ev.RankStatus("two", 1, 100, 7, "eager", finished=True, ts_wall=now)])
+            save_findings(store_, diagnose(store_, run_id))
+        calls.append(run_id)
+        return report
+
+    monkeypatch.setattr(readmodel._run_view, "diagnose", racing)
+    readmodel.store_verdict(store, "two")
+    assert len(calls) == 2 and _status(store, "two") == "finished"
+    stored = store.query("SELECT code FROM findings WHERE run_id = 'two'")[1]
+    assert ("HOOK_ERRORS",) in stored
 
 
 def test_an_ended_runs_verdict_is_computed_once(store, monkeypatch):

@@ -85,7 +85,19 @@ def store_verdict(store: Store, run_id: str) -> None:
         ReadOnlyViolation: ``store`` was opened read-only.
         StoreError: the store cannot be read or written.
     """
-    save_findings(store, diagnose(store, run_id))
+    # Ranks of one run end in their own processes, each calling this: a verdict computed before
+    # another rank's end was committed may be saved after that rank's own verdict. Whoever saves a
+    # verdict read while the run was still open, and finds it ended afterwards, saves it again.
+    for _ in range(2):
+        was_ended = _ended(store, run_id)
+        save_findings(store, diagnose(store, run_id))
+        if was_ended or not _ended(store, run_id):
+            return
+
+
+def _ended(store: Store, run_id: str) -> bool:
+    row = summary(store, run_id)
+    return row is not None and row["state"] in ENDED
 
 
 def counts(findings: list[Finding]) -> dict[str, int]:
