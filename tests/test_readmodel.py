@@ -131,6 +131,24 @@ def test_picker_view_exporter_and_doctor_count_a_runtime_only_error_alike(store_
     assert counts == dict.fromkeys(counts, expected)
 
 
+def test_a_collector_holding_events_longer_than_the_heartbeat_still_keeps_its_ranks_heard(store):
+    """``watch --interval 600``: its collector flushes once per scrape only, yet the run must not
+    read 'lost' between scrapes; and what is queued in between waits for the flush."""
+    with Collector(store, flush_interval_s=3600, heartbeat_s=0.2) as sink:
+        for event in _started("slow-scrapes", time.time()):
+            sink.emit(event)
+        assert sink.flush(10)
+        heard = _last_seen(store, "slow-scrapes")
+        sink.emit(ev.RankStatus("slow-scrapes", 0, 5, 0, "eager"))  # queued, not yet flushed
+        deadline = time.time() + 10
+        while _last_seen(store, "slow-scrapes") == heard and time.time() < deadline:
+            time.sleep(0.1)
+        assert _last_seen(store, "slow-scrapes") > heard
+        assert store.query("SELECT hook_calls FROM run_ranks WHERE run_id = 'slow-scrapes'")[1] == [(0,)]
+        assert sink.flush(10)
+        assert store.query("SELECT hook_calls FROM run_ranks WHERE run_id = 'slow-scrapes'")[1] == [(5,)]
+
+
 def test_the_last_ranks_end_is_in_the_stored_verdict_when_two_ranks_end_at_once(store, monkeypatch):
     """Rank 1 ends, with hook errors, while rank 0's run-end callback is still diagnosing the run it
     read as open: the verdict stored last must be the one that saw rank 1's end."""

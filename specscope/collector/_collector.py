@@ -244,7 +244,13 @@ class Collector:
         while True:
             self._wake.clear()
             if not queue and not self._closing:
-                self._wake.wait(self._interval)
+                # A flush period longer than the heartbeat (watch holds a scrape's events until its
+                # flush) still marks live ranks heard while it waits, and writes nothing early.
+                until = time.monotonic() + self._interval
+                while not self._wake.wait(max(0.0, min(self._heartbeat_s, until - time.monotonic()))):
+                    if time.monotonic() >= until:
+                        break
+                    self._heartbeat()
             chunk: list[Event] = []
             marker = None
             while queue and len(chunk) < self._batch_size:
