@@ -125,3 +125,24 @@ def test_emitted_ids_are_validated_at_the_boundary(bad):
 def test_more_emitted_ids_than_a_step_can_emit_are_refused():
     with pytest.raises(ev.InvalidEvent, match="at most accepted \\+ 1 = 3"):
         ev.VerifyStep(RUN, "req", 0, 0, 4, 2, emitted_ids=(1, 2, 3, 4))
+
+
+def test_a_close_that_times_out_behind_a_slow_tokenizer_says_what_may_be_lost(tmp_path, caplog):
+    release = threading.Event()
+
+    class Stuck:
+        def decode(self, ids, **kwargs):
+            release.wait(30)
+            return "x"
+
+    collector = Collector(str(tmp_path / "s.db"), tokenizer=Stuck())
+    for event in _events([1, 2], (1,)):
+        collector.emit(event)
+    with caplog.at_level(logging.WARNING, logger="specscope"):
+        collector.close(timeout_s=0.5)
+    assert not collector.flush(1)  # the caller is told the close was lossy
+    (record,) = [r for r in caplog.records if "not yet written may be lost" in r.getMessage()]
+    assert "4 event(s)" in record.getMessage()
+    release.set()
+    collector.close(timeout_s=30)
+    assert _stored(str(tmp_path / "s.db"))[1] == "x"  # written after all once the tokenizer returned

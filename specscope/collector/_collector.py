@@ -213,7 +213,14 @@ class Collector:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
-        if not self._thread.is_alive():
+        if self._thread.is_alive():
+            # The writer is still busy (a slow store or tokenizer): what it has not written yet may
+            # be lost when the process exits, and nothing can count it in the store any more.
+            pending = self._in_flight + sum(not isinstance(item, _FlushMarker) for item in list(self._queue))
+            self._lossy_close = True
+            logger.warning("specscope collector: store %s still being written after %ss at close; "
+                           "%d event(s) not yet written may be lost", self._describe(), timeout_s, pending)
+        else:
             self._abandon()  # an emit that raced the writer's last drain is counted, not left behind
             if self._store_url is not None and self._store is not None:
                 self._store.close()
