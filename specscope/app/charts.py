@@ -75,9 +75,14 @@ def what_if_k(rows: list[Row]) -> go.Figure:
                            marker_color=DRAFT, text=[f"{r['mean_acceptance_length']:.2f}" for r in rows],
                            textposition="inside"))
     if rows and rows[0]["tokens_per_s"] is not None:
-        fig.add_trace(go.Scatter(x=ks, y=[r["tokens_per_s"] for r in rows], name="predicted tokens/s, one stream",
+        rates = [r["tokens_per_s"] for r in rows]
+        fig.add_trace(go.Scatter(x=ks, y=rates, name="predicted tokens/s, one stream",
                                  mode="lines+markers", line=dict(color=OK, width=3), yaxis="y2"))
-        fig.update_layout(yaxis2=dict(title="tokens / s", overlaying="y", side="right", rangemode="tozero"))
+        # Explicit ranges: the line runs above the bars and inside the plot (auto-ranged, the two
+        # axes' ticks were synced and the line sat on the top edge, across the bars' labels).
+        fig.update_layout(yaxis2=dict(title="tokens / s", overlaying="y", side="right",
+                                      range=[0, 1.15 * max(rates)], showgrid=False))
+        fig.update_layout(yaxis=dict(range=[0, 1.6 * max(r["mean_acceptance_length"] for r in rows)]))
     fig.update_xaxes(tickmode="array", tickvals=ks)
     return _layout(fig, "What if k were smaller", "k (draft tokens per step)", "tokens / verify step", height=260)
 
