@@ -177,3 +177,14 @@ def test_provenance_and_load_reports(filled):
     reports = queries.load_reports(filled, "healthy")
     assert [(r["rank"], r["strict"], r["missing"], r["unexpected"]) for r in reports] == \
         [(0, True, [], []), (1, True, [], [])]
+
+
+def test_what_if_chart_keeps_the_predicted_line_inside_the_plot_and_above_the_bars():
+    rows = [{"k": 1, "mean_acceptance_length": 1.2, "tokens_per_s": 10.1},
+            {"k": 2, "mean_acceptance_length": 1.4, "tokens_per_s": 11.2}]
+    figure = charts.what_if_k(rows)
+    bars, line = figure.data
+    assert line.yaxis == "y2" and figure.layout.yaxis2.range[1] > max(line.y)
+    # the bars top out below the line's share of the plot height
+    assert max(bars.y) / figure.layout.yaxis.range[1] < min(line.y) / figure.layout.yaxis2.range[1]
+    assert len(charts.what_if_k([{**r, "tokens_per_s": None} for r in rows]).data) == 1
