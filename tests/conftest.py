@@ -69,6 +69,12 @@ def pg_url() -> Iterator[str]:
     yield from _pg_schema_url()
 
 
+@pytest.fixture
+def other_pg_url() -> Iterator[str]:
+    """A second fresh schema of the same server, beside :func:`pg_url`'s."""
+    yield from _pg_schema_url()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
     """A fresh store location: a SQLite path, or a PostgreSQL URL of a new, empty schema."""

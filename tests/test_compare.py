@@ -151,6 +151,24 @@ def test_bad_input_exits_2_with_one_line(real, tmp_path, capsys):
         assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and expected in err, err
 
 
+@pytest.mark.postgres
+def test_one_postgresql_store_is_one_store_however_the_host_is_named(pg_url, other_pg_url, capsys):
+    import sqlalchemy as sa
+
+    from specscope.storage import open_store
+
+    with open_store(pg_url) as store:
+        _write(store, "pg-run", {"a": [2, 3, 1], "b": [1, 4, 2]})
+        location = store.location
+    with open_store(other_pg_url) as store:
+        assert store.location != location  # another schema of the same server is another store
+    by_name = sa.make_url(pg_url).set(host="localhost").render_as_string(hide_password=False)
+    with open_store(by_name, read_only=True) as store:
+        assert store.location == location
+    status, out, err = cli(capsys, "--base-db", pg_url, "--db", by_name)
+    assert status == 2 and "same run" in err, err
+
+
 def _linked(db: str, folder) -> str:
     link = folder / "link.db"
     link.symlink_to(db)

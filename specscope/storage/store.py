@@ -56,7 +56,8 @@ class Store:
     Attributes:
         url: where it lives, for messages (a path, or the URL without its password).
         location: the same store however it was spelt: a SQLite file's device and inode (links, hard
-            links and relative parts alike), else the server URL with its default port and no password.
+            links and relative parts alike), else the PostgreSQL server (port and start time), database
+            and schema, however the URL names the host.
         dialect: ``"sqlite"`` or ``"postgresql"``.
         read_only: opened with ``read_only=True``; :meth:`write` raises ReadOnlyViolation.
         schema_version: the store's schema version (``schema.SCHEMA_VERSION`` once opened).
@@ -80,7 +81,7 @@ class Store:
         self._trace_query = tracer if self.dialect == "postgresql" else None
         self._sqlite_path = target.sqlite_path
         self._file_id = _file_id(target.sqlite_path) if target.sqlite_path is not None else None
-        self.location = _location(target, self._file_id)
+        self.location = _location(target, self._file_id, read_engine)
 
     def __repr__(self) -> str:
         mode = "read-only" if self.read_only else "read-write"
@@ -632,8 +633,19 @@ def _validate(target: Target, state: migrations.StoreState, create: bool) -> Non
         raise StoreError(f"no specscope store at {target.display} (the database is empty)")
 
 
-def _location(target: Target, file_id: tuple[int, int] | None) -> str:
+_PG_IDENTITY = sa.text("SELECT current_setting('port'), pg_postmaster_start_time(), current_database(), "
+                       "current_schema()")
+"""One PostgreSQL store however its URL names the host (localhost, 127.0.0.1, a DNS name): the server
+by its port and start time, the database and the schema the store's tables live in."""
+
+
+def _location(target: Target, file_id: tuple[int, int] | None, engine: Engine) -> str:
     if target.sqlite_path is not None:
         return f"sqlite:{file_id[0]}:{file_id[1]}" if file_id else str(target.sqlite_path.resolve())
-    url = target.url.set(password=None, port=target.url.port or 5432, host=(target.url.host or "").lower())
-    return url.render_as_string(hide_password=False)
+    try:
+        with engine.connect() as conn:
+            port, started, database, schema_name = conn.execute(_PG_IDENTITY).one()
+        return f"postgresql:{port}:{started.isoformat()}:{database}:{schema_name}"
+    except sa.exc.SQLAlchemyError:  # the URL then: a store that cannot be read fails its first query anyway
+        url = target.url.set(password=None, port=target.url.port or 5432, host=(target.url.host or "").lower())
+        return url.render_as_string(hide_password=False)
