@@ -129,9 +129,9 @@ class LlamaCppServer:
 
 
 def serve_recorded(db: str, mode: str, prompts: Sequence[str], *, max_new_tokens: int = 48, k: int = 3,
-                   seed: int = 1, temperature: float = 1.0) -> str:
+                   seed: int = 1, temperature: float = 1.0, dequantized: bool = False) -> str:
     """Serve ``prompts`` (as chat messages, streamed) through a fresh :class:`LlamaCppServer` in
-    ``mode``, each request recorded into the store ``db`` by a
+    ``mode`` (``dequantized``: its target as float32), each request recorded into the store ``db`` by a
     :class:`~specscope.adapters.recorder.ResponseRecorder` (per-draft verify steps); return the run id.
     The run's engine is ``llama.cpp``, its version the xllamacpp release.
 
@@ -144,7 +144,7 @@ def serve_recorded(db: str, mode: str, prompts: Sequence[str], *, max_new_tokens
     from specscope.readmodel import store_verdict
 
     run_id = f"llamacpp-{mode}-{uuid.uuid4().hex[:8]}"
-    with LlamaCppServer(mode, k=k, seed=seed) as server, Collector(db, on_run_end=store_verdict) as collector:
+    with LlamaCppServer(mode, k=k, seed=seed, dequantized=dequantized) as server, Collector(db, on_run_end=store_verdict) as collector:
         recorder = ResponseRecorder(collector, run_id=run_id, engine=ENGINE, engine_version=engine_version(),
                                     target_model=server.target_model, draft_model=server.draft_model, k=k)
         with httpx.Client(base_url=server.url, transport=recorder, timeout=300, headers=ONE_SHOT) as client:

@@ -142,9 +142,14 @@ def _run_llamacpp(args: argparse.Namespace) -> list[str]:
     prompts = demo_prompts(args.requests, args.first_prompt)
     run_ids = []
     for mode in ["draft"] if args.no_dashboard else ["draft", "ngram", "eagle3"]:
-        print(f"specscope demo: serving {args.requests} requests through llama.cpp, {mode} speculation "
-              f"-> {args.db}", flush=True)
-        run_ids.append(serve_recorded(args.db, mode, prompts, max_new_tokens=args.max_new_tokens, k=args.k))
+        # The EAGLE-3 head was trained on the float32 target's hidden states: served from the Q4_1
+        # GGUF, llama.cpp's quantized products move them and it accepts less (docs/engines.md).
+        eagle3 = mode == "eagle3"
+        print(f"specscope demo: serving {args.requests} requests through llama.cpp, {mode} speculation"
+              f"{' (target dequantized to float32, the weights vLLM serves)' if eagle3 else ''} -> {args.db}",
+              flush=True)
+        run_ids.append(serve_recorded(args.db, mode, prompts, max_new_tokens=args.max_new_tokens, k=args.k,
+                                      dequantized=eagle3))
     return run_ids
 
 
