@@ -83,6 +83,34 @@ def test_diagnose_is_read_only_and_save_replaces(store_url):
         assert len(doctor_findings(store)) == len(rows)
 
 
+def test_two_writers_replacing_one_runs_findings_at_once_leave_one_set(store_url):
+    """Two ranks' run-end verdicts saved at the same moment (separate connections, as separate
+    processes): the stored findings are one set, never both."""
+    import threading
+
+    with open_store(store_url) as store:
+        T.no_aux_capture().write(store)
+        report = diagnose(store, "no-aux")
+    barrier, errors = threading.Barrier(2), []
+
+    def writer() -> None:
+        with open_store(store_url) as own:
+            for _ in range(200):
+                barrier.wait()
+                try:
+                    save_findings(own, report)
+                except Exception as exc:  # reported by the assertion below
+                    errors.append(exc)
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with open_store(store_url, read_only=True) as store:
+        assert not errors and sorted(code for _, code, _ in doctor_findings(store)) == sorted(report.codes())
+
+
 def test_to_dict_is_the_design_schema(store):
     T.off_by_one().write(store)
     data = json.loads(json.dumps(diagnose(store).to_dict()))

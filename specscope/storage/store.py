@@ -228,6 +228,12 @@ class Store:
                              f"{type(exc).__name__}: {exc}") from exc
         table = schema.findings
         with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
+            if self.dialect == "postgresql":
+                # Two ranks' run-end verdicts replace one run's findings at once: at READ COMMITTED the
+                # second DELETE would not see the first's new rows and both sets would stay. SQLite's
+                # write transactions are serial already.
+                for run_id in sorted(set(run_ids)):
+                    conn.execute(_PG_RUN_LOCK, {"run_id": run_id})
             if run_ids:
                 conn.execute(table.delete().where(table.c.source == source,
                                                   table.c.run_id.in_(list(run_ids))))
@@ -632,6 +638,9 @@ def _validate(target: Target, state: migrations.StoreState, create: bool) -> Non
     if state.version == 0 and not create:
         raise StoreError(f"no specscope store at {target.display} (the database is empty)")
 
+
+_PG_RUN_LOCK = sa.text("SELECT pg_advisory_xact_lock(hashtext(:run_id))")
+"""Held to the end of the transaction that replaces a run's findings (:meth:`Store.replace_findings`)."""
 
 _PG_IDENTITY = sa.text("SELECT current_setting('port'), pg_postmaster_start_time(), current_database(), "
                        "current_schema()")
