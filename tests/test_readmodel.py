@@ -131,6 +131,22 @@ def test_picker_view_exporter_and_doctor_count_a_runtime_only_error_alike(store_
     assert counts == dict.fromkeys(counts, expected)
 
 
+def test_a_collector_busy_with_one_run_keeps_its_idle_run_heard(store):
+    """``watch`` on two servers, one of them down: the writer commits for the live one every scrape,
+    and the idle one must still be marked heard."""
+    now = time.time()
+    with Collector(store, flush_interval_s=0.05, heartbeat_s=0.3) as sink:
+        for event in [*_started("idle", now), *_started("busy", now)]:
+            sink.emit(event)
+        assert sink.flush(10)
+        heard = _last_seen(store, "idle")
+        for i in range(40):  # 2 s of commits for the busy run only
+            sink.emit(ev.RequestStart("busy", f"r{i}", 0, 3))
+            time.sleep(0.05)
+        assert sink.flush(10)
+        assert time.time() - _last_seen(store, "idle") < 1.5 and _last_seen(store, "idle") > heard
+
+
 def test_a_collector_holding_events_longer_than_the_heartbeat_still_keeps_its_ranks_heard(store):
     """``watch --interval 600``: its collector flushes once per scrape only, yet the run must not
     read 'lost' between scrapes; and what is queued in between waits for the flush."""

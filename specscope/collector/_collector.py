@@ -16,8 +16,9 @@ drains one batch per wait, so a ``flush`` during an outage returns at its timeou
 the database refuses (:class:`~specscope.errors.EventRejected`) is isolated by writing its batch in
 halves: it alone is dropped (counted in ``rejected`` and ``dropped``, logged once), the rest commits.
 Each committed batch also tells the collector which ranks it heard from: while a rank has not ended,
-an idle writer marks it heard every ``heartbeat_s`` seconds (``Store.touch``), so a live engine
-with nothing to record never reads 'lost' (``v_run_summary``); when a batch that ends a rank commits
+the writer marks it heard whenever the store has not heard from it for ``heartbeat_s`` seconds
+(``Store.touch``; busy with other ranks or idle), so a live engine with nothing to record never
+reads 'lost' (``v_run_summary``); when a batch that ends a rank commits
 (``RankStatus(finished=True)``), ``on_run_end(store, run_id)`` runs on the writer thread, off the
 engine's (the read model's :func:`specscope.readmodel.store_verdict` stores the doctor's verdict then).
 After ``os.fork`` the child gets an empty queue, a writer thread of its own and fresh database
@@ -143,8 +144,8 @@ class Collector:
         self._failing = False
         self._backoff_s = FIRST_BACKOFF_S
         self._logged_rejection = False
-        self._live: set[Key] = set()  # ranks written for that have not ended (writer thread only)
-        self._heard = time.monotonic()  # when the store last heard from those ranks
+        # ranks written for that have not ended -> when the store last heard from each (writer thread only)
+        self._live: dict[Key, float] = {}
         self._thread = threading.Thread(target=self._run, name="specscope-collector", daemon=True)
         self._thread.start()
 
@@ -317,27 +318,30 @@ class Collector:
             return False
         self._committed(len(chunk))
         self._heard_from(chunk, written)
+        self._heartbeat()  # a busy writer may be busy for other ranks only
         return True
 
     def _heartbeat(self) -> None:
-        """Mark the live ranks heard when the store has not heard from them for HEARTBEAT_S."""
-        if not self._live or time.monotonic() - self._heard < self._heartbeat_s:
+        """Mark heard each live rank the store has not heard from for ``heartbeat_s`` seconds."""
+        now = time.monotonic()
+        quiet = sorted(key for key, heard in self._live.items() if now - heard >= self._heartbeat_s)
+        if not quiet:
             return
         try:
-            self._open().touch(sorted(self._live))
+            self._open().touch(quiet)
         except Exception:  # noqa: BLE001 - a failing store is reported by the next batch's write
             return
-        self._heard = time.monotonic()
+        self._live.update(dict.fromkeys(quiet, now))
 
     def _heard_from(self, events: Sequence[Event], keys: dict[Key, int]) -> None:
         """Track live ranks over committed ``events`` (``keys``: their ``_per_key`` counts); run
         ``on_run_end`` for each run a rank ended."""
-        self._heard = time.monotonic()
-        self._live.update(key for key in keys if key[0] is not None)
+        now = time.monotonic()
+        self._live.update((key, now) for key in keys if key[0] is not None)
         ended: list[str] = []
         for event in events:
             if event.kind == "rank_status" and event.finished:
-                self._live.discard((event.run_id, event.rank))
+                self._live.pop((event.run_id, event.rank), None)
                 ended.append(event.run_id)
         for run_id in dict.fromkeys(ended) if self._on_run_end is not None else ():
             try:
