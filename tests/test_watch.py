@@ -108,6 +108,36 @@ def _watch_two_scrapes(store, server, before: str, after: str) -> str:
         return watcher.run_ids[0]
 
 
+def test_a_reading_cut_short_of_a_counter_waits_for_the_next_complete_one(server, tmp_path, caplog) -> None:
+    """One scrape's answer lacks ``num_accepted_tokens`` (cut off): that series is skipped with one
+    warning, and the next complete answer counts the whole increase, never the counter from 0."""
+    rng = random.Random(3)
+    engines = {"0": ChainCounters(K)}
+    server.body = vllm_exposition("m", engines)
+    served: list[int] = []
+
+    def serve(n: int, cut: bool = False) -> None:
+        steps = _draw(rng, [0, 1, 2, 3], n)
+        engines["0"].add(steps)
+        served.extend(steps)
+        body = vllm_exposition("m", engines)
+        server.body = "\n".join(line for line in body.splitlines()
+                                if not (cut and "num_accepted_tokens" in line and "per_pos" not in line)) + "\n"
+
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [server.url]) as watcher:
+        watcher.scrape()
+        serve(40)
+        assert [r.verify_steps for r in watcher.scrape()] == [40]
+        serve(30, cut=True)
+        assert [r.verify_steps for r in watcher.scrape()] == [0]
+        serve(20)
+        assert [r.verify_steps for r in watcher.scrape()] == [50]
+        (run_id,) = watcher.run_ids
+        assert _acceptance(store, run_id)[:3] == (len(served), K * len(served), sum(served))
+    assert sum("lacks accepted" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_vllm_rank_divergence_and_collapse_reach_the_doctor(server, tmp_path) -> None:
     rng = random.Random(2)
     before = {"0": ChainCounters(K), "1": ChainCounters(K)}

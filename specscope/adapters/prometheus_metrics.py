@@ -193,12 +193,17 @@ def window(previous: Reading | None, current: Reading) -> Window:
 
     Raises:
         ValueError: the window is not one an engine produces (more accepted than proposed tokens, or a
-            position accepted more often than there were steps).
+            position accepted more often than there were steps), or ``current`` lacks a counter
+            ``previous`` had without a reset (the caller keeps ``previous`` for the next reading).
     """
     if previous is None:
         return Window(0, 0, 0)
     if is_reset(previous, current):
         previous = Reading(current.engine, current.model, current.labels)
+    missing = [role for role in COUNTER_ROLES if role in previous.values and role not in current.values]
+    if missing:  # counted as absent, its next reading would count whole again
+        raise ValueError(f"{current.engine} reading lacks {', '.join(missing)}, which the previous one had "
+                         "(a cut-off answer?): the series waits for a complete reading")
 
     def delta(role: str) -> float | None:
         if role not in current.values:

@@ -14,7 +14,9 @@ RANK_DIVERGENCE, ACCEPT_SATURATED) read a watched server exactly as an instrumen
 - An endpoint's first answer is its baseline (no rows), as Prometheus ``rate()`` needs two samples; a
   series or a per-position counter that appears after it was created since, at 0 (llama.cpp creates
   its per-position counters at the first draft), so its first window counts whole. A counter below
-  its previous value, or one that vanished, is a reset (server restart): the series counts from 0.
+  its previous value, or a per-position counter that vanished, is a reset (server restart): the series
+  counts from 0. A reading that lacks one of the series' steps / proposed / accepted counters without
+  a reset (a cut-off answer) is skipped: the next complete one counts the whole increase.
 - An endpoint that is down or answers garbage is a gap: one warning line when the gap starts, no rows
   while it lasts, a counter increase spanning the gap once it answers again (cumulative counters lose
   nothing unless the server also restarted during the gap).
