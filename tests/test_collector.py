@@ -152,7 +152,9 @@ def test_flush_times_out_while_the_store_is_locked(tmp_path) -> None:
     store.close()
 
 
-@pytest.mark.parametrize("settings", [{"capacity": 0}, {"batch_size": 0}, {"flush_interval_s": 0.0}])
+@pytest.mark.parametrize("settings", [{"capacity": 0}, {"batch_size": 0}, {"flush_interval_s": 0.0},
+                                      {"heartbeat_s": 0}, {"heartbeat_s": -1.0}, {"heartbeat_s": float("nan")},
+                                      {"heartbeat_s": None}])
 def test_invalid_settings_are_refused(tmp_path, settings: dict) -> None:
     with pytest.raises(ConfigError):
         Collector(str(tmp_path / "s.db"), **settings)

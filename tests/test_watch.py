@@ -242,6 +242,25 @@ def test_watch_cli_counts_scrapes_and_refuses_bad_arguments(server, tmp_path, ca
     assert capsys.readouterr().err.count("\n") == 1
     assert main(["watch", "--db", db, "--count", "1", "http://"]) == 2  # no host: one line, exit 2
     assert "names no host" in capsys.readouterr().err
+    for endpoint, said in (("ftp://127.0.0.1:9/metrics", "not ftp://"), ("127.0.0.1:99999", "out of range"),
+                           ("127.0.0.1:abc", "integer")):
+        assert main(["watch", "--db", db, "--count", "1", endpoint]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["watch", "--db", db, "--interval", "2600000h", server.url])
+    assert exit_info.value.code == 2 and "longer than a year" in capsys.readouterr().err
+
+
+def test_gap_warnings_keep_an_endpoints_credentials_out_of_the_log(server, tmp_path, caplog) -> None:
+    server.status, server.body = 503, "Service Unavailable"
+    host = server.url.split("://", 1)[1]
+    secret = f"http://user:secretpw@{host}?token=SECRET"
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [secret]) as watcher:
+        (result,) = watcher.scrape()
+    assert not result.ok and caplog.records
+    assert not [r for r in caplog.records if "secretpw" in r.getMessage() or "SECRET" in r.getMessage()]
 
 
 def test_overview_requests_and_gpus_pages_show_a_watched_server(server, tmp_path, monkeypatch) -> None:

@@ -72,11 +72,22 @@ WATCH_REQUEST_ID = "watch"
 
 
 def normalize_endpoint(endpoint: str) -> str:
-    """``host:port`` -> ``http://host:port/metrics``; a URL with a path is kept as given."""
+    """``host:port`` -> ``http://host:port/metrics``; a URL with a path is kept as given.
+
+    Raises:
+        ValueError: no host, a scheme other than http / https, or a port that is not one.
+    """
     url = endpoint if "://" in endpoint else f"http://{endpoint}"
     parts = urlsplit(url)
-    if not parts.netloc:
-        raise ValueError(f"endpoint {endpoint!r} names no host")
+    shown = public_endpoint(url)
+    if not parts.hostname:
+        raise ValueError(f"endpoint {shown!r} names no host")
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {shown!r}: Prometheus endpoints are http:// or https://, not {parts.scheme}://")
+    try:
+        parts.port  # noqa: B018 - urllib checks the port only when it is read
+    except ValueError as exc:
+        raise ValueError(f"endpoint {shown!r}: {exc}") from None
     return url if parts.path not in ("", "/") else f"{parts.scheme}://{parts.netloc}/metrics"
 
 
@@ -208,9 +219,11 @@ class Watcher:
 
     def _gap(self, endpoint: str, exc: BaseException) -> ScrapeResult:
         detail = str(exc).splitlines()[0] if str(exc) else "no answer within the timeout"
+        detail = detail.replace(endpoint, public_endpoint(endpoint))  # httpx names the URL it fetched
         error = f"{type(exc).__name__}: {detail}"
         if endpoint not in self._down:
-            logger.warning("watch: %s gives no metrics (%s); recording a gap until it answers", endpoint, error)
+            logger.warning("watch: %s gives no metrics (%s); recording a gap until it answers",
+                           public_endpoint(endpoint), error)
             self._down.add(endpoint)
         self._sink.flush()  # wakes the collector's writer for its heartbeat: the run is still watched
         return ScrapeResult(endpoint, False, error=error)
@@ -239,7 +252,7 @@ class Watcher:
                 counted = window(previous, reading)
             except ValueError as exc:
                 if key not in self._bad_series:
-                    logger.warning("watch: %s: skipping a series (%s)", endpoint, exc)
+                    logger.warning("watch: %s: skipping a series (%s)", public_endpoint(endpoint), exc)
                     self._bad_series.add(key)
                 continue
             self._bad_series.discard(key)

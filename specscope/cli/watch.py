@@ -24,9 +24,13 @@ from specscope.storage import open_store, queries
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
+MAX_SECONDS = 366 * 24 * 3600.0
+"""Longest duration a flag takes (a year): far longer ones overflow the clock's waits."""
+
 
 def seconds(text: str) -> float:
-    """``"5s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a plain number of seconds -> seconds (> 0).
+    """``"5s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a plain number of seconds -> seconds (> 0, at most
+    :data:`MAX_SECONDS`).
 
     Raises:
         argparse.ArgumentTypeError: anything else.
@@ -34,7 +38,10 @@ def seconds(text: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*", text)
     if not match or float(match[1]) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 5s, 500ms, 2m or 1h")
-    return float(match[1]) * _UNITS[match[2] or "s"]
+    value = float(match[1]) * _UNITS[match[2] or "s"]
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than a year ({MAX_SECONDS / 3600:g}h)")
+    return value
 
 
 

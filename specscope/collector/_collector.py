@@ -103,10 +103,10 @@ class Collector:
     def __init__(self, store: Store | str, *, capacity: int = 100_000, batch_size: int = 5_000,
                  flush_interval_s: float = 1.0, tokenizer: Any = None, on_run_end: RunEnd | None = None,
                  heartbeat_s: float = HEARTBEAT_S) -> None:
-        if not (_is_count(capacity) and _is_count(batch_size) and isinstance(flush_interval_s, (int, float))
-                and not isinstance(flush_interval_s, bool) and 0 < flush_interval_s < float("inf")):
-            raise ConfigError(f"collector needs capacity >= 1, batch_size >= 1 and flush_interval_s > 0"
-                              f", got {capacity}, {batch_size}, {flush_interval_s}")
+        if not (_is_count(capacity) and _is_count(batch_size) and _is_period(flush_interval_s)
+                and _is_period(heartbeat_s)):
+            raise ConfigError(f"collector needs capacity >= 1, batch_size >= 1, flush_interval_s > 0 and "
+                              f"heartbeat_s > 0, got {capacity}, {batch_size}, {flush_interval_s}, {heartbeat_s}")
         self._store = store if isinstance(store, Store) else None
         self._store_url = None if isinstance(store, Store) else str(store)
         self._capacity = capacity
@@ -435,6 +435,11 @@ class Collector:
 
     def _describe(self) -> str:
         return self._store.url if self._store is not None else str(self._store_url)
+
+
+def _is_period(value: object) -> bool:
+    """A finite number of seconds above 0 (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
 
 
 def _add(into: dict[Key, int], counts: dict[Key, int]) -> None:
