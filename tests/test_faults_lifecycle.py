@@ -167,6 +167,39 @@ def test_a_forked_child_writes_what_it_emits(tmp_path, given: str) -> None:
             (0, 10), (1, 100)]
 
 
+_MULTIPROCESSING = textwrap.dedent("""
+    import multiprocessing, sys
+    from specscope import events as ev
+    from specscope.collector import Collector
+
+    collector = Collector(sys.argv[1], flush_interval_s=30)
+
+    def work(how):
+        for i in range(50):
+            collector.emit(ev.TensorEvent(run_id="run-mp", rank=1 if how == "return" else 2, hook_point="p",
+                                          call_index=i, shape=(1,), dtype="float32", device="cpu"))
+        if how == "exit":
+            sys.exit(0)
+
+    if __name__ == "__main__":
+        for how in ("return", "exit"):  # neither closes the collector; the child's exit does
+            child = multiprocessing.get_context("fork").Process(target=work, args=(how,))
+            child.start()
+            child.join()
+        collector.close()
+""")
+
+
+def test_a_multiprocessing_child_writes_what_it_emits_without_closing(tmp_path) -> None:
+    path = str(tmp_path / "mp.db")
+    proc = subprocess.run([sys.executable, "-c", _MULTIPROCESSING, path], capture_output=True, text=True,
+                          timeout=HANG)
+    assert proc.returncode == 0, proc.stderr
+    with open_store(path, read_only=True) as store:
+        assert store.query("SELECT rank, COUNT(*) FROM tensor_events GROUP BY rank ORDER BY rank")[1] == [
+            (1, 50), (2, 50)]
+
+
 _NO_CLOSE = textwrap.dedent("""
     import sys
     from specscope.collector import Collector

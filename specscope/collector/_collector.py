@@ -22,13 +22,16 @@ reads 'lost' (``v_run_summary``); when a batch that ends a rank commits
 (``RankStatus(finished=True)``), ``on_run_end(store, run_id)`` runs on the writer thread, off the
 engine's (the read model's :func:`specscope.readmodel.store_verdict` stores the doctor's verdict then).
 After ``os.fork`` the child gets an empty queue, a writer thread of its own and fresh database
-connections (``os.register_at_fork``), so what a forked worker emits is written, not silently lost.
+connections (``os.register_at_fork``), so what a forked worker emits is written, not silently lost:
+at its exit (atexit, or multiprocessing's exit finalizers for its children, which skip atexit); a
+child that leaves by ``os._exit`` itself must close the collector first.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import os
 import threading
 import time
@@ -118,6 +121,7 @@ class Collector:
         self._closing = False
         self._start_writer()
         _LIVE.add(self)
+        multiprocessing.util.register_after_fork(self, Collector._close_with_multiprocessing_child)
         atexit.register(self._close_at_exit)
 
     def _start_writer(self) -> None:
@@ -159,6 +163,12 @@ class Collector:
         elif self._store is not None:
             self._store.after_fork()
         self._start_writer()
+
+    def _close_with_multiprocessing_child(self) -> None:
+        # multiprocessing's children leave through os._exit, past atexit; their own exit finalizers
+        # close the collector instead (registered in the child, after multiprocessing cleared the
+        # parent's), so what a worker emitted is written.
+        multiprocessing.util.Finalize(self, self._close_at_exit, exitpriority=10)
 
     def __enter__(self) -> Collector:
         return self
