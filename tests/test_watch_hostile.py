@@ -142,6 +142,23 @@ def test_a_trickling_server_cannot_hold_the_scrape_and_the_others_are_stored(ser
     assert "TimeoutError" in results[0].error
 
 
+def test_a_stop_during_a_slow_scrape_cuts_it_short(servers, tmp_path) -> None:
+    """SIGTERM's event set while an endpoint trickles its answer (within a 60 s timeout): the scrape
+    returns without that endpoint's window instead of waiting it out past a service manager's grace."""
+    import threading
+
+    slow, fast = servers(llamacpp_exposition(_counters())), servers(llamacpp_exposition(_counters()))
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [slow.url, fast.url],
+                                                               timeout_s=60) as watcher:
+        watcher.scrape()
+        slow.trickle_s, fast.body = 1.0, llamacpp_exposition(_counters(1, 2))
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        results = watcher.scrape(stop)
+    assert [(r.ok, r.error) for r in results] == [(False, "stopped"), (True, None)]
+    assert results[1].verify_steps == 2
+
+
 def test_watch_logs_no_line_per_scrape(servers, tmp_path, caplog) -> None:
     srv = servers(llamacpp_exposition(_counters()))
     caplog.set_level(logging.DEBUG)

@@ -67,6 +67,12 @@ HOLD_S = 3600.0
 """The collector's own flush period: longer than any scrape interval, so that only a scrape's flush
 wakes its writer (and one scrape is never split over two transactions)."""
 
+STOP_POLL_S = 0.1
+"""How often a scrape waiting on endpoints checks whether the watch was stopped (seconds)."""
+
+_STOPPED = asyncio.CancelledError("stopped")
+"""The body of an endpoint whose fetch a stopped watch cut short."""
+
 WATCH_REQUEST_ID = "watch"
 """``verify_steps.request_id`` of watched rows: a server's counters do not name requests."""
 
@@ -140,16 +146,18 @@ class Watcher:
         self._closed = False
         self.run_ids: list[str] = []
 
-    def scrape(self) -> list[ScrapeResult]:
+    def scrape(self, stop: threading.Event | None = None) -> list[ScrapeResult]:
         """Scrape every endpoint once (concurrently) and write what changed since the previous scrape
         (one store transaction per endpoint). Never raises for an endpoint that is down, slow or
-        answers garbage. Runs its own event loop: call it from synchronous code.
+        answers garbage. Runs its own event loop: call it from synchronous code. ``stop`` set while
+        it waits cuts the fetches still running short (a service manager's grace period is shorter
+        than a slow endpoint's timeout): those endpoints store nothing this scrape (error "stopped").
 
         Raises:
             StoreError: the store refused the write; nothing of that endpoint's scrape is stored or
                 remembered, so the next call stores the whole increase.
         """
-        bodies = asyncio.run(self._fetch_all())
+        bodies = asyncio.run(self._fetch_all(stop))
         return [self._scrape(endpoint, body) for endpoint, body in zip(self.endpoints, bodies)]
 
     def close(self) -> None:
@@ -193,10 +201,17 @@ class Watcher:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    async def _fetch_all(self) -> list[str | Exception]:
+    async def _fetch_all(self, stop: threading.Event | None) -> list[str | BaseException]:
         async with httpx.AsyncClient(timeout=self._timeout_s) as client:
-            return await asyncio.gather(*(asyncio.wait_for(self._fetch(client, e), self._timeout_s)
-                                          for e in self.endpoints), return_exceptions=True)
+            tasks = [asyncio.ensure_future(asyncio.wait_for(self._fetch(client, e), self._timeout_s))
+                     for e in self.endpoints]
+            pending = set(tasks)
+            while pending and not (stop is not None and stop.is_set()):
+                _, pending = await asyncio.wait(pending, timeout=None if stop is None else STOP_POLL_S)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return [_STOPPED if task.cancelled() else task.exception() or task.result() for task in tasks]
 
     async def _fetch(self, client: httpx.AsyncClient, endpoint: str) -> str:
         """One endpoint's body as text, within ``max_bytes`` (the caller bounds its time).
@@ -228,8 +243,10 @@ class Watcher:
         self._sink.flush()  # wakes the collector's writer for its heartbeat: the run is still watched
         return ScrapeResult(endpoint, False, error=error)
 
-    def _scrape(self, endpoint: str, body: str | Exception) -> ScrapeResult:
-        if isinstance(body, Exception):
+    def _scrape(self, endpoint: str, body: str | BaseException) -> ScrapeResult:
+        if body is _STOPPED:
+            return ScrapeResult(endpoint, False, error="stopped")
+        if isinstance(body, BaseException):
             return self._gap(endpoint, body)
         try:
             readings = parse_exposition(body)
@@ -323,7 +340,7 @@ def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, co
         try:
             while not stop.is_set():
                 started = time.monotonic()
-                watcher.scrape()
+                watcher.scrape(stop)
                 done += 1
                 if (count is not None and done >= count) or (
                         deadline is not None and time.monotonic() + interval_s > deadline):
