@@ -138,6 +138,29 @@ def test_a_reading_cut_short_of_a_counter_waits_for_the_next_complete_one(server
     assert sum("lacks accepted" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_series_whose_windows_stay_impossible_counts_on_from_its_current_reading(server, tmp_path, caplog) -> None:
+    """Per-position counters missing from one answer read as a restart (llama.cpp creates them at a
+    server's first draft); when they come back whole, every window from that reading is no engine's.
+    Twice in a row, and the series counts on from its current reading instead of staying dark."""
+    engines = {"0": ChainCounters(K)}
+    server.body = vllm_exposition("m", engines)
+
+    def serve(n: int, cut: bool = False) -> None:
+        engines["0"].add([2] * n)
+        body = vllm_exposition("m", engines)
+        server.body = "\n".join(line for line in body.splitlines() if not (cut and "per_pos" in line)) + "\n"
+
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [server.url]) as watcher:
+        watcher.scrape()
+        counted = []
+        for n, cut in ((40, False), (30, True), (20, False), (10, False), (10, False), (5, False)):
+            serve(n, cut)
+            counted += [r.verify_steps for r in watcher.scrape()]
+    assert counted == [40, 70, 0, 0, 10, 5]  # the cut answer read as a restart; two dark scrapes, then on
+    assert sum("counting it from its current reading" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_vllm_rank_divergence_and_collapse_reach_the_doctor(server, tmp_path) -> None:
     rng = random.Random(2)
     before = {"0": ChainCounters(K), "1": ChainCounters(K)}

@@ -162,6 +162,11 @@ def _position_order(position: str) -> tuple[int, str]:
     return (int(position), "") if position.lstrip("-").isdigit() else (1 << 30, position)
 
 
+class IncompleteReading(ValueError):
+    """A reading lacks a counter its series' previous reading had, with no reset (a cut-off answer):
+    the series waits for a complete reading."""
+
+
 @dataclass(frozen=True)
 class Window:
     """Acceptance of one series between two scrapes, in specscope's definition: ``steps`` verify
@@ -193,8 +198,8 @@ def window(previous: Reading | None, current: Reading) -> Window:
 
     Raises:
         ValueError: the window is not one an engine produces (more accepted than proposed tokens, or a
-            position accepted more often than there were steps), or ``current`` lacks a counter
-            ``previous`` had without a reset (the caller keeps ``previous`` for the next reading).
+            position accepted more often than there were steps); :class:`IncompleteReading` when
+            ``current`` lacks a counter ``previous`` had without a reset.
     """
     if previous is None:
         return Window(0, 0, 0)
@@ -202,7 +207,7 @@ def window(previous: Reading | None, current: Reading) -> Window:
         previous = Reading(current.engine, current.model, current.labels)
     missing = [role for role in COUNTER_ROLES if role in previous.values and role not in current.values]
     if missing:  # counted as absent, its next reading would count whole again
-        raise ValueError(f"{current.engine} reading lacks {', '.join(missing)}, which the previous one had "
+        raise IncompleteReading(f"{current.engine} reading lacks {', '.join(missing)}, which the previous one had "
                          "(a cut-off answer?): the series waits for a complete reading")
 
     def delta(role: str) -> float | None:

@@ -16,7 +16,8 @@ RANK_DIVERGENCE, ACCEPT_SATURATED) read a watched server exactly as an instrumen
   its per-position counters at the first draft), so its first window counts whole. A counter below
   its previous value, or a per-position counter that vanished, is a reset (server restart): the series
   counts from 0. A reading that lacks one of the series' steps / proposed / accepted counters without
-  a reset (a cut-off answer) is skipped: the next complete one counts the whole increase.
+  a reset (a cut-off answer) is skipped: the next complete one counts the whole increase. A series
+  whose window from the kept reading is no engine's twice in a row counts on from its current reading.
 - An endpoint that is down or answers garbage is a gap: one warning line when the gap starts, no rows
   while it lasts, a counter increase spanning the gap once it answers again (cumulative counters lose
   nothing unless the server also restarted during the gap).
@@ -47,7 +48,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from specscope.adapters.prometheus_metrics import Reading, check_reading, parse_exposition, window, window_groups
+from specscope.adapters.prometheus_metrics import (
+    IncompleteReading,
+    Reading,
+    check_reading,
+    parse_exposition,
+    window,
+    window_groups,
+)
 from specscope.collector import Collector
 from specscope.errors import StoreError
 from specscope.events import Event, RankStart, RankStatus, RunStart
@@ -266,11 +274,22 @@ class Watcher:
                                                                               reading.labels))
             try:
                 check_reading(reading)
-                counted = window(previous, reading)
             except ValueError as exc:
-                if key not in self._bad_series:
-                    logger.warning("watch: %s: skipping a series (%s)", public_endpoint(endpoint), exc)
-                    self._bad_series.add(key)
+                self._skip(endpoint, key, exc)
+                continue
+            try:
+                counted = window(previous, reading)
+            except IncompleteReading as exc:
+                self._skip(endpoint, key, exc)
+                continue
+            except ValueError as exc:
+                if key in self._bad_series and previous is not None:
+                    # Twice in a row no engine's window from the kept reading: that reading is what is
+                    # off (a counter that vanished and came back), so the series counts on from this one.
+                    logger.warning("watch: %s: a series still gives windows no engine produces (%s); "
+                                   "counting it from its current reading", public_endpoint(endpoint), exc)
+                    updates[key] = reading
+                self._skip(endpoint, key, exc)
                 continue
             self._bad_series.discard(key)
             size = world[(reading.engine, reading.model)]
@@ -291,6 +310,12 @@ class Watcher:
         self._previous.update(updates)
         self._answered.add(endpoint)
         return ScrapeResult(endpoint, True, steps, tuple(runs))
+
+    def _skip(self, endpoint: str, key: tuple, exc: ValueError) -> None:
+        """Skip a series this scrape: one warning until it gives a good window again."""
+        if key not in self._bad_series:
+            logger.warning("watch: %s: skipping a series (%s)", public_endpoint(endpoint), exc)
+            self._bad_series.add(key)
 
     def _run(self, endpoint: str, reading: Reading, world_size: int, events: list[Event], now: float) -> str:
         digest = hashlib.sha1(f"{endpoint}|{reading.engine}|{reading.model}|{self._session}".encode())
