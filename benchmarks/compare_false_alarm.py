@@ -83,13 +83,15 @@ def served(name: str, requests: int, max_new_tokens: int, cache: Path) -> Reques
 
 
 def false_alarms(healthy: Requests, size: int, splits: int, rng: np.random.Generator) -> dict:
-    flagged = excluded = 0
+    flagged = excluded = inconclusive = 0
     for _ in range(splits):
         order = rng.permutation(len(healthy))
         diff = difference(healthy.subset(order[:size]), healthy.subset(order[size:2 * size]), seed=None)
-        flagged += diff.verdict != "no change"
+        flagged += diff.verdict in ("regression", "improvement")
+        inconclusive += diff.verdict == "inconclusive"
         excluded += diff.ci95[0] > 0 or diff.ci95[1] < 0
-    return {"size": size, "splits": splits, "flagged": flagged / splits, "ci_excludes_0": excluded / splits}
+    return {"size": size, "splits": splits, "flagged": flagged / splits, "ci_excludes_0": excluded / splits,
+            "inconclusive": inconclusive / splits}
 
 
 def detection(healthy: Requests, faulty: Requests) -> tuple:
@@ -111,10 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     healthy = served("healthy", args.healthy, args.max_new_tokens, args.cache)
     print("\nfalse alarms, healthy vs healthy over disjoint random prompt sets (two-sample):")
-    print(f"{'requests per side':>18} {'splits':>7} {'flagged':>8} {'CI excludes 0':>14}")
+    print(f"{'requests per side':>18} {'splits':>7} {'flagged':>8} {'CI excludes 0':>14} {'inconclusive':>13}")
     for size in (len(healthy) // 2, len(healthy) // 4):
         row = false_alarms(healthy, size, args.splits, rng)
-        print(f"{row['size']:>18} {row['splits']:>7} {row['flagged']:>8.1%} {row['ci_excludes_0']:>14.1%}", flush=True)
+        print(f"{row['size']:>18} {row['splits']:>7} {row['flagged']:>8.1%} {row['ci_excludes_0']:>14.1%} "
+              f"{row['inconclusive']:>13.1%}", flush=True)
     print("\nregressions against the healthy run:")
     print(f"{'fault':15} {'requests':>8} {'AL':>6} | {'delta (paired)':>15} {'95% CI':>18} {'verdict':>11} | "
           f"{'delta (2-sample)':>16} {'95% CI':>18} {'verdict':>11}")

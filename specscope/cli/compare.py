@@ -2,9 +2,10 @@
 change between two runs? (docs/design.md, "Comparing runs").
 
 Both stores are opened read-only (never created nor upgraded) and may be the same store. Exit status,
-for a CI gate: 1 when the candidate's acceptance length regressed, 0 otherwise (improvement or no
-change), 2 on unusable input (missing store, unknown or ambiguous run, the same run on both sides, a
-run with fewer than two requests with verify steps: one line on stderr).
+for a CI gate: 1 when the candidate's acceptance length regressed, 3 when the runs cannot tell
+(inconclusive: too few or too noisy requests), 0 otherwise (improvement or no change), 2 on unusable
+input (missing store, unknown or ambiguous run, the same run on both sides, a run with fewer than two
+requests with verify steps: one line on stderr).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Compare the candidate run (--db, --run) with the base run (--base-db, --base-run): "
                     "each run's acceptance length, rate and per-position acceptance, the difference in "
                     "acceptance length with a 95%% bootstrap interval over requests (paired by prompt when "
-                    "both served the same prompts), and a verdict. Exit 1 on a regression.")
+                    "both served the same prompts), and a verdict. Exit 1 on a regression, 3 when "
+                    "inconclusive.")
     parser.add_argument("--base-db", required=True, help="store of the base run: a SQLite path or a SQLAlchemy URL")
     parser.add_argument("--base-run", metavar="ID", help="the base run, by its id or a unique prefix "
                         "(default: the base store's newest run)")
@@ -34,12 +36,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the comparison; returns 1 on a regression, else 0 (ConfigError, StoreError: exit 2)."""
+    """Print the comparison; returns 1 on a regression, 3 when inconclusive, else 0 (ConfigError,
+    StoreError: exit 2)."""
     from specscope.compare import compare, render_text
+    from specscope.readmodel import counts, report
     from specscope.storage import open_store
 
     with open_store(args.base_db, create=False, read_only=True) as base, \
             open_store(args.db, create=False, read_only=True) as candidate:
         comparison = compare(base, candidate, args.base_run, args.run)
-    print(json.dumps(comparison.to_dict(), indent=2) if args.json else render_text(comparison))
+        # The verdict judges acceptance only; a run the doctor finds broken is said beside it, since an
+        # inconclusive or unchanged acceptance says nothing of, e.g., a verifier that changed the text.
+        doctor = {name: counts(report(store, side.run_id).findings)
+                  for name, store, side in (("base", base, comparison.base), ("candidate", candidate, comparison.candidate))}
+    if args.json:
+        print(json.dumps({**comparison.to_dict(), "doctor": doctor}, indent=2))
+    else:
+        print(render_text(comparison))
+        for name, side in (("base", comparison.base), ("candidate", comparison.candidate)):
+            if doctor[name]["error"]:
+                print(f"note: the doctor finds {doctor[name]['error']} error(s) on the {name} run "
+                      f"(specscope doctor --run {side.run_id})")
     return comparison.exit_code

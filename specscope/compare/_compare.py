@@ -12,6 +12,7 @@ from specscope.errors import ConfigError
 from specscope.storage import Store
 
 EXIT_REGRESSION = 1
+EXIT_INCONCLUSIVE = 3
 
 
 @dataclass(frozen=True)
@@ -30,25 +31,32 @@ class Comparison:
     def verdict(self) -> str:
         """Per sampling group where both runs served one (acceptance differs by design across groups,
         so a pooled figure over different mixes is no verdict): a regression in any group is a
-        regression, else an improvement in any is an improvement; otherwise the pooled verdict."""
+        regression, else an improvement in any is an improvement, else an inconclusive group makes the
+        comparison inconclusive; otherwise the pooled verdict."""
         if not self.groups:
             return self.overall.verdict
         verdicts = {diff.verdict for diff in self.groups.values()}
-        for verdict in ("regression", "improvement"):
+        for verdict in ("regression", "improvement", "inconclusive"):
             if verdict in verdicts:
                 return verdict
         return "no change"
 
     @property
+    def rule(self) -> str:
+        """The verdict rule with this comparison's floor and margin."""
+        return RULE.format(floor=self.overall.floor, margin=self.overall.margin)
+
+    @property
     def exit_code(self) -> int:
-        """1 on a regression (a CI gate fails), else 0."""
-        return EXIT_REGRESSION if self.verdict == "regression" else 0
+        """1 on a regression, 3 when inconclusive (a CI gate cannot pass what it could not measure),
+        else 0."""
+        return {"regression": EXIT_REGRESSION, "inconclusive": EXIT_INCONCLUSIVE}.get(self.verdict, 0)
 
     def to_dict(self) -> dict[str, Any]:
-        """``base`` / ``candidate`` (run, acceptance), ``delta``, ``ci95``, ``verdict``, ``paired`` and
-        the rest of :meth:`Difference.to_dict`, ``groups`` and ``moved``."""
+        """``base`` / ``candidate`` (run, acceptance), ``delta``, ``ci95``, ``verdict``, ``rule``,
+        ``paired`` and the rest of :meth:`Difference.to_dict`, ``groups`` and ``moved``."""
         return {"base": self.base.to_dict(), "candidate": self.candidate.to_dict(), **self.overall.to_dict(),
-                "verdict": self.verdict,
+                "verdict": self.verdict, "rule": self.rule,
                 "groups": {name: diff.to_dict() for name, diff in self.groups.items()}, "moved": self.moved}
 
 
@@ -102,6 +110,12 @@ def _difference_line(label: str, diff: Difference) -> str:
     return (f"{label}: delta AL {diff.delta:+.3f} (95% CI {low:+.3f} .. {high:+.3f}), {how}: {diff.verdict}")
 
 
+RULE = ("a regression or improvement needs the 95% interval clear of 0 and |delta| >= {floor:.3f}, 1% of "
+        "the base AL; no change, the interval within ±{margin:.3f}, 5% of it; else inconclusive: serve more "
+        "requests")
+"""The verdict rule as the text and the dashboard say it (``floor``, ``margin``: the difference's)."""
+
+
 def render_text(comparison: Comparison) -> str:
     """Both sides, the difference with its interval and verdict (and per group), the requests that
     moved most, and the rule behind the verdict."""
@@ -112,6 +126,5 @@ def render_text(comparison: Comparison) -> str:
         lines.append("requests that moved most (AL base -> candidate):")
         lines += [f"  {m['candidate_request_id']}: {m['base_acceptance_length']:.2f} -> "
                   f"{m['candidate_acceptance_length']:.2f} ({m['delta']:+.2f})" for m in c.moved[:5]]
-    lines.append(f"verdict: {c.verdict} (a regression or improvement needs the 95% interval clear of 0 and "
-                 f"|delta| >= {c.overall.floor:.3f}, 1% of the base AL)")
+    lines.append(f"verdict: {c.verdict} ({c.rule})")
     return "\n".join(lines)

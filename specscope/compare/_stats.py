@@ -29,11 +29,15 @@ per verify step, and so decode throughput at a fixed step cost, moves by under 1
 decode overhead specscope's own hooks are allowed (docs/design.md, "Budgets") and within what a
 serving benchmark resolves. On a long enough run any real difference has an interval clear of 0;
 the floor keeps a CI gate from failing builds over differences nobody would act on."""
+EQUIVALENCE_MARGIN = 0.05
+"""``no change`` is a claim too: the whole interval within this share of the base AL either way (the
+runs are shown to agree within 5% of tokens per verify step). An interval that straddles 0 and
+reaches past it is ``inconclusive``: too few or too noisy requests to tell a regression from noise."""
 PAIRED_MIN_SHARE = 0.5
 """Pair only when the requests with a partner are at least this share of each side: the paired
 difference then speaks for most of both runs; otherwise both runs are used whole, unpaired."""
 MIN_REQUESTS = 2
-VERDICTS = ("regression", "improvement", "no change")
+VERDICTS = ("regression", "improvement", "inconclusive", "no change")
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,8 @@ class Requests:
 @dataclass(frozen=True)
 class Difference:
     """Candidate minus base AL (tokens per verify step) with its ``ci95`` and ``verdict``; ``paired``
-    with ``matched`` pairs, else two-sample; ``floor``: the practical-significance floor (AL)."""
+    with ``matched`` pairs, else two-sample; ``floor``: the practical-significance floor and
+    ``margin`` the equivalence margin of ``no change`` (AL)."""
 
     delta: float
     ci95: tuple[float, float]
@@ -80,11 +85,13 @@ class Difference:
     base_requests: int
     candidate_requests: int
     floor: float
+    margin: float
 
     def to_dict(self) -> dict[str, Any]:
         return {"delta": self.delta, "ci95": list(self.ci95), "verdict": self.verdict, "paired": self.paired,
                 "matched_requests": self.matched, "base_requests": self.base_requests,
-                "candidate_requests": self.candidate_requests, "practical_floor": self.floor}
+                "candidate_requests": self.candidate_requests, "practical_floor": self.floor,
+                "equivalence_margin": self.margin}
 
 
 def match(base: Requests, candidate: Requests) -> tuple[np.ndarray, np.ndarray]:
@@ -105,9 +112,8 @@ def match(base: Requests, candidate: Requests) -> tuple[np.ndarray, np.ndarray]:
 def difference(base: Requests, candidate: Requests, *, resamples: int = RESAMPLES, seed: int | None = 0,
                floor_share: float = PRACTICAL_FLOOR) -> Difference:
     """Candidate AL minus base AL with a 95% interval over requests, paired when at least
-    :data:`PAIRED_MIN_SHARE` of each side's requests have a partner, and the verdict: a
-    ``regression`` / ``improvement`` when the interval excludes 0 and the difference is at least
-    ``floor_share`` of the base AL, else ``no change``.
+    :data:`PAIRED_MIN_SHARE` of each side's requests have a partner, and the verdict
+    (:func:`verdict`; ``floor_share`` of the base AL is its practical floor).
 
     The interval is delta ± t x SE: SE from ``resamples`` bootstrap resamples of requests (pairs
     together; else each side on its own), each side's bootstrap variance scaled by n / (n - 1) (the
@@ -140,8 +146,9 @@ def difference(base: Requests, candidate: Requests, *, resamples: int = RESAMPLE
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df) * np.sqrt(sum(spread))) if sum(spread) > 0 else 0.0
     low, high = delta - half, delta + half
     floor = floor_share * ours.mean_acceptance_length
-    return Difference(delta, (low, high), verdict(delta, low, high, floor), paired, len(b) if paired else 0,
-                      len(base), len(candidate), floor)
+    margin = EQUIVALENCE_MARGIN * ours.mean_acceptance_length
+    return Difference(delta, (low, high), verdict(delta, low, high, floor, margin), paired,
+                      len(b) if paired else 0, len(base), len(candidate), floor, margin)
 
 
 _BATCH = 2_000_000  # request indices drawn at once: bounded memory on runs of many requests
@@ -166,14 +173,17 @@ def _welch(variances: list[float], sizes: tuple[int, int]) -> float:
     return total * total / denominator if denominator > 0 else float(sum(sizes) - 2)
 
 
-def verdict(delta: float, low: float, high: float, floor: float) -> str:
+def verdict(delta: float, low: float, high: float, floor: float, margin: float) -> str:
     """``regression`` when the interval lies below 0 and the drop is at least ``floor``;
-    ``improvement`` the other way round; else ``no change``."""
+    ``improvement`` the other way round; ``no change`` when the whole interval lies within
+    ``margin`` of 0, or clear of 0 with a difference under ``floor``; else ``inconclusive``."""
     if high < 0 and -delta >= floor:
         return "regression"
     if low > 0 and delta >= floor:
         return "improvement"
-    return "no change"
+    if -margin <= low and high <= margin or (low > 0 or high < 0):
+        return "no change"
+    return "inconclusive"
 
 
 def moved(base: Requests, candidate: Requests, limit: int = 10) -> list[dict[str, Any]]:

@@ -69,7 +69,7 @@ def panel(rid: str, narrow: bool) -> None:
                    "token + verify time per step)); the Tokens/s tile counts wall time over all ranks.")
 
 
-VERDICT_BOX = {"regression": st.error, "improvement": st.success, "no change": st.info}
+VERDICT_BOX = {"regression": st.error, "improvement": st.success, "inconclusive": st.warning, "no change": st.info}
 
 
 def verdict(candidate: str, base: str) -> None:
@@ -87,9 +87,8 @@ def verdict(candidate: str, base: str) -> None:
         f"**{result['verdict']}**: acceptance length {widgets.fmt(result['base']['mean_acceptance_length'], 3)} "
         f"→ {widgets.fmt(result['candidate']['mean_acceptance_length'], 3)}, difference {result['delta']:+.3f} "
         f"(95% CI {low:+.3f} … {high:+.3f}), {how}")
-    st.caption(f"Base: run `{base[:12]}` · candidate: the open run `{candidate[:12]}`. A regression or improvement needs the interval clear "
-               f"of 0 and a difference of at least {result['practical_floor']:.3f} (1% of the base AL); "
-               "intervals are bootstrapped over requests. `specscope compare` gives the same verdict.")
+    st.caption(f"Base: run `{base[:12]}` · candidate: the open run `{candidate[:12]}`. The rule: {result['rule']}. "
+               "Intervals are bootstrapped over requests; `specscope compare` gives the same verdict.")
     chart, moved = st.columns([3, 2])
     chart.plotly_chart(charts.positions_compared(result["base"]["per_position_acceptance"],
                                                  result["candidate"]["per_position_acceptance"]), key="pos-compared")
