@@ -27,6 +27,18 @@ MAX_COUNT = 2**31 - 1
 are refused at the boundary, never wrapped by a binary COPY."""
 
 
+UNHOOKED_SOURCES = {"prometheus": "watched through its Prometheus endpoint",
+                    "responses": "recorded from the server's responses"}
+"""``RunStart.config["source"]`` of runs recorded from outside the engine, and how: no hooks, so the
+acceptance is exact and no tensor, graph mode or capture layer is observed."""
+
+
+def unhooked(config: dict) -> str | None:
+    """How a run with this ``RunStart.config`` was recorded from outside its engine, or None when the
+    engine itself was hooked (:data:`UNHOOKED_SOURCES`)."""
+    return UNHOOKED_SOURCES.get(config.get("source"))
+
+
 def now() -> float:
     """Wall clock in seconds since the Unix epoch, the clock every ``ts_wall`` uses."""
     return time.time()

@@ -188,3 +188,16 @@ def test_what_if_chart_keeps_the_predicted_line_inside_the_plot_and_above_the_ba
     # the bars top out below the line's share of the plot height
     assert max(bars.y) / figure.layout.yaxis.range[1] < min(line.y) / figure.layout.yaxis2.range[1]
     assert len(charts.what_if_k([{**r, "tokens_per_s": None} for r in rows]).data) == 1
+
+
+def test_short_ids_are_the_shortest_unique_prefixes_of_at_least_eight():
+    from specscope.app import widgets
+
+    ids = ["llamacpp-draft-1a2b3c4d", "llamacpp-ngram-5e6f7a8b", "llamacpp-eagle3-9c0d1e2f",
+           "llamacpp-draft-1a2b9999", "3f2a9c1e5b7d4a60"]
+    short = widgets.short_ids(ids)
+    assert short == {"llamacpp-draft-1a2b3c4d": "llamacpp-draft-1a2b3", "llamacpp-draft-1a2b9999": "llamacpp-draft-1a2b9",
+                     "llamacpp-ngram-5e6f7a8b": "llamacpp-n", "llamacpp-eagle3-9c0d1e2f": "llamacpp-e",
+                     "3f2a9c1e5b7d4a60": "3f2a9c1e"}
+    assert all(sum(other.startswith(prefix) for other in ids) == 1 for prefix in short.values())
+    assert widgets.short_ids(["ab"]) == {"ab": "ab"} and widgets.short_ids([]) == {}

@@ -15,6 +15,7 @@ from specscope.adapters.llamacpp import ONE_SHOT, LlamaCppServer, engine_version
 from specscope.adapters.prometheus_watch import Watcher
 from specscope.adapters.recorder import ResponseRecorder
 from specscope.collector import Collector
+from specscope.doctor import diagnose
 from specscope.storage import open_store
 
 pytestmark = pytest.mark.llamacpp
@@ -211,6 +212,9 @@ def test_demo_stores_a_llamacpp_run_the_doctor_and_the_pages_read(tmp_path, monk
         run = store.query("SELECT engine, engine_version, draft_model FROM runs")[1]
         (steps,) = store.query("SELECT COUNT(*) FROM verify_steps WHERE step >= 0")[1]
     assert run == [("llama.cpp", engine_version(), draft_model_of("draft"))] and steps[0] > 0
+    with open_store(db, read_only=True) as store:
+        skipped = [f for f in diagnose(store).findings if f.code == "CHECKS_SKIPPED"]
+    assert skipped and "recorded from the server's responses: no hooks" in skipped[0].message
     monkeypatch.setenv(DB_ENV, db)
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]

@@ -304,9 +304,16 @@ def test_overview_requests_and_gpus_pages_show_a_watched_server(server, tmp_path
     assert not at.exception, [e.value for e in at.exception]
     metrics_shown = {m.label: m.value for m in at.metric}
     assert metrics_shown["Verify steps"] == "80"
+    assert any("mode not hooked" in c.value for c in at.caption)  # its producer's 'eager' is no observation
     for page in ("gpus", "requests", "tensors", "findings"):
         at.switch_page(f"screens/{page}.py").run()
         assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
+        if page == "tensors":
+            assert [i.value for i in at.info if i.value.startswith("Not hooked")], [i.value for i in at.info]
+    with open_store(db, read_only=True) as store:
+        (skipped,) = [f for f in diagnose(store).findings if f.code == "CHECKS_SKIPPED"]
+    assert "watched through its Prometheus endpoint: no hooks" in skipped.message
+    assert skipped.fix.startswith("Recorded from outside the server") and "Tracer(" not in skipped.fix
 
 
 def test_a_refused_store_write_loses_no_window(server, tmp_path) -> None:

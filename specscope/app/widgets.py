@@ -11,7 +11,7 @@ import atexit
 import logging
 import os
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,7 +20,7 @@ import streamlit as st
 from specscope import readmodel
 from specscope.app import DB_ENV, queries, trace_threshold
 from specscope.errors import SpecscopeError
-from specscope.events import Finding
+from specscope.events import Finding, unhooked
 from specscope.storage import Store, open_store
 
 logger = logging.getLogger("specscope")
@@ -153,16 +153,32 @@ def when(wall: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
     return datetime.fromtimestamp(wall, tz=timezone.utc).astimezone().strftime(fmt)
 
 
-def run_label(run: dict[str, Any], diagnosed: bool = False) -> str:
+def graph_mode(config: dict[str, Any], mode: str | None) -> str:
+    """A run's or rank's graph mode as the pages show it: "not hooked" for a run recorded from outside
+    its engine (whose producers report 'eager' for want of any), else ``mode`` ('—' when unknown)."""
+    return "not hooked" if unhooked(config) is not None else mode or "—"
+
+
+def short_ids(run_ids: Iterable[str], at_least: int = 8) -> dict[str, str]:
+    """Each run id cut to its shortest prefix of at least ``at_least`` characters that no other of
+    ``run_ids`` shares (``specscope doctor --run`` takes it): ``llamacpp-d…`` and ``llamacpp-n…``
+    where a fixed cut showed ``llamacpp`` twice. In sorted order only the neighbours can share more."""
+    ids = sorted(set(run_ids))
+    shared = [len(os.path.commonprefix(pair)) for pair in zip(ids, ids[1:])]
+    return {rid: rid[:max(at_least, 1 + max(shared[i - 1] if i else 0, shared[i] if i < len(shared) else 0))]
+            for i, rid in enumerate(ids)}
+
+
+def run_label(run: dict[str, Any], diagnosed: bool = False, short: str | None = None) -> str:
     """One line naming a run in pickers: error / warning counts (:func:`counts`), engine, fault,
-    start (month-day, local time to the minute), the state unless finished, and the run id's first
-    12 characters (``specscope doctor --run`` takes them). :func:`run_details` says the rest."""
+    start (month-day, local time to the minute), the state unless finished, and ``short``, the run id's
+    unique prefix (:func:`short_ids`; its first 12 characters when None). :func:`run_details` says the rest."""
     marks = [f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in counts(run, diagnosed).items() if n]
     marker = f"[{', '.join(marks)}] " if marks else ""
     fault = f" [{run['fault']}]" if run["fault"] else ""
     state = "" if run["state"] == "finished" else f" · {STATE_LABEL[run['state']]}"
     return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'], '%m-%d %H:%M')}{state} · "
-            f"{run['run_id'][:12]}")
+            f"{short or run['run_id'][:12]}")
 
 
 def run_details(run: dict[str, Any]) -> str:
@@ -195,7 +211,9 @@ def run_picker() -> str:
     # RUN_KEY is the truth (a pick reaches it through the callback, before this run); the select box
     # is set from it on every run, since a page switch drops the box's own state.
     st.session_state[RUN_KEY] = st.session_state[PICKER_KEY] = current
-    labels = {run["run_id"]: run_label(run, diagnosed=run["run_id"] == current) for run in runs}
+    short = short_ids(ids, at_least=12)
+    labels = {run["run_id"]: run_label(run, diagnosed=run["run_id"] == current, short=short[run["run_id"]])
+              for run in runs}
     box, details = st.columns([2, 1], vertical_alignment="bottom")
     chosen = box.selectbox("Run", ids, key=PICKER_KEY, format_func=labels.__getitem__, on_change=_picked)
     details.caption(run_details(next(run for run in runs if run["run_id"] == chosen))

@@ -22,7 +22,7 @@ from typing import Any
 
 from specscope.doctor._context import RunContext
 from specscope.doctor._rules_accept import MIN_VERIFY_STEPS
-from specscope.events import Finding
+from specscope.events import Finding, unhooked
 from specscope.findings import CONTRACT_CODES, runtime_finding
 
 
@@ -32,8 +32,9 @@ def _skipped(check: str, codes: list[str], reason: str) -> dict[str, Any]:
 
 def _no_contract(ctx: RunContext) -> str | None:
     """Why the run has no aux-capture contract to observe, or None when it has one."""
-    if ctx.config.get("source") == "prometheus":
-        return "watched through its Prometheus endpoint: no hooks, acceptance only"
+    outside = unhooked(ctx.config)
+    if outside is not None:
+        return f"{outside}: no hooks, acceptance only"
     if not ctx.capture_layers:
         return "no capture layers configured: not an EAGLE-3 run (aux capture does not apply)"
     return None
@@ -152,14 +153,18 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
         "CHECKS_SKIPPED", ctx.run_id,
         "not checked: " + "; ".join(f"{s['check']} ({s['reason']})" for s in skipped),
         {"verify_steps": steps, "not_checked": skipped},
-        _evidence_fix(ctx.engine, compiled and not replayed))]
+        _evidence_fix(ctx, compiled and not replayed))]
 
 
-def _evidence_fix(engine: str, compiled: bool) -> str:
+def _evidence_fix(ctx: RunContext, compiled: bool) -> str:
     """How to record the missing evidence, for the way the run was recorded (``compiled``: compiled
     without CUDA-graph replays read from the buffer)."""
     judged = f"acceptance is judged from {MIN_VERIFY_STEPS} verify steps on."
-    if engine == "vllm":
+    if unhooked(ctx.config) is not None:
+        return ("Recorded from outside the server, this run shows acceptance only. The draft-input contract "
+                "needs hooks inside the engine (the vLLM plugin, or the embedded API in your own engine); "
+                f"`specscope inspect DRAFT --engine ...` checks the checkpoint without serving; {judged}")
+    if ctx.engine == "vllm":
         eager = ("serve a diagnostic replica with `--enforce-eager` (the plugin then hooks the capture "
                  "layers and fingerprints them); " if compiled else "")
         return (f"With the vLLM plugin: {eager}keep `SPECSCOPE_PROVENANCE_EVERY` above 0 (default 16: "

@@ -34,7 +34,7 @@ def _rank_frame(rows: list[dict], named: dict[int, list[str]]) -> pd.DataFrame:
                            "verify steps": r["verify_steps"], "accept length": r["mean_acceptance_length"],
                            "accept rate": r["acceptance_rate"], "tokens/s": r["tokens_per_s"],
                            "hook errors": r["hook_errors"], "dropped": r["events_dropped"],
-                           "mode": r["graph_mode"], "device": r["device"], "host": r["host"]}
+                           "mode": widgets.graph_mode(summary["config"], r["graph_mode"]), "device": r["device"], "host": r["host"]}
                           for r in rows])
 
     def highlight(row: pd.Series) -> list[str]:

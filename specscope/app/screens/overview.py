@@ -9,10 +9,11 @@ from specscope.app import charts, queries, widgets
 run_id = widgets.run_picker()
 runs = widgets.query(queries.runs)
 by_id = {run["run_id"]: run for run in runs}
+short, labelled = widgets.short_ids(by_id), widgets.short_ids(by_id, at_least=12)
 others = [rid for rid in by_id if rid != run_id]
 compare = st.columns([2, 1])[0].selectbox(
     "Compare side by side with", [None, *others], key="compare",
-    format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid]))
+    format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid], short=labelled[rid]))
 
 
 STRIP_RUNS = 6  # newest runs named in the verdict strip at the top; the Runs table below has them all
@@ -26,7 +27,7 @@ def verdict_strip() -> None:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
         said = ", ".join(f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in found.items() if n) or "no finding"
         colour = "red" if found["error"] else "orange" if found["warning"] else "green"
-        name = f"{r['engine']}" + (f" {r['fault']}" if r["fault"] else "") + f" `{r['run_id'][:8]}`"
+        name = f"{r['engine']}" + (f" {r['fault']}" if r["fault"] else "") + f" `{short[r['run_id']]}`"
         parts.append(("▶ " if r["run_id"] == run_id else "") + f":{colour}[**{said}**] {name}")
     more = f" · {len(runs) - STRIP_RUNS} more in Runs below" if len(runs) > STRIP_RUNS else ""
     st.markdown("Runs: " + " · ".join(parts) + more)
@@ -41,7 +42,7 @@ def panel(rid: str, narrow: bool) -> None:
         widgets.state_badge(summary["state"])
     st.caption(f"run `{rid}` · {summary['target_model']} + draft {summary['draft_model']} · "
                f"started {widgets.when(summary['started_wall'])} · {summary['world_size']} rank(s) · "
-               f"mode {summary['graph_mode'] or '—'}")
+               f"mode {widgets.graph_mode(config, summary['graph_mode'])}")
     widgets.findings_banner(widgets.findings(rid), limit=4 if narrow else 6)
     tiles = [("Accept length", widgets.fmt(summary["mean_acceptance_length"]),
               "tokens per verify step, bonus included (1 + accepted / steps)"),
@@ -117,7 +118,7 @@ def body() -> None:
     rows = []
     for r in runs:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
-        rows.append({"open": "▶" if r["run_id"] == run_id else "", "run": r["run_id"][:8],
+        rows.append({"open": "▶" if r["run_id"] == run_id else "", "run": short[r["run_id"]],
                      "started": widgets.when(r["started_wall"], "%m-%d %H:%M:%S"),
                      "state": widgets.STATE_LABEL[r["state"]],
                      "errors": found["error"], "warnings": found["warning"], "fault": r["fault"] or "",
@@ -126,7 +127,8 @@ def body() -> None:
     narrow = {name: st.column_config.Column(width=60) for name in ("errors", "warnings", "ranks")}
     st.dataframe(rows, hide_index=True, column_config={
         **narrow, "open": st.column_config.TextColumn("", width=30),
-        "run": st.column_config.TextColumn(width=80, help="the run id's first 8 characters"),
+        "run": st.column_config.TextColumn(width=90, help="the run id's shortest unique prefix (8 characters or "
+                                                         "more): specscope doctor --run takes it"),
         "requests": st.column_config.NumberColumn(width=70)})
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 
 from specscope.app import charts, queries, widgets
 from specscope.doctor import CONTRACT_CODES
-from specscope.events import RunConfig
+from specscope.events import RunConfig, unhooked
 
 UNOBSERVED = widgets.UNOBSERVED_CODES
 RUN_CONFIG_FIELDS = [field.name for field in dataclasses.fields(RunConfig)]  # the stored config's keys
@@ -37,6 +37,11 @@ MODES = {
 
 
 def body() -> None:
+    outside = unhooked(config)
+    if outside is not None:
+        st.info(f"Not hooked: this run was {outside}, from outside the engine, so it holds acceptance only; "
+                "no tensor, capture layer or graph mode was observed.", icon=":material/visibility_off:")
+        return
     contract = widgets.query(queries.tensor_contract, run_id)
     widths = queries.draft_input_widths(contract, fused)
     st.markdown(f"Contract: {len(aux)} capture layers {aux} × target hidden "
