@@ -80,9 +80,12 @@ def what_if_k(rows: list[Row]) -> go.Figure:
                                  mode="lines+markers", line=dict(color=OK, width=3), yaxis="y2"))
         # Explicit ranges: the line runs above the bars and inside the plot (auto-ranged, the two
         # axes' ticks were synced and the line sat on the top edge, across the bars' labels).
-        fig.update_layout(yaxis2=dict(title="tokens / s", overlaying="y", side="right",
-                                      range=[0, 1.15 * max(rates)], showgrid=False))
-        fig.update_layout(yaxis=dict(range=[0, 1.6 * max(r["mean_acceptance_length"] for r in rows)]))
+        # tickmode "auto" on both: Streamlit's theme syncs an overlaying axis's ticks to the other's
+        # grid, which labels them 2.7, 5.4, 10.79.
+        fig.update_layout(yaxis2=dict(title="tokens / s", overlaying="y", side="right", tickmode="auto",
+                                      range=[0, 1.15 * max(rates)], showgrid=False),
+                          yaxis=dict(range=[0, 1.6 * max(r["mean_acceptance_length"] for r in rows)],
+                                     tickmode="auto"))
     fig.update_xaxes(tickmode="array", tickvals=ks)
     return _layout(fig, "What if k were smaller", "k (draft tokens per step)", "tokens / verify step", height=260)
 

@@ -45,6 +45,10 @@ def _rank_frame(rows: list[dict], named: dict[int, list[str]]) -> pd.DataFrame:
         {"accept length": "{:.2f}", "accept rate": "{:.1%}", "tokens/s": "{:.1f}"}, na_rep="—")
 
 
+CELL_WIDTHS = 3
+"""Widths a shape cell names; the rest are counted (every shape per rank: the Tensors page)."""
+
+
 def _shape_matrix(contract: list[dict], ranks: list[int], differing: set[str]) -> list[dict]:
     """One row per hook point, one column per rank: the widths seen (ranks serve different requests,
     so only the last dimension is comparable), each with its events and graph phase, ``≠`` and the
@@ -59,9 +63,14 @@ def _shape_matrix(contract: list[dict], ranks: list[int], differing: set[str]) -
     def cell(widths: dict[tuple, int] | None) -> str:
         if not widths:
             return "not seen"
-        return "; ".join(f"…×{width}" + (f" ≠ …×{expected}" if expected is not None else "")
-                         + f" ({n}{'' if phase == 'eager' else ', ' + phase})"
-                         for (width, expected, phase), n in widths.items())
+        # Contract breaks first, then the most frequent widths: a point whose last dimension is a
+        # length (input ids, positions) has a width per prompt, which would run past the column.
+        ranked = sorted(widths.items(), key=lambda item: (item[0][1] is None, -item[1]))
+        shown = "; ".join(f"…×{width}" + (f" ≠ …×{expected}" if expected is not None else "")
+                          + f" ({n}{'' if phase == 'eager' else ', ' + phase})"
+                          for (width, expected, phase), n in ranked[:CELL_WIDTHS])
+        rest = ranked[CELL_WIDTHS:]
+        return shown + (f"; +{len(rest)} more ({sum(n for _, n in rest)})" if rest else "")
 
     return [{"hook point": point, "ranks differ": "DIFFER" if point in differing else "",
              **{f"rank {rank}": cell(by_rank.get(rank)) for rank in ranks}}
@@ -87,9 +96,10 @@ def body() -> None:
     st.subheader("Shapes seen at each hook point, per rank")
     differing = {point["hook_point"] for f in divergence for point in f.evidence.get("hook_points", [])}
     matrix = _shape_matrix(widgets.query(queries.tensor_contract, run_id), [r["rank"] for r in rows], differing)
-    st.caption("Cells: last dimension (events recorded; graph phase when not eager); `≠` marks a width "
-               "that breaks the contract; DIFFER marks a contract point whose widths differ between ranks "
-               "(RANK_DIVERGENCE). Full shapes per rank: the Tensors page.")
+    st.caption(f"Cells: last dimension (events recorded; graph phase when not eager), contract breaks "
+               f"first, then the {CELL_WIDTHS} most frequent; `≠` marks a width that breaks the contract; "
+               "DIFFER marks a contract point whose widths differ between ranks (RANK_DIVERGENCE). Full "
+               "shapes per rank: the Tensors page.")
     st.dataframe(pd.DataFrame(matrix).style.apply(
         lambda row: ["background-color: #ffcdd2" if row["ranks differ"] else ""] * len(row), axis=1)
         if matrix else pd.DataFrame(), hide_index=True)

@@ -17,7 +17,6 @@ BYTE_LIMIT = 16 * 2**20  # what one page view may pull into the Streamlit server
 MAX_TIMEOUT_S = 30.0  # a visitor may raise the time limit up to this, never remove it
 run_id = widgets.run_picker()
 st.title("SQL")
-HIDDEN_TABLES = ("positions",)  # a helper of the per-position views (rows 0..N-1), not trace data
 
 
 def reference() -> None:
@@ -27,9 +26,10 @@ def reference() -> None:
     st.caption("Acceptance: AL = 1 + accepted / verify steps, rate = accepted / proposed, "
                "p_i = steps with position i accepted / verify steps. Filter views by `run_id`.")
     st.subheader("Tables")
-    for column, table in zip(st.columns(3) * 4, [t for t in schema.metadata.sorted_tables
-                                                 if t.name not in HIDDEN_TABLES]):
-        with column.expander(table.name):
+    st.caption("`positions` holds 0..N-1 for the per-position views; the others hold the traces.")
+    columns = st.columns(3)
+    for index, table in enumerate(schema.metadata.sorted_tables):
+        with columns[index % 3].expander(table.name):
             st.markdown("\n".join(f"- `{c.name}` {c.type}" for c in table.columns))
 
 
