@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
-import threading
 
 import pytest
 import sqlalchemy as sa
+from _threads import at_once
 
 from specscope.errors import SchemaVersionError, StoreError
 from specscope.storage import SCHEMA_VERSION, migrations, open_store, schema
@@ -150,20 +150,7 @@ def test_concurrent_first_opens_create_one_store(store_url: str, tmp_path) -> No
     seen only under load)."""
     urls = [store_url] if not store_url.endswith(".db") else [str(tmp_path / f"race-{i}.db") for i in range(10)]
     for url in urls:
-        errors: list[BaseException] = []
-
-        def opener(url: str = url, errors: list[BaseException] = errors) -> None:
-            try:
-                open_store(url).close()
-            except BaseException as exc:  # collected and asserted below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=opener) for _ in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert errors == []
+        assert at_once(lambda url=url: open_store(url).close(), 6) == []
         assert len(_versions(url)) == SCHEMA_VERSION
 
 
