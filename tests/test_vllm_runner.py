@@ -19,7 +19,8 @@ HIDDEN, LAYERS = 64, 8
 def _config(**runner) -> SimpleNamespace:
     """The parts of a ``VllmConfig`` the plugin reads (EAGLE-3, k = 3, the default capture layers)."""
     model = SimpleNamespace(get_hidden_size=lambda: HIDDEN, get_total_num_hidden_layers=lambda: LAYERS,
-                            dtype="torch.bfloat16", model="target", enforce_eager=False, tokenizer=None)
+                            dtype="torch.bfloat16", model="target", served_model_name="target",
+                            enforce_eager=False, tokenizer=None)
     spec = SimpleNamespace(method="eagle3", num_speculative_tokens=3, model="draft",
                            draft_model_config=SimpleNamespace(hf_config=SimpleNamespace()))
     parallel = SimpleNamespace(data_parallel_rank=0, data_parallel_size=1)
