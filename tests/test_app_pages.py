@@ -363,3 +363,22 @@ def test_every_pick_of_the_run_picker_takes(monkeypatch, three_runs):
         assert any(c.value.startswith(f"run `{run_id}`") for c in at.caption)  # the Overview's run line
     visit(at, "tensors")
     assert at.selectbox(key="run_picker").value == "faulty-run"
+
+
+def test_no_page_script_holds_a_bare_string_streamlit_would_print():
+    """Streamlit's magic writes every bare expression of a page script to the page: a string meant as
+    a constant's docstring becomes a line of text on the page (docstrings of the module and of
+    functions are exempt)."""
+    import ast
+
+    stray = []
+    for script in [ENTRY, *sorted((ENTRY.parent / "screens").glob("*.py"))]:
+        for node in ast.walk(ast.parse(script.read_text())):
+            body = getattr(node, "body", None)
+            if not isinstance(body, list):
+                continue
+            documented = isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            stray += [f"{script.name}:{stmt.lineno}" for i, stmt in enumerate(body)
+                      if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+                      and isinstance(stmt.value.value, str) and not (documented and i == 0)]
+    assert stray == []

@@ -45,8 +45,7 @@ def _rank_frame(rows: list[dict], named: dict[int, list[str]]) -> pd.DataFrame:
         {"accept length": "{:.2f}", "accept rate": "{:.1%}", "tokens/s": "{:.1f}"}, na_rep="—")
 
 
-CELL_WIDTHS = 3
-"""Widths a shape cell names; the rest are counted (every shape per rank: the Tensors page)."""
+CELL_WIDTHS = 3  # widths a shape cell names; the rest are counted (every shape per rank: the Tensors page)
 
 
 def _shape_matrix(contract: list[dict], ranks: list[int], differing: set[str]) -> list[dict]:
