@@ -157,8 +157,12 @@ def test_a_series_whose_windows_stay_impossible_counts_on_from_its_current_readi
         for n, cut in ((40, False), (30, True), (20, False), (10, False), (10, False), (5, False)):
             serve(n, cut)
             counted += [r.verify_steps for r in watcher.scrape()]
+        for _ in range(4):  # then an engine whose every window is no engine's: said once
+            engines["0"].accepted += 10_000
+            serve(5)
+            watcher.scrape()
     assert counted == [40, 70, 0, 0, 10, 5]  # the cut answer read as a restart; two dark scrapes, then on
-    assert sum("counting it from its current reading" in r.getMessage() for r in caplog.records) == 1
+    assert sum("counting it from its current reading" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_vllm_rank_divergence_and_collapse_reach_the_doctor(server, tmp_path) -> None:

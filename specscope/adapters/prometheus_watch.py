@@ -151,6 +151,7 @@ class Watcher:
         self._ranks: dict[str, dict[tuple, int]] = {}  # run id -> rank labels -> rank
         self._down: set[str] = set()
         self._bad_series: set[tuple] = set()  # series skipped since their last good window
+        self._rebased: set[tuple] = set()  # of those, series counted on from a reading since (said once)
         self._closed = False
         self.run_ids: list[str] = []
 
@@ -286,12 +287,15 @@ class Watcher:
                 if key in self._bad_series and previous is not None:
                     # Twice in a row no engine's window from the kept reading: that reading is what is
                     # off (a counter that vanished and came back), so the series counts on from this one.
-                    logger.warning("watch: %s: a series still gives windows no engine produces (%s); "
-                                   "counting it from its current reading", public_endpoint(endpoint), exc)
+                    if key not in self._rebased:
+                        logger.warning("watch: %s: a series still gives windows no engine produces (%s); "
+                                       "counting it from its current reading", public_endpoint(endpoint), exc)
+                        self._rebased.add(key)
                     updates[key] = reading
                 self._skip(endpoint, key, exc)
                 continue
             self._bad_series.discard(key)
+            self._rebased.discard(key)
             size = world[(reading.engine, reading.model)]
             run_id = self._run(endpoint, reading, size, events, now)
             rank = self._rank(run_id, endpoint, reading, size, events, now)
