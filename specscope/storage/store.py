@@ -6,6 +6,7 @@ see :mod:`specscope.storage._errors`.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -81,7 +82,13 @@ class Store:
         self._trace_query = tracer if self.dialect == "postgresql" else None
         self._sqlite_path = target.sqlite_path
         self._file_id = _file_id(target.sqlite_path) if target.sqlite_path is not None else None
-        self.location = _location(target, self._file_id, read_engine)
+        self._target = target
+
+    @functools.cached_property
+    def location(self) -> str:
+        """The same store however it was spelt (see the class doc); read from the server on first use
+        for PostgreSQL, so opening a store costs no query for it."""
+        return _location(self._target, self._file_id, self._read_engine)
 
     def __repr__(self) -> str:
         mode = "read-only" if self.read_only else "read-write"
