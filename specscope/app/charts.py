@@ -78,10 +78,9 @@ def what_if_k(rows: list[Row]) -> go.Figure:
         rates = [r["tokens_per_s"] for r in rows]
         fig.add_trace(go.Scatter(x=ks, y=rates, name="predicted tokens/s, one stream",
                                  mode="lines+markers", line=dict(color=OK, width=3), yaxis="y2"))
-        # Explicit ranges: the line runs above the bars and inside the plot (auto-ranged, the two
-        # axes' ticks were synced and the line sat on the top edge, across the bars' labels).
-        # tickmode "auto" on both: Streamlit's theme syncs an overlaying axis's ticks to the other's
-        # grid, which labels them 2.7, 5.4, 10.79.
+        # Explicit ranges keep the line above the bars' labels and inside the plot; tickmode "auto"
+        # on both, as Streamlit's theme would sync the overlaying axis's ticks to the other's grid
+        # (labels such as 2.7, 5.4, 10.79).
         fig.update_layout(yaxis2=dict(title="tokens / s", overlaying="y", side="right", tickmode="auto",
                                       range=[0, 1.15 * max(rates)], showgrid=False),
                           yaxis=dict(range=[0, 1.6 * max(r["mean_acceptance_length"] for r in rows)],

@@ -161,24 +161,25 @@ def graph_mode(config: dict[str, Any], mode: str | None) -> str:
 
 def short_ids(run_ids: Iterable[str], at_least: int = 8) -> dict[str, str]:
     """Each run id cut to its shortest prefix of at least ``at_least`` characters that no other of
-    ``run_ids`` shares (``specscope doctor --run`` takes it): ``llamacpp-d…`` and ``llamacpp-n…``
-    where a fixed cut showed ``llamacpp`` twice. In sorted order only the neighbours can share more."""
+    ``run_ids`` shares (``specscope doctor --run`` takes it): ``llamacpp-d…`` and ``llamacpp-n…`` for
+    two runs a fixed 8-character cut would both show as ``llamacpp``. In sorted order only the
+    neighbours can share more."""
     ids = sorted(set(run_ids))
     shared = [len(os.path.commonprefix(pair)) for pair in zip(ids, ids[1:])]
     return {rid: rid[:max(at_least, 1 + max(shared[i - 1] if i else 0, shared[i] if i < len(shared) else 0))]
             for i, rid in enumerate(ids)}
 
 
-def run_label(run: dict[str, Any], diagnosed: bool = False, short: str | None = None) -> str:
+def run_label(run: dict[str, Any], short: str, diagnosed: bool = False) -> str:
     """One line naming a run in pickers: error / warning counts (:func:`counts`), engine, fault,
     start (month-day, local time to the minute), the state unless finished, and ``short``, the run id's
-    unique prefix (:func:`short_ids`; its first 12 characters when None). :func:`run_details` says the rest."""
+    unique prefix (:func:`short_ids`). :func:`run_details` says the rest."""
     marks = [f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in counts(run, diagnosed).items() if n]
     marker = f"[{', '.join(marks)}] " if marks else ""
     fault = f" [{run['fault']}]" if run["fault"] else ""
     state = "" if run["state"] == "finished" else f" · {STATE_LABEL[run['state']]}"
     return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'], '%m-%d %H:%M')}{state} · "
-            f"{short or run['run_id'][:12]}")
+            f"{short}")
 
 
 def run_details(run: dict[str, Any]) -> str:
@@ -212,7 +213,7 @@ def run_picker() -> str:
     # is set from it on every run, since a page switch drops the box's own state.
     st.session_state[RUN_KEY] = st.session_state[PICKER_KEY] = current
     short = short_ids(ids, at_least=12)
-    labels = {run["run_id"]: run_label(run, diagnosed=run["run_id"] == current, short=short[run["run_id"]])
+    labels = {run["run_id"]: run_label(run, short[run["run_id"]], diagnosed=run["run_id"] == current)
               for run in runs}
     box, details = st.columns([2, 1], vertical_alignment="bottom")
     chosen = box.selectbox("Run", ids, key=PICKER_KEY, format_func=labels.__getitem__, on_change=_picked)

@@ -13,7 +13,7 @@ short, labelled = widgets.short_ids(by_id), widgets.short_ids(by_id, at_least=12
 others = [rid for rid in by_id if rid != run_id]
 compare = st.columns([2, 1])[0].selectbox(
     "Compare side by side with", [None, *others], key="compare",
-    format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid], short=labelled[rid]))
+    format_func=lambda rid: "—" if rid is None else widgets.run_label(by_id[rid], labelled[rid]))
 
 
 STRIP_RUNS = 6  # newest runs named in the verdict strip at the top; the Runs table below has them all
