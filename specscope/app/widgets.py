@@ -145,6 +145,11 @@ def counts(run: dict[str, Any], diagnosed: bool = False) -> dict[str, int]:
     return {"error": run["error_findings"], "warning": run["warning_findings"]}
 
 
+def counts_said(found: dict[str, int]) -> str:
+    """:func:`counts` in words ("2 errors, 1 warning"); '' when there is none."""
+    return ", ".join(f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in found.items() if n)
+
+
 def when(wall: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
     """Wall-clock seconds since the epoch as local time in ``fmt`` (default ``YYYY-MM-DD HH:MM:SS``;
     '' for None). Narrow places drop the year (``%m-%d %H:%M``)."""
@@ -174,8 +179,8 @@ def run_label(run: dict[str, Any], short: str, diagnosed: bool = False) -> str:
     """One line naming a run in pickers: error / warning counts (:func:`counts`), engine, fault,
     start (month-day, local time to the minute), the state unless finished, and ``short``, the run id's
     unique prefix (:func:`short_ids`). :func:`run_details` says the rest."""
-    marks = [f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in counts(run, diagnosed).items() if n]
-    marker = f"[{', '.join(marks)}] " if marks else ""
+    said = counts_said(counts(run, diagnosed))
+    marker = f"[{said}] " if said else ""
     fault = f" [{run['fault']}]" if run["fault"] else ""
     state = "" if run["state"] == "finished" else f" · {STATE_LABEL[run['state']]}"
     return (f"{marker}{run['engine']}{fault} · {when(run['started_wall'], '%m-%d %H:%M')}{state} · "

@@ -25,7 +25,7 @@ def verdict_strip() -> None:
     parts = []
     for r in runs[:STRIP_RUNS]:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
-        said = ", ".join(f"{n} {severity}{'s' if n > 1 else ''}" for severity, n in found.items() if n) or "no finding"
+        said = widgets.counts_said(found) or "no finding"
         colour = "red" if found["error"] else "orange" if found["warning"] else "green"
         name = f"{r['engine']}" + (f" {r['fault']}" if r["fault"] else "") + f" `{short[r['run_id']]}`"
         parts.append(("▶ " if r["run_id"] == run_id else "") + f":{colour}[**{said}**] {name}")
