@@ -71,7 +71,7 @@ def test_any_streamed_counters_never_raise_and_record_only_real_drafts(changes, 
     going down, negative values), cut anywhere: the client reads every byte; a stream whose changes are
     each one draft is recorded step by step, exactly; any other is recorded by its totals or not at all."""
     chunks = [{"content": "t", "timings": {"draft_n": p, "draft_n_accepted": a}} for p, a in changes]
-    chunks.append({"content": "", "stop": True, "tokens_predicted": 300, "tokens_evaluated": 3,
+    chunks.append({"content": "", "stop": True, "tokens_predicted": len(changes) + 1, "tokens_evaluated": 3,
                    "timings": changes[-1] and {"draft_n": changes[-1][0], "draft_n_accepted": changes[-1][1]}
                    if changes else {}})
     data = sse(chunks)
@@ -191,3 +191,40 @@ def test_token_and_text_prompts_are_keyed_as_the_engines_key_them(prompt) -> Non
     sink, _, _, _ = exchange(answer, {"prompt": prompt})
     (start,) = sink.of(RequestStart)
     assert start.prompt_key == prompt_key(prompt)
+
+
+@pytest.mark.parametrize(("body", "predicted"), [
+    ({"prompt": "x"}, MAX_COUNT),  # 2^31-1 tokens in a reply of a hundred bytes: 2.1e9 verify steps
+    ({"prompt": "x", "n_predict": 16}, 17),  # more than the request allowed
+    ({"prompt": "x", "max_tokens": 16}, 17),
+])
+def test_more_tokens_than_a_reply_can_carry_records_nothing(body, predicted) -> None:
+    answer = json.dumps({"content": "hi", "tokens_predicted": predicted,
+                         "timings": {"predicted_n": predicted, "draft_n": 3, "draft_n_accepted": 1}}).encode()
+    sink, recorder, read, _ = exchange(answer, body)
+    assert read == answer and sink.events == [] and recorder.errors == 0
+
+
+def test_vllm_steps_that_disagree_with_their_totals_fall_back_to_the_histogram() -> None:
+    """Per-step arrays whose sums are not the totals (or that draft more than k) are not trusted; the
+    histogram, consistent with the totals, still gives exact per-position sums."""
+    spec = {"acceptance_histogram": [1, 1, 1], "num_spec_steps": 3, "num_accepted_draft_tokens": 3,
+            "num_draft_tokens": 6, "num_spec_tokens": 2, "per_step_accepted": [0, 1, 9], "per_step_drafted": [2, 2, 9]}
+    answer = json.dumps({"usage": {"prompt_tokens": 2, "completion_tokens": 7},
+                         "metrics": {"speculative_decoding": spec}}).encode()
+    sink, recorder, _, _ = exchange(answer, {"prompt": "x"})
+    assert sink.of(VerifyStep) == [] and recorder.errors == 0
+    assert sorted((g.accepted_mask, g.steps) for g in sink.of(VerifyGroup)) == [("00", 1), ("10", 1), ("11", 1)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["acceptance_histogram", "num_spec_steps", "num_accepted_draft_tokens",
+                                        "num_draft_tokens", "num_spec_tokens", "per_step_accepted", "per_step_drafted"]),
+                       st.one_of(st.integers(-2, 2**32), st.floats(), st.lists(st.integers(-2, 70), max_size=6),
+                                 st.text(max_size=2))),
+       st.integers(0, 2**32))
+def test_any_vllm_metrics_never_raise(spec, completion) -> None:
+    answer = json.dumps({"usage": {"completion_tokens": completion}, "metrics": {"speculative_decoding": spec}}).encode()
+    sink, recorder, _, _ = exchange(answer, {"prompt": "x"})
+    assert recorder.errors == 0
+    valid(sink)

@@ -5,8 +5,16 @@
 any ``httpx.Client``), and each completion request becomes a request of one run in the store, through
 the sink (a :class:`~specscope.collector.Collector`). The client sees the server's responses unchanged.
 
-What each engine returns (docs/design.md, "Where the engines let us in"):
+What each engine returns (docs/design.md, "Where the engines let us in"; parsed by
+:mod:`specscope.adapters._responses`):
 
+- vLLM (``/v1/completions``, ``/v1/chat/completions``) served with
+  ``--per-request-spec-decode-metrics detailed``: ``metrics.speculative_decoding`` with
+  ``per_step_drafted`` / ``per_step_accepted`` (one entry per verify step): every verify step stored
+  with its chain mask, exactly; at ``summary``, its ``acceptance_histogram`` (steps that accepted
+  exactly j drafts): exact per-request and per-position sums; its ``num_spec_tokens`` is the run's k.
+  Streamed, vLLM sends them only on the final usage chunk: ask for it with
+  ``stream_options={"include_usage": True}`` (or serve with ``--enable-force-include-usage``).
 - llama.cpp (``/completion``, ``/v1/completions``, ``/v1/chat/completions``): ``timings.draft_n`` (draft
   tokens proposed) and ``timings.draft_n_accepted``, cumulative over the request. Streamed, with
   ``timings_per_token`` (which the recorder adds to a streamed request's body), every chunk carries
@@ -15,14 +23,25 @@ What each engine returns (docs/design.md, "Where the engines let us in"):
   streamed, only the totals come back: one row with the request's proposed and accepted tokens
   (exact) and, as its verify steps, the target steps after the first token (generated tokens - 1 -
   accepted: each step emits its accepted drafts plus one), which also counts steps that drafted
-  nothing; no per-position figures.
-- SGLang (native ``/generate``): ``meta_info.spec_verify_ct`` (verify steps) and
-  ``spec_accept_length`` = completion tokens / verify steps, bonus included, so accepted = completion
-  tokens - verify steps; proposed = accepted / ``spec_accept_rate`` (SGLang's rate divides by steps x
-  (num_draft_tokens - 1)), or ``k`` x steps when nothing was accepted and ``k`` is given.
+  nothing; no per-position figures, and the views leave such rows out of p_i, so a run that mixes
+  plain and streamed requests reads the streamed ones' p_i. A streamed chat answer's prompt length is
+  ``timings.cache_n + prompt_n`` (it carries no usage). llama.cpp does not say its k (``--draft-max``).
+- SGLang (native ``/generate``; untested against a live server, read from its documented
+  ``meta_info``): ``spec_verify_ct`` (verify steps), ``spec_num_correct_drafts`` /
+  ``spec_num_proposed_drafts`` (earlier ``spec_accept_token_num`` / ``spec_draft_token_num``: accepted
+  and proposed drafts) and ``spec_correct_drafts_histogram`` (earlier ``spec_accept_histogram``; steps
+  that accepted exactly j drafts: per-position sums). Without the counts, accepted = completion tokens
+  - verify steps (``spec_accept_length`` = completion tokens / verify steps, bonus included) and
+  proposed = accepted / ``spec_accept_rate``, or ``k`` x steps when nothing was accepted and ``k`` is
+  given.
 
+The run's k is the server's where it says (vLLM), else the ``k`` given; a server that reports another
+k, or drafts more tokens in one step than the run's k, is logged once.
 Responses without these fields (an error, another endpoint, a server without speculation), with
-counts no engine sends (more accepted than proposed; an SGLang rate outside (0, 1]), in an encoding
+counts no engine sends (more accepted than proposed; an SGLang rate outside (0, 1]; more verify steps
+than generated tokens, or more generated tokens than the request allowed or than its answer has bytes:
+each step emits a token and each token returned costs at least a byte, so one reply claiming
+``tokens_predicted`` 2^31-1 stores nothing rather than 2.1e9 verify steps), in an encoding
 other than gzip / deflate, or over a cap below are passed through unrecorded, and so is a request
 whose body is streamed (an upload the recorder cannot read without consuming it). A stream whose
 counters change by something that is not one draft (more than ``MAX_PROPOSED`` tokens, fewer
@@ -57,20 +76,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from specscope.events import (
-    MAX_COUNT,
-    MAX_PROPOSED,
-    Event,
-    RankStart,
-    RankStatus,
-    RequestEnd,
-    RequestStart,
-    RunStart,
-    VerifyGroup,
-    VerifyStep,
-    prompt_key,
-)
-from specscope.metrics import chain_mask
+from specscope.adapters import _responses
+from specscope.events import MAX_COUNT, Event, RankStart, RankStatus, RequestEnd, RequestStart, RunStart, prompt_key
 
 _PATHS = ("/completion", "/completions", "/chat/completions", "/generate")
 MAX_RECORDED_BYTES = 64 << 20
@@ -113,20 +120,13 @@ class _Seen:
     def take(self, obj: object) -> None:
         if not isinstance(obj, dict):
             return
-        for key in ("id", "model", "usage", "timings", "meta_info", "tokens_predicted", "tokens_evaluated"):
+        for key in ("id", "model", "usage", "timings", "meta_info", "metrics", "tokens_predicted", "tokens_evaluated"):
             if obj.get(key) is not None:
                 self.last[key] = obj[key]
         timings = obj.get("timings")
-        proposed = _count(timings.get("draft_n")) if isinstance(timings, dict) else None
+        proposed = _responses.count(timings.get("draft_n")) if isinstance(timings, dict) else None
         if proposed is not None and proposed > (self.drafts[-1][0] if self.drafts else 0):
-            self.drafts.append((proposed, _count(timings.get("draft_n_accepted")) or 0))
-
-
-def _count(value: object) -> int | None:
-    """A token count from a JSON value (an int or float, 0 to ``MAX_COUNT``), or None when it is not one."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_COUNT:
-        return None  # NaN fails the comparison too
-    return int(value)
+            self.drafts.append((proposed, _responses.count(timings.get("draft_n_accepted")) or 0))
 
 
 class _Tap(httpx.SyncByteStream):
@@ -246,6 +246,8 @@ class ResponseRecorder(httpx.BaseTransport):
         self.run_id = run_id or f"recorded-{uuid.uuid4().hex[:12]}"
         self._run = dict(engine=engine, engine_version=engine_version, draft_model=draft_model)
         self._target_model, self._k = target_model, k
+        self._run_k: int | None = None  # the k the run stored
+        self._k_warned = False
         self._transport = transport or httpx.HTTPTransport()
         self._lock = threading.Lock()
         self._started = self._closed = False
@@ -309,80 +311,44 @@ class ResponseRecorder(httpx.BaseTransport):
         self._transport.close()
 
     def _record(self, seen: _Seen) -> None:
-        events = self._events(seen)
-        if not events:
-            return
+        now = time.time()
+        rid = f"{self.run_id}-{uuid.uuid4().hex[:12]}"
+        reading = _responses.read(seen.last, seen.drafts if seen.streamed else None, seen.request, seen.decoded,
+                                  run_id=self.run_id, request_id=rid, ts_wall=now, k=self._k)
+        if reading is None:
+            return  # no acceptance figures, or counts no engine sends
         with self._lock:
             if not self._started:
                 self._started = True
+                # the server's k where it says (vLLM), else the one given
+                self._run_k = self._k if reading.k is None else reading.k
                 model = self._target_model or str(seen.last.get("model") or "")
-                config = {"source": "responses", "k": self._k}
+                config = {"source": "responses", "k": self._run_k}
                 host = socket.gethostname()
                 self.sink.emit(RankStart(self.run_id, 0, 1, host, 0, "server", ts_wall=seen.started))
                 self.sink.emit(RunStart(self.run_id, target_model=model, config=config, host=host,
                                         ts_wall=seen.started, **self._run))
-            for event in events:
+            self.sink.emit(RequestStart(self.run_id, rid, 0, reading.prompt, *_sampling(seen.request),
+                                        ts_wall=seen.started))
+            for event in reading.steps:
                 self.sink.emit(event)
+            self.sink.emit(RequestEnd(self.run_id, rid, 0, reading.output, reading.verify_steps, ts_wall=now))
             self.recorded += 1
+            warning = None if self._k_warned else self._k_warning(reading)
+            self._k_warned = warning is not None
+        if warning:
+            logger.warning("specscope response recorder: %s", warning)
 
-    def _events(self, seen: _Seen) -> list[Event]:
-        """The request's events, or none when the response carried no acceptance figures or counts no
-        engine sends."""
-        last, now = seen.last, time.time()
-        usage = last.get("usage") if isinstance(last.get("usage"), dict) else {}
-        timings = last.get("timings") if isinstance(last.get("timings"), dict) else {}
-        meta = last.get("meta_info") if isinstance(last.get("meta_info"), dict) else {}
-        rid = f"{self.run_id}-{uuid.uuid4().hex[:12]}"
-        output = _first(usage.get("completion_tokens"), last.get("tokens_predicted"), timings.get("predicted_n"))
-        prompt = _first(usage.get("prompt_tokens"), last.get("tokens_evaluated"))
-        steps: list[Event]
-        deltas = _draft_deltas(seen.drafts) if seen.streamed else None
-        if deltas:
-            steps = [VerifyStep(self.run_id, rid, 0, i, p, a, chain_mask(a, p), ts_wall=now)
-                     for i, (p, a) in enumerate(deltas)]
-        elif _count(timings.get("draft_n")) is not None:
-            proposed, accepted = _count(timings["draft_n"]), _count(timings.get("draft_n_accepted")) or 0
-            if accepted > proposed:
-                return []
-            n = max(output - 1 - accepted, 1 if proposed else 0)
-            steps = [VerifyGroup(self.run_id, rid, 0, "", n, proposed, accepted, now)] if n else []
-        elif _count(meta.get("spec_verify_ct")):
-            n = _count(meta["spec_verify_ct"])
-            output = _first(meta.get("completion_tokens"))
-            prompt = _first(meta.get("prompt_tokens"))
-            accepted = max(output - n, 0)
-            proposed = _sglang_proposed(accepted, meta.get("spec_accept_rate"), n, self._k)
-            if proposed is None:
-                return []
-            steps = [VerifyGroup(self.run_id, rid, 0, "", n, proposed, accepted, now)]
-        else:
-            return []
-        verify_steps = sum(getattr(s, "steps", 1) for s in steps)
-        if verify_steps > MAX_COUNT:
-            return []
-        return [RequestStart(self.run_id, rid, 0, prompt, *_sampling(seen.request), ts_wall=seen.started), *steps,
-                RequestEnd(self.run_id, rid, 0, output, verify_steps, ts_wall=now)]
-
-
-def _draft_deltas(drafts: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
-    """``(proposed, accepted)`` of each draft from the cumulative counters, or None when a change is
-    not one draft (more than ``MAX_PROPOSED`` tokens, fewer accepted than before, more accepted than
-    proposed): then only the totals are trusted."""
-    deltas = [(p - p0, a - a0) for (p, a), (p0, a0) in zip(drafts, [(0, 0), *drafts])]
-    ok = all(0 < p <= MAX_PROPOSED and 0 <= a <= p for p, a in deltas)
-    return deltas if ok else None
-
-
-def _sglang_proposed(accepted: int, rate: object, steps: int, k: int | None) -> int | None:
-    """Proposed draft tokens from SGLang's accept rate (accepted / proposed), or ``k`` x steps when
-    nothing was accepted; None when no count follows (a rate outside (0, 1], or one so small that
-    the count would pass ``MAX_COUNT``)."""
-    if accepted == 0:
-        return min(steps * (k or 0), MAX_COUNT)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+    def _k_warning(self, reading: _responses.Reading) -> str | None:
+        """What is wrong with the run's k by this request, if anything (said once per recorder)."""
+        if reading.k is not None and self._k is not None and reading.k != self._k:
+            return (f"k={self._k} was given, but the server drafts {reading.k} per step (num_spec_tokens): "
+                    f"the run stores k={self._run_k}")
+        if self._run_k is not None and max(reading.largest, reading.k or 0) > self._run_k:
+            return (f"the server drafted {max(reading.largest, reading.k or 0)} tokens in one step, more than the "
+                    f"run's k={self._run_k}: give the server's own (llama.cpp --draft-max, SGLang "
+                    "--speculative-num-steps) as ResponseRecorder(k=)")
         return None
-    proposed = accepted / rate
-    return max(round(proposed), accepted) if proposed <= MAX_COUNT else None
 
 
 def _sampling(body: dict[str, Any]) -> tuple[float | None, float | None, int | None, str | None]:
@@ -403,11 +369,6 @@ def _sampling(body: dict[str, Any]) -> tuple[float | None, float | None, int | N
 
 def _is_token(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
-
-
-def _first(*values: object) -> int:
-    """The first of ``values`` that is a token count, else 0."""
-    return next((c for c in map(_count, values) if c is not None), 0)
 
 
 def _with_body(request: httpx.Request, body: dict[str, Any]) -> httpx.Request:

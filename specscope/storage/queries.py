@@ -283,8 +283,10 @@ COMPARE_REQUESTS = Query("compare_requests", """
 
 RUN_MASKS = Query("run_masks", """
     SELECT accepted_mask, SUM(steps) AS steps FROM acceptance_masks
-    WHERE run_id = :run_id GROUP BY accepted_mask ORDER BY accepted_mask""")
-"""Verify steps per accepted mask of a run, over its ranks (the what-if-k acceptance lengths)."""
+    WHERE run_id = :run_id AND (accepted_mask <> '' OR proposed = 0)
+    GROUP BY accepted_mask ORDER BY accepted_mask""")
+"""Verify steps per accepted mask of a run, over its ranks (the what-if-k acceptance lengths): steps
+whose positions are known, as ``v_position_acceptance`` counts them (totals without a mask left out)."""
 
 TIMED_STEPS = 20_000
 """Verify steps :data:`RUN_STEP_TIMES` averages over at most: a mean time settles long before, and a

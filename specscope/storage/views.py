@@ -101,8 +101,11 @@ draft position i (0-based) of a verify step was accepted when character i of its
 def _positions(source: str, keys: str) -> str:
     """Per-position acceptance p_i grouped by ``keys`` over ``source`` (``acceptance_masks`` per run,
     ``verify_steps`` per request): one row per group and position below the group's longest
-    ``accepted_mask`` (an aggregate row without per-position data has an empty mask and adds no
-    position). Counts are sums of ``steps``. The numerator is a correlated sum over the group's rows,
+    ``accepted_mask``. Counts are sums of ``steps``; the denominator counts only steps whose positions
+    are known: a row that proposed drafts under an empty mask (totals without per-position data: a
+    recorded plain response, a watched window without per-position counters) adds no position and no
+    step, so a run mixing such rows with per-step ones reads p_i of the latter, not diluted by the
+    former. The numerator is a correlated sum over the group's rows,
     so a filter on the keys reaches an index; DISTINCT keeps SQLite from flattening ``x`` and so
     evaluating that sum twice.
     """
@@ -110,11 +113,12 @@ def _positions(source: str, keys: str) -> str:
     match = " AND ".join(f"g.{k} = t.{k}" for k in columns)
     return f"""
 SELECT {keys}, position, accepted_steps, verify_steps,
-       CAST(accepted_steps AS DOUBLE PRECISION) / verify_steps AS acceptance
+       CASE WHEN verify_steps > 0 THEN CAST(accepted_steps AS DOUBLE PRECISION) / verify_steps END AS acceptance
 FROM (SELECT DISTINCT {", ".join(f"t.{k}" for k in columns)}, p.pos AS position, t.verify_steps,
              (SELECT SUM(CASE WHEN {_POSITION_HIT.format('g')} THEN g.steps ELSE 0 END)
               FROM {source} g WHERE {match}) AS accepted_steps
-      FROM (SELECT {keys}, SUM(steps) AS verify_steps, MAX(LENGTH(accepted_mask)) AS max_proposed
+      FROM (SELECT {keys}, SUM(CASE WHEN accepted_mask <> '' OR proposed = 0 THEN steps ELSE 0 END) AS verify_steps,
+                   MAX(LENGTH(accepted_mask)) AS max_proposed
             FROM {source} GROUP BY {keys}) t
       JOIN positions p ON p.pos < t.max_proposed) x
 """
