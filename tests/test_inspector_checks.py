@@ -209,7 +209,8 @@ def test_vocab_map_mismatch_count(ckpt, capsys):
     ckpt.tensors["t2d"] = t2d
     rc, report = run(ckpt.write(), "--engine", "vllm", capsys=capsys)
     found = only(report, "VOCAB_MAP_MISMATCH")
-    assert found["evidence"] == {"t2d_count": 129, "draft_vocab_size": 128}
+    assert found["evidence"] == {"t2d_count": 129, "draft_vocab_size": 128, "broken_map": "t2d",
+                                 "certainty": "form", "d2t_read_from": "checkpoint"}
     # vLLM never reads t2d: a warning that says so, not an error that fails a deploy
     assert found["severity"] == "warning" and "never read t2d" in found["message"] and rc == 0
 
@@ -348,4 +349,31 @@ def test_a_zeroed_d2t_is_named_as_the_broken_map(ckpt, capsys):
     rc, report = run(ckpt.write(), capsys=capsys)
     assert "D2T_IDENTITY_WITH_PRUNED_VOCAB" in codes(report)
     mismatch = only(report, "VOCAB_MAP_MISMATCH")
-    assert mismatch["fix"].startswith("d2t is the broken map") and "nonzero(t2d)" in mismatch["fix"]
+    assert mismatch["fix"].startswith("Rebuild d2t from t2d") and "nonzero(t2d)" in mismatch["fix"]
+    # an arithmetic run (identity) beside an irregular set: likely, so a warning that says how sure
+    assert mismatch["evidence"]["broken_map"] == "d2t" and mismatch["evidence"]["certainty"] == "pattern"
+    assert mismatch["severity"] == "warning" and "likely, not measured" in mismatch["message"] and rc == 0
+
+
+def test_a_default_t2d_is_named_as_the_broken_map(ckpt, capsys):
+    """t2d marking the first draft_vocab ids (a default), d2t an irregular set: t2d, which no engine reads."""
+    t2d = torch.zeros(1000, dtype=torch.bool)
+    t2d[:128] = True
+    ckpt.tensors["t2d"] = t2d
+    rc, report = run(ckpt.write(), "--engine", "vllm", capsys=capsys)
+    mismatch = only(report, "VOCAB_MAP_MISMATCH")
+    assert mismatch["evidence"]["broken_map"] == "t2d" and mismatch["evidence"]["certainty"] == "pattern"
+    assert mismatch["evidence"]["t2d_ids_arithmetic"] == 1 and mismatch["evidence"]["d2t_ids_arithmetic"] == 0
+    assert "Serving is unaffected" in mismatch["message"] and mismatch["fix"].startswith("Derive t2d") and rc == 0
+
+
+def test_maps_that_disagree_without_evidence_are_undecided_and_say_what_vllm_serves(ckpt, capsys):
+    """d2t's ids one above t2d's: both look like pruned vocabularies, no target weights to compare."""
+    ckpt.tensors["d2t"] = _offsets(ckpt) + 1
+    rc, report = run(ckpt.write(), "--engine", "vllm", capsys=capsys)
+    mismatch = only(report, "VOCAB_MAP_MISMATCH")
+    assert mismatch["evidence"]["broken_map"] is None and mismatch["evidence"]["certainty"] == "undecided"
+    assert mismatch["evidence"]["mismatched_ids"] == 128 and rc == 0
+    assert "undecided" in mismatch["message"] and "vllm serves d2t" in mismatch["message"]
+    assert "--target" in mismatch["message"] and "Serving is unaffected" not in mismatch["message"]
+    assert mismatch["fix"].startswith("If a run of this draft collapsed, d2t is the broken map")

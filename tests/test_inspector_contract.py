@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from specscope.cli import main
 from specscope.errors import CheckpointError
+from specscope.inspector import inspect_checkpoint
 from specscope.instrumentation import Tracer, check_load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -271,6 +272,71 @@ def test_draft_head_overwritten_by_the_target_head(tmp_path, capsys):
     rc, report = run(draft, "--engine", "vllm", "--target", str(write_target(tmp_path / "target")), capsys=capsys)
     f = only(report, "DRAFT_HEAD_IS_TARGET_HEAD")
     assert rc == 0 and f["evidence"] == {"identical_rows": tiny.DRAFT_VOCAB, "rows": tiny.DRAFT_VOCAB}
+
+
+# --- which vocabulary map is broken, from the target's head rows ------------------------------------
+
+
+def _trained_pair(tmp_path: Path, **draft_tensors: torch.Tensor) -> tuple[Path, Path]:
+    """A draft whose head rows are the target's rows at its real tokens plus training noise (a head
+    initialised from the target's and trained on), with ``draft_tensors`` replacing its maps."""
+    weights, target = tiny.tensors(0), target_tensors()
+    ids = torch.arange(tiny.DRAFT_VOCAB) + weights["d2t"]
+    gen = torch.Generator().manual_seed(3)
+    head = target["lm_head.weight"].float()[ids] + 0.5 * torch.randn(tiny.DRAFT_VOCAB, tiny.HIDDEN, generator=gen)
+    draft = write_draft(tmp_path / "draft", tensors={"lm_head.weight": head.to(torch.bfloat16), **draft_tensors})
+    return draft, write_target(tmp_path / "target", tensors=target)
+
+
+def _shifted_t2d(shift: int) -> torch.Tensor:
+    t2d = torch.zeros(tiny.VOCAB, dtype=torch.bool)
+    t2d[torch.arange(tiny.DRAFT_VOCAB) + tiny.tensors(0)["d2t"] + shift] = True
+    return t2d
+
+
+def test_a_wrong_d2t_is_an_error_for_vllm_which_serves_it(tmp_path, capsys):
+    """d2t one off, t2d right: the engines read d2t, so this is the map that breaks serving."""
+    draft, target = _trained_pair(tmp_path, d2t=tiny.tensors(0)["d2t"] + 1)
+    for engine in ENGINES:
+        rc, report = run(draft, "--engine", engine, "--target", str(target), capsys=capsys)
+        f = only(report, "VOCAB_MAP_MISMATCH")
+        assert rc == 1 and f["severity"] == "error", (engine, f)
+        ev = f["evidence"]
+        assert ev["broken_map"] == "d2t" and ev["certainty"] == "measured"
+        assert ev["head_rows_compared"] == tiny.DRAFT_VOCAB and ev["head_rows_closer_to_t2d"] > 120
+        assert ev["head_p_value"] < 1e-3 and f"{engine} serves d2t" in f["message"]
+        assert "Serving is unaffected" not in f["message"] and f["fix"].startswith("Rebuild d2t from t2d")
+
+
+def test_a_wrong_t2d_stays_a_warning_naming_t2d(tmp_path, capsys):
+    draft, target = _trained_pair(tmp_path, t2d=_shifted_t2d(1))
+    rc, report = run(draft, "--engine", "vllm", "--target", str(target), capsys=capsys)
+    f = only(report, "VOCAB_MAP_MISMATCH")
+    assert rc == 0 and f["severity"] == "warning"
+    assert f["evidence"]["broken_map"] == "t2d" and f["evidence"]["certainty"] == "measured"
+    assert f["evidence"]["head_rows_closer_to_d2t"] > 120 and "Serving is unaffected" in f["message"]
+
+
+def test_a_head_unrelated_to_the_target_decides_nothing(tmp_path, capsys):
+    """Head rows drawn apart from the target's: the sign test stays near an even split."""
+    draft = write_draft(tmp_path / "draft", tensors={"d2t": tiny.tensors(0)["d2t"] + 1})
+    rc, report = run(draft, "--engine", "vllm", "--target", str(write_target(tmp_path / "target")), capsys=capsys)
+    f = only(report, "VOCAB_MAP_MISMATCH")
+    assert rc == 0 and f["severity"] == "warning" and f["evidence"]["certainty"] == "undecided"
+    assert f["evidence"]["head_p_value"] >= 1e-3 and "favour neither map" in f["message"]
+
+
+def test_the_d2t_the_engine_loaded_is_the_one_judged(tmp_path):
+    """A healthy checkpoint whose d2t the engine holds shifted (what the vLLM plugin reads back from
+    vLLM's draft_id_to_target_id): judged by what is served, and said so."""
+    draft, target = _trained_pair(tmp_path)
+    healthy = inspect_checkpoint(draft, engine="vllm", target=target)
+    assert healthy.exit_code == 0 and "VOCAB_MAP_MISMATCH" not in healthy.codes()
+    loaded = (tiny.tensors(0)["d2t"] + 1).numpy()
+    served = inspect_checkpoint(draft, engine="vllm", target=target, loaded_d2t=loaded)
+    (f,) = [f for f in served.findings if f.code == "VOCAB_MAP_MISMATCH"]
+    assert served.exit_code == 1 and f.evidence["d2t_read_from"] == "loaded" and f.evidence["broken_map"] == "d2t"
+    assert "(as vllm loaded it)" in f.message
 
 
 # --- --compare -------------------------------------------------------------------------------------

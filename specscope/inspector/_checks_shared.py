@@ -10,6 +10,7 @@ Values are compared in row slices (one chunk of each side at a time) after a cas
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,30 +39,32 @@ def target_tensor(reader: CheckpointReader, tensor: str, tied: bool) -> str | No
     return "lm_head.weight" if "lm_head.weight" in reader.tensors else (embed if tied else None)
 
 
+def target_rows(target: CheckpointReader, key: str, ids: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(where, rows)`` per row chunk of target tensor ``key``: ``rows[j]`` (float32) is its row
+    ``ids[where[j]]``. One chunk is held at a time; ids outside the tensor never come."""
+    start = 0
+    for chunk in target.chunks(key):  # (rows, hidden), rows [start, start + len)
+        stop = start + chunk.shape[0]
+        where = np.flatnonzero((ids >= start) & (ids < stop))
+        if where.size:
+            yield where, chunk[ids[where] - start].astype(np.float32)
+        start = stop
+
+
 def _identical_rows(draft: CheckpointReader, dkey: str, target: CheckpointReader, tkey: str,
                     ids: np.ndarray) -> int:
-    """How many rows ``i`` of draft ``dkey`` equal row ``ids[i]`` of target ``tkey`` exactly.
-
-    ``ids`` (int64 [draft_rows]) are target row numbers; the target is read in row chunks and each
-    chunk meets the draft rows that map into it.
-    """
+    """How many rows ``i`` of draft ``dkey`` equal row ``ids[i]`` (int64 [draft_rows]) of target
+    ``tkey`` exactly."""
     head = draft.get(dkey).astype(np.float32)  # (draft_rows, hidden)
-    same, start = 0, 0
-    for chunk in target.chunks(tkey):  # (rows, hidden), rows [start, start + len)
-        stop = start + chunk.shape[0]
-        inside = np.flatnonzero((ids >= start) & (ids < stop))
-        if inside.size:
-            rows = chunk.astype(np.float32)[ids[inside] - start]
-            same += int((rows == head[inside]).all(axis=1).sum())
-        start = stop
-    return same
+    return sum(int((rows == head[where]).all(axis=1).sum()) for where, rows in target_rows(target, tkey, ids))
 
 
 def _mapped_ids(ctx: CheckContext, rows: int) -> np.ndarray:
     """Target ids of the draft head's rows: ``arange + d2t`` for a pruned head, else ``arange``."""
     ar = np.arange(rows, dtype=np.int64)
-    if ctx.has("d2t") and ctx.shape("d2t") == (rows,) and np.issubdtype(ctx.value("d2t").dtype, np.integer):
-        return ar + ctx.value("d2t").astype(np.int64)
+    d2t = ctx.d2t() if ctx.shape("d2t") == (rows,) else None
+    if d2t is not None and d2t.shape == (rows,) and np.issubdtype(d2t.dtype, np.integer):
+        return ar + d2t.astype(np.int64)
     return ar
 
 

@@ -13,9 +13,13 @@ import numpy as np
 from specscope.events import Finding
 from specscope.findings import checkpoint_finding
 from specscope.inspector._context import CheckContext
+from specscope.inspector._vocab_evidence import broken_map
 
 _OFFSETS_FIX = ("Store offsets exactly once: d2t = target_ids - arange(draft_vocab_size). Rebuild d2t "
                 "from the token frequency list (or from nonzero(t2d)) rather than converting it again.")
+_T2D_FIX = "Derive t2d from d2t (t2d[arange + d2t] = True over a target-vocabulary-sized zero tensor)."
+_D2T_FIX = ("Rebuild d2t from t2d, which marks the draft's tokens: d2t = nonzero(t2d) - "
+            "arange(draft_vocab_size); then serve the rebuilt draft.")
 
 
 def _problems(ids: np.ndarray, vocab: int | None) -> tuple[int, int]:
@@ -49,7 +53,7 @@ def check_d2t(ctx: CheckContext) -> list[Finding]:
     draft vocabulary (DRAFT_VOCAB_MISMATCH)."""
     if not ctx.has("d2t"):
         return []
-    d2t, vocab, out = ctx.value("d2t"), ctx.target_vocab_size, []
+    d2t, vocab, out = ctx.d2t(), ctx.target_vocab_size, []
     if not np.issubdtype(d2t.dtype, np.integer) or d2t.ndim != 1:
         return [checkpoint_finding("D2T_INVALID", f"d2t is {d2t.dtype} of shape {list(d2t.shape)}, not int64 [draft_vocab]",
                         {"d2t_is_integer": 0, "d2t_dims": d2t.ndim}, _OFFSETS_FIX)]
@@ -90,10 +94,16 @@ def check_d2t(ctx: CheckContext) -> list[Finding]:
     return out
 
 
+def _loaded_note(ctx: CheckContext) -> str:
+    return f" (as {ctx.engine} loaded it)" if ctx.loaded_d2t is not None else ""
+
+
 def check_t2d(ctx: CheckContext, d2t_findings: list[Finding]) -> list[Finding]:
     """VOCAB_MAP_MISMATCH: ``t2d`` length vs the target vocabulary, ``t2d.sum()`` vs the draft
-    vocabulary, ``nonzero(t2d)`` vs ``arange + d2t``. Skipped when d2t itself is wrong (one cause,
-    one finding)."""
+    vocabulary, ``nonzero(t2d)`` vs ``arange + d2t``, and which map is the broken one
+    (:func:`~specscope.inspector._vocab_evidence.broken_map`): an error when the target's head rows
+    show it is ``d2t``, the map engines serve. Skipped when d2t itself is wrong (one cause, one
+    finding)."""
     t2d_ids = _t2d_ids(ctx)
     if t2d_ids is None or any(f.code in ("D2T_NOT_OFFSETS", "D2T_INVALID") for f in d2t_findings):
         return []
@@ -102,27 +112,41 @@ def check_t2d(ctx: CheckContext, d2t_findings: list[Finding]) -> list[Finding]:
     if vocab is not None and length != vocab:
         evidence.update(t2d_length=length, target_vocab_size=vocab)
         problems.append(f"t2d covers {length} target ids, the target vocabulary has {vocab}")
-    draft = ctx.shape("d2t")[0] if ctx.has("d2t") else ctx.draft_vocab_size
+    draft = ctx.d2t().size if ctx.has("d2t") else ctx.draft_vocab_size
+    ids = None
     if draft is not None and t2d_ids.size != draft:
         evidence.update(t2d_count=t2d_ids.size, draft_vocab_size=draft)
         problems.append(f"t2d marks {t2d_ids.size} ids, the draft vocabulary has {draft}")
     elif ctx.has("d2t"):
-        ids = ctx.value("d2t").astype(np.int64) + np.arange(draft, dtype=np.int64)
+        ids = ctx.d2t().astype(np.int64) + np.arange(draft, dtype=np.int64)
         mismatched = int((ids != t2d_ids).sum())
         if mismatched:
             evidence.update(mismatched_ids=mismatched, draft_vocab_size=draft)
-            problems.append(f"{mismatched} of {draft} ids of nonzero(t2d) differ from arange + d2t")
+            problems.append(f"{mismatched} of {draft} ids of nonzero(t2d) differ from arange + d2t{_loaded_note(ctx)}")
     if not problems:
         return []
-    if any(f.code == "D2T_IDENTITY_WITH_PRUNED_VOCAB" for f in d2t_findings):
-        # a zeroed d2t beside a t2d that marks draft_vocab ids: t2d is the map that survived
-        fix = ("d2t is the broken map (all zeros): rebuild it from t2d, d2t = nonzero(t2d) - "
-               "arange(draft_vocab_size); t2d already marks the draft's tokens.")
-    else:
-        fix = "Derive t2d from d2t (t2d[arange + d2t] = True over a target-vocabulary-sized zero tensor)."
-    message = ("; ".join(problems) + ". Serving is unaffected: vLLM 0.32 and SGLang never read t2d (their "
-               "loaders skip it); tools that rebuild d2t from t2d would spread the error")
-    return [checkpoint_finding("VOCAB_MAP_MISMATCH", message, evidence, fix)]
+    verdict = broken_map(ctx, ids, t2d_ids, t2d_malformed="t2d_length" in evidence or "t2d_count" in evidence)
+    evidence.update(verdict.evidence, broken_map=verdict.broken, certainty=verdict.certainty,
+                    d2t_read_from="loaded" if ctx.loaded_d2t is not None else "checkpoint")
+    said = "; ".join(problems)
+    if verdict.broken == "t2d":
+        return [checkpoint_finding(
+            "VOCAB_MAP_MISMATCH",
+            f"{said}; t2d is the broken map ({verdict.reason}). Serving is unaffected: vLLM 0.32 and "
+            f"SGLang never read t2d (their loaders skip it); tools that rebuild d2t from t2d would spread "
+            f"the error", evidence, _T2D_FIX)]
+    if verdict.broken == "d2t":
+        return [checkpoint_finding(
+            "VOCAB_MAP_MISMATCH",
+            f"{said}; d2t is the broken map ({verdict.reason}): {ctx.engine} serves d2t{_loaded_note(ctx)}, "
+            f"so it proposes each draft token as another target token and acceptance collapses",
+            evidence, _D2T_FIX, severity="error" if verdict.certainty == "measured" else None)]
+    return [checkpoint_finding(
+        "VOCAB_MAP_MISMATCH",
+        f"{said}; which map is broken is undecided ({verdict.reason}). {ctx.engine} serves d2t: if d2t is "
+        f"the broken one, each draft token is proposed as another target token and acceptance collapses "
+        f"(a served run's acceptance settles it)", evidence,
+        f"If a run of this draft collapsed, d2t is the broken map: {_D2T_FIX} Otherwise: {_T2D_FIX}")]
 
 
 def check_vocab_maps(ctx: CheckContext) -> list[Finding]:

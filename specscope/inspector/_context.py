@@ -22,7 +22,9 @@ class CheckContext:
 
     ``serve_dtype``: ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``None`` (not said). ``target_weights``: the
     target's safetensors when ``--target`` is a model folder holding them; ``shared``: the shared-tensor
-    comparison rows (``_checks_shared.shared_rows``), filled once before the checks run.
+    comparison rows (``_checks_shared.shared_rows``), filled once before the checks run;
+    ``loaded_d2t``: the ``d2t`` the engine holds after loading the draft, where the caller read it
+    (the vLLM plugin: vLLM's ``draft_id_to_target_id``).
     """
 
     reader: CheckpointReader
@@ -34,6 +36,7 @@ class CheckContext:
     serve_dtype: str | None = None
     target_weights: CheckpointReader | None = None
     shared: list[dict] = field(default_factory=list)
+    loaded_d2t: np.ndarray | None = None
     _values: dict[str, np.ndarray] = field(default_factory=dict)
     _stats: dict[str, TensorStats] = field(default_factory=dict)
 
@@ -54,6 +57,10 @@ class CheckContext:
         if key not in self._values:
             self._values[key] = self.reader.get(key, max_bytes=MAP_MAX_BYTES)
         return self._values[key]
+
+    def d2t(self) -> np.ndarray:
+        """The ``d2t`` the engine serves: :attr:`loaded_d2t` when read, else the checkpoint's."""
+        return self.loaded_d2t if self.loaded_d2t is not None else self.value("d2t")
 
     def stats(self, key: str) -> TensorStats:
         """Value statistics of floating-point tensor ``key`` (read in chunks once, then cached)."""

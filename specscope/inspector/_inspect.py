@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from specscope.checkpoint_reader import CheckpointReader
 from specscope.conventions import ENGINES, expected_draft_params, plan_load
 from specscope.errors import ConfigError
@@ -46,7 +48,7 @@ CHECKS: tuple[Callable[[CheckContext], list[Finding]], ...] = (
 def inspect_checkpoint(path: str | Path, engine: str = "sglang",
                        target_config: str | Path | TargetConfig | None = None,
                        serve_dtype: str | None = None, *, target: str | Path | None = None,
-                       compare: str | Path | None = None) -> InspectionReport:
+                       compare: str | Path | None = None, loaded_d2t: np.ndarray | None = None) -> InspectionReport:
     """Inspect the EAGLE-3 draft checkpoint at ``path`` for ``engine``'s loader.
 
     ``path``: a folder (``config.json`` + ``model.safetensors`` or a sharded set with
@@ -56,6 +58,8 @@ def inspect_checkpoint(path: str | Path, engine: str = "sglang",
     contract checks. ``target_config``: the older spelling (a config path or a :class:`TargetConfig`;
     no weights). ``serve_dtype``: ``"bf16"``, ``"fp16"`` or ``"fp32"`` (the fp16 range check runs for
     ``"fp16"``). ``compare``: an older draft of the same target to diff against (``--compare``).
+    ``loaded_d2t``: the ``d2t`` the engine holds after loading this draft (the vLLM plugin reads
+    vLLM's ``draft_id_to_target_id``), judged in place of the checkpoint's.
     Peak memory stays near a few float32 copies of one read chunk (4 MiB of data), whatever the
     size of the checkpoint (``benchmarks/inspect_memory.py``), except that the shared-tensor and
     ``--compare`` checks hold the draft's ``lm_head`` in float32. Raises
@@ -82,7 +86,7 @@ def inspect_checkpoint(path: str | Path, engine: str = "sglang",
                                      tied_embeddings=config.tie_word_embeddings)
     ctx = CheckContext(reader=reader, config=config, engine=engine, plan=plan_load(engine, keys, expected),
                        format=detect_format(keys, reader.config), target=target_config,
-                       serve_dtype=serve_dtype, target_weights=weights)
+                       serve_dtype=serve_dtype, target_weights=weights, loaded_d2t=loaded_d2t)
     ctx.shared = shared_rows(ctx)
     findings = [f for check in CHECKS for f in check(ctx)]
     if reader.config is None:

@@ -31,7 +31,9 @@ specscope hooks:
   ``model.norm``. Hooks on the ``LlamaModel`` modules themselves would never fire
   (``@support_torch_compile`` calls their forward directly).
 
-and the model runner's ``rejection_sampler`` instance: the losslessness audit (``_verifier.py``).
+and the model runner's ``rejection_sampler`` instance: the losslessness audit (``_verifier.py``). The
+draft's inspection judges the ``d2t`` vLLM loaded (``Eagle3LlamaForCausalLM.draft_id_to_target_id``,
+copied to the host once at load), not the checkpoint's file.
 
 Lifecycle: when ``load_model`` raises, the run is recorded anyway, with the draft's inspection and its
 rank ended 'crashed' with vLLM's error; when ``execute_model`` or ``sample_tokens`` raises, the rank
@@ -255,9 +257,15 @@ def _after_load_model(call: dict[str, Any]) -> None:
                layer_input=_layer_input, layer_value=_layer_value, fused_input="model.fc",
                draft_hidden_size=int(draft.config.hidden_size))
     if session.tracer.rank == 0:
-        threading.Thread(target=_inspect_draft, args=(session, spec, config.model_config.model),
-                         name="specscope-inspect",
-                         daemon=True).start()
+        threading.Thread(target=_inspect_draft, args=(session, spec, config.model_config.model, _loaded_d2t(draft)),
+                         name="specscope-inspect", daemon=True).start()
+
+
+def _loaded_d2t(draft: Any) -> Any:
+    """The ``d2t`` offsets vLLM serves, as loaded (numpy, copied off the device here, on the engine
+    thread, once); None where vLLM keeps no map (a draft vocabulary as large as the target's)."""
+    loaded = getattr(draft, "draft_id_to_target_id", None)
+    return None if loaded is None else loaded.detach().to("cpu", copy=True).numpy()
 
 
 def _load_failed(runner: Any, exc: BaseException) -> None:
@@ -319,9 +327,10 @@ def _target_argument(target: Path) -> dict[str, Any]:
     return {"target_config": target / "config.json"}
 
 
-def _inspect_draft(session: _session.Session, spec: Any, target: str) -> None:
-    """Store the checkpoint inspector's findings for the draft vLLM loaded and the target it serves,
-    with the run (off the engine thread: reading values takes a moment on a large checkpoint)."""
+def _inspect_draft(session: _session.Session, spec: Any, target: str, loaded_d2t: Any = None) -> None:
+    """Store the checkpoint inspector's findings for the draft vLLM loaded (with ``loaded_d2t``, the
+    map vLLM holds, where it was read) and the target it serves, with the run (off the engine thread:
+    reading values takes a moment on a large checkpoint)."""
     import dataclasses
 
     from specscope.inspector import inspect_checkpoint
@@ -331,7 +340,7 @@ def _inspect_draft(session: _session.Session, spec: Any, target: str) -> None:
         if not path.is_dir():
             logger.info("specscope: draft %s is not a local folder; checkpoint checks skipped", path)
             return
-        report = inspect_checkpoint(path, engine="vllm", **_target_argument(Path(str(target))))
+        report = inspect_checkpoint(path, engine="vllm", loaded_d2t=loaded_d2t, **_target_argument(Path(str(target))))
         for finding in report.findings:
             session.collector.emit(dataclasses.replace(finding, run_id=session.run_id))
     except Exception as exc:  # noqa: BLE001 - a checkpoint we cannot read is the inspector's finding
