@@ -13,10 +13,11 @@ counters, verify steps), never the reference engine's fault switch.
 from specscope.doctor._causes import SETTLED_BY_ACCEPTANCE, as_inspected
 from specscope.doctor._context import RunContext
 from specscope.doctor._diagnose import RULES, diagnose
-from specscope.doctor._report import DoctorReport, RunSummary, render_text
+from specscope.doctor._report import DoctorReport, render_text
 from specscope.doctor._rules_accept import COLLAPSE_AL, MIN_VERIFY_STEPS, POSITION0_MIN
 from specscope.doctor._rules_ranks import RANK_AL_MARGIN
 from specscope.doctor._stored import SETTLED_BY_PROVENANCE, checkpoint_findings, save_findings
+from specscope.doctor._summary import RunSummary
 from specscope.findings import CODES as _CODES
 from specscope.findings import CONTRACT_CODES, named_ranks
 from specscope.findings import SEVERITY as _SEVERITY

@@ -4,20 +4,18 @@ against what its acceptance shows.
 A warning whose effect is acceptance (the engine feeds the draft differently than it may have been
 trained) is settled by a healthy run: it drops to info and says so, naming the figures. When
 acceptance collapses, the collapse finding names the run's checkpoint findings first, errors before
-warnings: the likeliest cause of the symptom. Checkpoint errors are never downgraded: an error
+warnings: the likeliest cause of the symptom, with its evidence (a vocabulary map mismatch says
+which map is broken). Checkpoint errors are never downgraded: an error
 means the inspected engine's documented behaviour breaks the draft.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from specscope.doctor._rules_accept import COLLAPSE_AL, MIN_VERIFY_STEPS
+from specscope.doctor._summary import RunSummary
 from specscope.events import Finding, by_severity
-
-if TYPE_CHECKING:
-    from specscope.doctor._report import RunSummary
 
 SETTLED_BY_ACCEPTANCE = ("AUX_LAYER_IDS_ORDER", "VOCAB_SIZE_MISMATCH", "VOCAB_MAP_MISMATCH", "ROPE_MISMATCH",
                          "MAX_POSITIONS_MISMATCH", "D2T_IDENTITY_WITH_PRUNED_VOCAB")
@@ -89,5 +87,5 @@ def _explained(f: Finding, causes: list[Finding]) -> Finding:
     return dataclasses.replace(
         f, message=f"{f.message}; likeliest cause, from the draft checkpoint: {first.code} ({first.message})"
                    + (f"; also {', '.join(c.code for c in causes[1:])}" if len(causes) > 1 else ""),
-        evidence={**f.evidence, "likely_causes": [c.code for c in causes]},
+        evidence={**f.evidence, "likely_causes": [c.code for c in causes], "likely_cause_evidence": first.evidence},
         fix=f"{first.fix} Then rerun: this symptom should clear. ({f.fix})")

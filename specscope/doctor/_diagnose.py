@@ -7,7 +7,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 
 from specscope.doctor._context import RunContext, parse_json
-from specscope.doctor._report import DoctorReport, RunSummary
+from specscope.doctor._report import DoctorReport
 from specscope.doctor._rules_accept import check_collapse, check_position0, check_saturated
 from specscope.doctor._rules_capture import (
     check_capture_partial,
@@ -25,6 +25,7 @@ from specscope.doctor._rules_health import (
 from specscope.doctor._rules_lossless import check_lossless, check_sampled_collapse
 from specscope.doctor._rules_observed import check_not_observed, check_runner, check_skipped
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
+from specscope.doctor._summary import RunSummary
 from specscope.events import Finding, by_severity
 from specscope.storage import Store
 from specscope.storage import queries as q
