@@ -30,11 +30,9 @@ from __future__ import annotations
 import logging
 import os
 
-ENV_DB = "SPECSCOPE_DB"
-ENV_RUN_ID = "SPECSCOPE_RUN_ID"
-ENV_PROVENANCE_EVERY = "SPECSCOPE_PROVENANCE_EVERY"
-ENV_LABEL = "SPECSCOPE_LABEL"
-ENV_AUDIT_EVERY = "SPECSCOPE_AUDIT_EVERY"
+from specscope.adapters.vllm._env import ENV_AUDIT_EVERY, ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
+
+__all__ = ["ENV_AUDIT_EVERY", "ENV_DB", "ENV_LABEL", "ENV_PROVENANCE_EVERY", "ENV_RUN_ID", "close", "register"]
 
 logger = logging.getLogger("specscope")
 

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from specscope.adapters.vllm import ENV_AUDIT_EVERY, ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
+from specscope.adapters.vllm._env import ENV_AUDIT_EVERY, ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
 from specscope.conventions import physical_capture_layers
 from specscope.events import Event, RankStart, RankStatus, RunConfig, RunStart
 
