@@ -7,8 +7,11 @@ doctor's reading of a stored warning against healthy and collapsed acceptance.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from specscope.cli import main
 from specscope.doctor import DoctorReport, RunSummary, as_inspected
 from specscope.engine import vllm_run
 from specscope.events import Finding
@@ -17,6 +20,7 @@ from specscope.inspector import inspect_checkpoint
 # fault -> {engine: {code: severity}} for the codes at warning or error
 VERDICTS = {
     "t2d-mismatch": {"vllm": {"VOCAB_MAP_MISMATCH": "warning"}},
+    "d2t-wrong": {"vllm": {"VOCAB_MAP_MISMATCH": "error"}, "sglang": {"VOCAB_MAP_MISMATCH": "error"}},
     "vocab-size-padded": {"vllm": {"VOCAB_SIZE_MISMATCH": "warning"},
                           "sglang": {"VOCAB_SIZE_MISMATCH": "error"}},
     "aux-reversed": {"vllm": {"AUX_LAYER_IDS_ORDER": "warning"},
@@ -40,6 +44,15 @@ def test_verdict_follows_what_the_engine_does(drafts, fault):
                  if f.severity in ("error", "warning") and f.code in {c for v in VERDICTS.values() for e in v.values()
                                                                       for c in e}}
         assert found == expected, (fault, engine)
+
+
+@pytest.mark.parametrize(("fault", "broken", "exit_code"), [("d2t-wrong", "d2t", 1), ("t2d-mismatch", "t2d", 0)])
+def test_inspect_names_the_broken_map_and_exits_by_it(drafts, capsys, fault, broken, exit_code):
+    """What `specscope inspect --engine vllm --target` says of the drafts vLLM serves in tests/test_vllm.py."""
+    target, draft = drafts[fault]
+    assert main(["inspect", str(draft), "--engine", "vllm", "--target", str(target)]) == exit_code
+    out = capsys.readouterr().out
+    assert "VOCAB_MAP_MISMATCH: " in out and f"{broken} is the broken map" in out
 
 
 def test_duplicated_id_names_vllms_capture_and_the_failing_forward(drafts):
@@ -80,6 +93,17 @@ def test_collapse_names_the_checkpoint_finding_as_likeliest_cause_and_keeps_it_a
     assert "likeliest cause, from the draft checkpoint: AUX_LAYER_IDS_ORDER" in collapse.message
     assert collapse.evidence["likely_causes"] == ["AUX_LAYER_IDS_ORDER"]
     assert warning == WARNING
+
+
+def test_a_collapse_names_the_broken_d2t_with_its_evidence_and_fix(drafts):
+    """The d2t-wrong draft's real inspection beside a collapsed run: the collapse names d2t."""
+    target, draft = drafts["d2t-wrong"]
+    stored = [dataclasses.replace(f, run_id="r") for f in inspect_checkpoint(draft, engine="vllm", target=target).findings]
+    collapse = next(f for f in DoctorReport([_run(1.0, 100)], [COLLAPSE]).with_checkpoint(stored).findings
+                    if f.code == "ACCEPT_COLLAPSE")
+    assert collapse.evidence["likely_causes"][0] == "VOCAB_MAP_MISMATCH"
+    assert collapse.evidence["likely_cause_evidence"]["broken_map"] == "d2t"
+    assert "d2t is the broken map" in collapse.message and collapse.fix.startswith("Rebuild d2t from t2d")
 
 
 def test_checkpoint_errors_are_never_settled_by_acceptance():

@@ -27,9 +27,10 @@ if os.environ.get("SPECSCOPE_REQUIRE_VLLM") != "1":
 FAULTS = ("no-aux-capture", "aux-off-by-one", "d2t-absolute", "tied-target", "unknown-key")
 # Drafts with a problem vLLM does not act on (served exactly as the healthy draft), and one it acts on
 # in its own way (a repeated aux id, captured once): each checkpoint verdict checked against vLLM.
-SERVED_AS_HEALTHY = {"t2d-mismatch": "VOCAB_MAP_MISMATCH", "vocab-size-padded": "VOCAB_SIZE_MISMATCH",
-                     "aux-reversed": "AUX_LAYER_IDS_ORDER"}
+SERVED_AS_HEALTHY = {"vocab-size-padded": "VOCAB_SIZE_MISMATCH", "aux-reversed": "AUX_LAYER_IDS_ORDER"}
 HELD_BACK = (*SERVED_AS_HEALTHY, "aux-duplicated")
+# Drafts whose vocabulary maps disagree: t2d broken (vLLM never loads it), d2t broken (vLLM serves it).
+VOCAB_MAPS = ("t2d-mismatch", "d2t-wrong")
 PROMPTS = demo_prompts(3)
 # Runs of the losslessness audit, audited at every verify batch: T=0.8 requests alone, greedy and
 # T=0.8 requests in one batch, and greedy requests through a verifier that emits the draft's token.
@@ -80,6 +81,18 @@ def held_back(runs, tmp_path_factory) -> tuple[str, dict]:
     db = str(folder / "held-back.db")
     return db, {None: done[None], **{fault: vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
                                                          workdir=folder / f"work-{fault}") for fault in HELD_BACK}}
+
+
+@pytest.fixture(scope="module")
+def vocab_maps(tmp_path_factory) -> tuple[str, dict]:
+    """A healthy run and the :data:`VOCAB_MAPS` drafts served as it was, into a store of their own:
+    ``(store path, {fault or None: VllmRun})``."""
+    from specscope.engine import vllm_run
+
+    folder = tmp_path_factory.mktemp("vllm-vocab-maps")
+    db = str(folder / "vocab-maps.db")
+    return db, {fault: vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32, workdir=folder / f"work-{fault}")
+                for fault in (None, *VOCAB_MAPS)}
 
 
 def _rows(store, sql: str, run_id: str) -> list[tuple]:
@@ -236,6 +249,38 @@ def test_a_draft_problem_vllm_never_acts_on_gets_no_error(held_back, fault):
     # the static suspicion stays on record, settled by this run's acceptance
     settled = found[SERVED_AS_HEALTHY[fault]]
     assert settled.severity == "info" and "served here with healthy acceptance" in settled.message
+
+
+@pytest.mark.timeout(900)  # the first test of the fixture waits for its vLLM runs
+def test_a_broken_t2d_serves_as_the_healthy_draft_and_reads_no_error(vocab_maps):
+    db, done = vocab_maps
+    healthy, run = done[None], done["t2d-mismatch"]
+    # what vLLM did: the same drafts accepted and the same text as the healthy draft
+    assert run.error is None and run.counters == healthy.counters and run.texts == healthy.texts
+    found = _findings(db, run.run_id)
+    assert not [code for code, f in found.items() if f.severity == "error"], sorted(found)
+    mismatch = found["VOCAB_MAP_MISMATCH"]  # named t2d, and settled by this run's acceptance
+    assert mismatch.severity == "info" and "served here with healthy acceptance" in mismatch.message
+    assert mismatch.evidence["broken_map"] == "t2d" and mismatch.evidence["d2t_read_from"] == "loaded"
+
+
+def test_a_broken_d2t_collapses_and_the_run_names_d2t(vocab_maps):
+    db, done = vocab_maps
+    run = done["d2t-wrong"]
+    counters = run.counters
+    # what vLLM did: served, every draft proposed as another target token (vLLM's own counters)
+    assert run.error is None and counters["num_drafts"] >= 16
+    assert counters["num_accepted_tokens"] / counters["num_drafts"] <= 0.05 < done[None].counters[
+        "num_accepted_tokens"] / done[None].counters["num_drafts"]
+    found = _findings(db, run.run_id)
+    mismatch = found["VOCAB_MAP_MISMATCH"]  # the plugin's inspection of the d2t vLLM loaded
+    assert mismatch.severity == "error" and "d2t is the broken map" in mismatch.message
+    assert mismatch.evidence["broken_map"] == "d2t" and mismatch.evidence["certainty"] == "measured"
+    assert mismatch.evidence["d2t_read_from"] == "loaded"
+    collapse = found["ACCEPT_COLLAPSE"]
+    assert collapse.evidence["likely_causes"][0] == "VOCAB_MAP_MISMATCH"
+    assert collapse.evidence["likely_cause_evidence"]["broken_map"] == "d2t"
+    assert "d2t is the broken map" in collapse.message and collapse.fix.startswith("Rebuild d2t from t2d")
 
 
 def test_a_repeated_aux_id_is_an_error_for_vllm_which_captures_it_once_and_fails(held_back):

@@ -19,6 +19,9 @@ Faults (each only plumbing; vLLM starts and serves, or fails, exactly as it woul
 - ``emit-draft-token``: the verifier emits the draft's token at the first rejected position instead of
   the target's (vLLM's ``RejectionSampler`` wrapped in this process): acceptance is untouched, the text
   is no longer the target's.
+- ``d2t-wrong``: the draft's ``d2t`` maps every draft token to the target id one below its own (built
+  against ``arange(1, n + 1)``), still in range and increasing; its ``t2d`` is right. vLLM serves
+  ``d2t``, so every draft token is proposed as another target token.
 - ``t2d-mismatch``, ``vocab-size-padded``, ``aux-reversed``: draft problems vLLM does not act on (it
   never loads ``t2d``, only pads the draft's logits to its ``vocab_size``, sorts the aux ids): served
   exactly as the healthy draft. ``aux-duplicated``: a repeated aux id, which vLLM captures once, so
@@ -51,6 +54,7 @@ VLLM_FAULTS: dict[str, str] = {
     # Draft checkpoints with a problem vLLM does not act on, or acts on in its own way (docs/design.md,
     # "Verdicts per engine"): each served here so the verdict is checked against what vLLM does.
     "t2d-mismatch": "the draft's t2d disagrees with d2t; vLLM never loads t2d",
+    "d2t-wrong": "the draft's d2t maps each draft token one target id too low, its t2d is right; vLLM serves d2t",
     "vocab-size-padded": "the draft config's vocab_size is 64 above the target's; vLLM only pads the draft's logits",
     "aux-reversed": "the draft config lists its aux layer ids in reverse; vLLM sorts them",
     "aux-duplicated": "the draft config repeats an aux layer id; vLLM captures it once and the fused width falls short of fc",
@@ -118,6 +122,11 @@ def _flip_t2d(state: dict) -> dict:
     return {**state, "t2d": t2d}
 
 
+def _d2t_off_by_one(state: dict) -> dict:
+    """``d2t`` built against ``arange(1, n + 1)``: each draft id maps to the target id below its own."""
+    return {**state, "d2t": state["d2t"] - 1}
+
+
 def _with_unknown_key(state: dict) -> dict:
     """One more tensor, under a name no EAGLE-3 loader maps."""
     import torch
@@ -135,6 +144,7 @@ def _tied_only(state: dict) -> dict:
 _DRAFT_EDITS = {  # fault -> (config edit, tensor edit) of the draft folder
     "unknown-key": (None, _with_unknown_key),
     "t2d-mismatch": (None, _flip_t2d),
+    "d2t-wrong": (None, _d2t_off_by_one),
     "vocab-size-padded": (lambda config: {**config, "vocab_size": config["vocab_size"] + 64}, None),
     "aux-reversed": (lambda config: _aux_ids(config, lambda ids: ids[::-1]), None),
     "aux-duplicated": (lambda config: _aux_ids(config, lambda ids: [ids[0], ids[1], ids[1]]), None),
