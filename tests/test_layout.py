@@ -6,6 +6,7 @@ the source, every import counted (top level, TYPE_CHECKING blocks, function bodi
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -26,6 +27,14 @@ FORBIDDEN = {
     "inspector": {"app", "cli", "engine", "adapters", "instrumentation", "doctor", "readmodel"},
     "app": {"cli", "engine", "adapters", "instrumentation"},
     "exporter": {"app", "cli", "engine", "adapters", "instrumentation", "collector"},
+    "compare": {"adapters", "app", "cli", "collector", "doctor", "engine", "exporter", "inspector",
+                "instrumentation"},
+    # the engines observed: they offer the instrumentation's hooks, and know nothing that observes them
+    "engine": {"adapters", "app", "cli", "collector", "compare", "doctor", "exporter", "inspector", "readmodel",
+               "storage"},
+    # what runs an engine observed: below the CLI, reading verdicts through the read model
+    "adapters": {"app", "cli", "compare", "doctor", "exporter"},
+    "cli": set(),  # the top floor
 }
 
 
@@ -56,6 +65,44 @@ def test_dependencies_point_one_way(package):
     imports = imported_packages(package)
     wrong = {target: sorted(files) for target, files in imports.items() if target in FORBIDDEN[package]}
     assert not wrong, f"specscope.{package} imports {wrong}"
+
+
+def test_every_package_has_its_floor():
+    assert set(FORBIDDEN) == {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Every module under ``root`` (dotted, from its parent) -> the modules under ``root`` it imports,
+    anywhere in its file: ``from a import b`` counts ``a.b`` where that is a module, else ``a``."""
+    def name(path: Path) -> str:
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {name(path): path for path in root.rglob("*.py")}
+    graph = {}
+    for module, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                          for a in node.names}
+        graph[module] = (found & files.keys()) - {module}
+    return graph
+
+
+def test_no_module_imports_itself_round_a_circle():
+    graphlib.TopologicalSorter(import_graph(ROOT)).prepare()  # CycleError names the circle
+
+
+def test_the_circle_check_sees_circles(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg.b import B\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from pkg import a\n")
+    with pytest.raises(graphlib.CycleError):
+        graphlib.TopologicalSorter(import_graph(tmp_path / "pkg")).prepare()
 
 
 def test_the_prometheus_watch_is_a_producer_writing_through_the_collector():

@@ -76,11 +76,11 @@ def serve_llamacpp(db: str, prompts: list[list[int]], *, dequantized: bool) -> t
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> dict:
-    from specscope.engine import vllm_run
+    from specscope.adapters import vllm_demo
 
     folder = tmp_path_factory.mktemp("engines")
     db = str(folder / "engines.db")
-    vllm = vllm_run.run(db, prompts=PROMPTS, max_new_tokens=TOKENS, k=K, workdir=folder / "vllm")
+    vllm = vllm_demo.run(db, prompts=PROMPTS, max_new_tokens=TOKENS, k=K, workdir=folder / "vllm")
     assert vllm.error is None
     ids = chat_ids(PROMPTS)
     f32, f32_texts = serve_llamacpp(db, ids, dequantized=True)

