@@ -238,10 +238,13 @@ def test_postgres_refuses_before_running(sql: str, pg_url: str, tmp_path: Path) 
 
 @pytest.mark.postgres
 def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
-    """A lock the reader's statement could take (here a role's own function doing what
-    pg_advisory_lock does, which the parse cannot see through) dies with the reader's connection:
-    a writer opening the store afterwards is not held up, and no advisory lock remains."""
+    """A role's own function is refused before it runs; a lock the reader's statement could still
+    take (here through a view of the role's own, whose body the parse cannot see) dies with the
+    reader's connection: a writer opening the store afterwards is not held up, and no advisory lock
+    remains."""
     import sqlalchemy as sa
+
+    from specscope.storage.store import _PG_MIGRATION_LOCK
 
     with open_store(pg_url):
         pass
@@ -249,11 +252,12 @@ def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
     with admin.begin() as conn:  # what a role with CREATE on its schema could have left there
         conn.exec_driver_sql("CREATE FUNCTION grab(key bigint) RETURNS void LANGUAGE sql AS "
                              "'SELECT pg_advisory_lock(key)'")
+        conn.exec_driver_sql(f"CREATE VIEW grabbing AS SELECT grab({_PG_MIGRATION_LOCK})::text AS held")
     try:
-        from specscope.storage.store import _PG_MIGRATION_LOCK
-
         with open_store(pg_url, read_only=True) as reader:
-            assert len(reader.query(f"SELECT grab({_PG_MIGRATION_LOCK})").rows) == 1
+            with pytest.raises(ReadOnlyViolation, match=r"function grab\(\) \(not a read-only built-in"):
+                reader.query(f"SELECT grab({_PG_MIGRATION_LOCK})")
+            assert len(reader.query("SELECT * FROM grabbing").rows) == 1
             with admin.connect() as conn:
                 held = conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
                                             f" AND objid = {_PG_MIGRATION_LOCK}").scalar()

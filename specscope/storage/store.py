@@ -7,7 +7,6 @@ see :mod:`specscope.storage._errors`.
 from __future__ import annotations
 
 import functools
-import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,24 +30,14 @@ from specscope.storage._engine import (
     trace_statements,
 )
 from specscope.storage._errors import translate
-from specscope.storage._guard import (
-    DEFAULT_MAX_RESULT_BYTES,
-    DEFAULT_QUERY_TIMEOUT_S,
-    MAX_QUERY_TIMEOUT_S,
-    ROW_OVER_CAP,
-    ResultCap,
-    SqliteGuard,
-    capped_select,
-    check_postgres,
-    postgres_timeout_sql,
-    row_bytes,
-)
+from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S
 from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, bad_value, counter_rows, group_rows
+from specscope.storage._time_limit import bounded
 from specscope.storage.queries import Query, fetch
+from specscope.storage.user_query import QueryResult, run_query
 
 _PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
 DEFAULT_LOCK_TIMEOUT_S = 120.0  # longest wait for it (seconds; open_store's lock_timeout_s)
-_PG_QUERY_CANCELED = "57014"  # SQLSTATE query_canceled: statement_timeout expired
 
 
 class Store:
@@ -266,7 +255,8 @@ class Store:
 
         Use it for the dashboard's and the doctor's own queries over the views.
         """
-        with translate("reading", self.url), self._read_engine.connect() as conn:
+        with translate("reading", self.url), self._read_engine.connect() as conn, \
+                bounded(conn, self.dialect, self.url):  # storage.read_time_limit
             yield conn
 
     def fetch(self, query: Query, **params: Any) -> list[dict[str, Any]]:
@@ -286,177 +276,22 @@ class Store:
         """Run ONE user SQL statement on a read-only connection, once; return ``(column names, rows)``.
 
         Without ``params`` the SQL is sent as written; with ``params`` it may name ``:param``
-        placeholders (SQLAlchemy ``text()``). The database enforces read-only for every statement
-        class (:mod:`specscope.storage._guard`: on SQLite an authorizer denying ATTACH / DETACH /
-        VACUUM INTO, writes, temp objects, transactions, state-changing PRAGMAs and
-        ``load_extension``, on a ``mode=ro`` + ``query_only`` connection; on PostgreSQL the statement
-        is parsed first and anything but one query, or a call reaching locks, sessions, files,
-        programs or large objects, is refused before it runs; the query then runs in a read-only
-        transaction on a connection closed afterwards). ``timeout_s`` (seconds, None = no limit;
-        default 2 s, at most a day) bounds the statement, fetch included; ``limit`` (rows) and
-        ``max_bytes`` (values as text; default 64 MiB) cap what is returned: the result's
-        ``truncated`` then names the cap; a single value larger than ``max_bytes`` stops the
-        statement (SQLite: while it is computed). A statement that returns no rows gives
-        ``([], [])`` (SQLite only: on PostgreSQL such a statement is refused).
+        placeholders (SQLAlchemy ``text()``). What the statement may do, and how it is bounded:
+        :mod:`specscope.storage.user_query`. ``timeout_s`` (seconds, None = no limit; default 2 s, at
+        most a day) bounds the statement, fetch included; ``limit`` (rows) and ``max_bytes`` (text as
+        UTF-8; default 64 MiB) cap what is returned, and the result's ``truncated`` then names the cap;
+        a single value larger than ``max_bytes`` stops the statement. A statement that returns no
+        rows gives ``([], [])`` (SQLite only: on PostgreSQL such a statement is refused).
 
         Raises:
-            ReadOnlyViolation: the statement tried to write or to reach outside the store; nothing
-                changed and no file was created.
-            StoreError: the database rejected the SQL (its message), an empty query, more than one
-                statement, SQL that is not UTF-8 text, a negative limit, a value over ``max_bytes``,
-                or the time limit expired.
+            ReadOnlyViolation: the statement tried to write, to reach outside the store or to call a
+                function that is not a read-only built-in; nothing changed and no file was created.
+            StoreError: the database rejected the SQL (its message), an argument of the wrong type or
+                range, SQL that is empty, not one statement, not UTF-8 text or too large, a value over
+                ``max_bytes``, a call over its budget, or the time limit expired.
         """
-        if not sql.strip():
-            raise StoreError("the query is empty: give one SQL statement")
-        try:
-            sql.encode("utf-8")
-        except UnicodeEncodeError as exc:  # a non-UTF-8 byte from argv arrives as a lone surrogate
-            raise StoreError(f"the query is not UTF-8 text (character {exc.start + 1} is not valid)") from None
-        if limit is not None and limit < 0:
-            raise StoreError(f"query limit must be >= 0, got {limit}")
-        if timeout_s is not None and not 0 < timeout_s <= MAX_QUERY_TIMEOUT_S:
-            raise StoreError(f"query time limit must be > 0 and at most {MAX_QUERY_TIMEOUT_S:g} seconds, "
-                             f"got {timeout_s}")
-        cap = ResultCap(limit, max_bytes)
-        if self.dialect == "postgresql":
-            sent, sent_params = sql, params
-            if params is not None:  # :name placeholders -> psycopg's, before the check parses it
-                compiled = sa.text(sql).compile(dialect=PGDialect_psycopg())
-                sent, sent_params = compiled.string, compiled.construct_params(dict(params))
-            select = check_postgres(sent, self.url)
-            if select is not None and max_bytes is not None:
-                sent = capped_select(select, max_bytes)
-        with translate("query on", self.url), self._read_engine.connect() as conn:
-            conn.begin()  # the BEGIN of the read engine runs before the guard denies transactions
-            if self.dialect == "postgresql":
-                started = time.perf_counter()
-                try:
-                    columns, rows = _query_postgres(conn, sent, sent_params, cap, timeout_s, self.url,
-                                                    select is not None)
-                finally:
-                    # closing the connection ends its session: an advisory lock or setting the
-                    # statement took (a new function, a role's own) dies with it
-                    conn.invalidate()
-                if self._trace_query is not None:
-                    self._trace_query(sql, params, time.perf_counter() - started)
-            else:
-                try:
-                    columns, rows = _query_sqlite(conn, sql, params, cap, timeout_s, self.url)
-                finally:
-                    conn.rollback()
-        return QueryResult(columns, rows, cap.truncated)
-
-
-class QueryResult(tuple):
-    """``(columns, rows)`` of :meth:`Store.query`; ``truncated`` names the cap that cut the rows
-    (``"10,000 rows"``, ``"67,108,864 bytes"``) or is None when every row is there."""
-
-    truncated: str | None
-
-    def __new__(cls, columns: list[str], rows: list[tuple], truncated: str | None = None) -> QueryResult:
-        result = super().__new__(cls, (columns, rows))
-        result.truncated = truncated
-        return result
-
-    @property
-    def columns(self) -> list[str]:
-        return self[0]
-
-    @property
-    def rows(self) -> list[tuple]:
-        return self[1]
-
-
-def _timed_out(url: str, timeout_s: float | None) -> StoreError:
-    return StoreError(f"query on {url}: stopped after the time limit of {timeout_s:g} s; narrow the "
-                      "query or raise the limit (specscope query --timeout, the SQL page's Time limit)")
-
-
-def _too_big(url: str, max_bytes: int, what: str = "a row is larger than the result cap") -> StoreError:
-    return StoreError(f"query on {url}: {what} of {max_bytes:,} bytes; select less of it (substr, length)")
-
-
-def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
-                  timeout_s: float | None, url: str) -> tuple[list[str], list[tuple]]:
-    # sqlite3 itself refuses a second statement ("You can only execute one statement at a time").
-    raw = conn.connection.dbapi_connection
-    guard = SqliteGuard(timeout_s, cap.max_bytes)
-    guard.install(raw)
-    try:
-        result = conn.exec_driver_sql(sql) if params is None else conn.execute(sa.text(sql), dict(params))
-        if not result.returns_rows:
-            return [], []
-        return list(result.keys()), cap.take(result)
-    except sa.exc.DBAPIError as exc:
-        if guard.denied is not None:
-            raise ReadOnlyViolation(f"query on {url}: {guard.denied} is not allowed (the SQL surface is "
-                                    "read-only: SELECT, WITH and schema PRAGMAs only)") from exc
-        if guard.timed_out:
-            raise _timed_out(url, timeout_s) from exc
-        if getattr(exc.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG:
-            raise _too_big(url, guard.value_limit, "a value is larger than the per-value limit") from exc
-        raise
-    finally:
-        guard.remove(raw)
-
-
-_FETCH_BYTES = 2**20  # a server-side cursor's fetch brings about this much (at least one row)
-_FETCH_ROWS = 1000  # and at most this many rows
-
-
-def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
-                    timeout_s: float | None, url: str, declarable: bool) -> tuple[list[str], list[tuple]]:
-    # A SELECT runs through a server-side cursor (DECLARE, then FETCH of about _FETCH_BYTES at a
-    # time): its columns are known without a row and nothing is run twice; EXPLAIN and SHOW, whose
-    # result is a row or a few, stream. binary=True: the extended protocol, one statement only.
-    import psycopg  # the PostgreSQL driver is optional (extra "postgres"); this store needs it
-
-    raw = conn.connection.dbapi_connection
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-
-    def limit_time() -> None:  # before each round trip: the statement gets the time that is left
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _timed_out(url, timeout_s)
-            raw.execute(postgres_timeout_sql(left))
-
-    try:
-        limit_time()
-        if declarable:
-            with raw.cursor(name="specscope_user_query") as cursor:
-                cursor.execute(sql, params, binary=True)
-                columns = [column.name for column in cursor.description]
-                return columns, cap.take(_fetched(cursor, limit_time))
-        with raw.cursor() as cursor:
-            # stream(): rows arrive one by one (a plain cursor would hold the whole result in memory
-            # before the caps apply); leaving it early cancels the statement.
-            stream = cursor.stream(sql, params, binary=True)
-            try:
-                rows = cap.take(stream)
-            finally:
-                stream.close()
-            return [column.name for column in cursor.description or ()], rows
-    except psycopg.Error as exc:
-        if exc.sqlstate == _PG_QUERY_CANCELED:
-            raise _timed_out(url, timeout_s) from exc
-        if ROW_OVER_CAP in str(exc) and cap.max_bytes is not None:
-            raise _too_big(url, cap.max_bytes) from exc
-        raise
-
-
-def _fetched(cursor: Any, limit_time: Callable[[], None]) -> Iterator[tuple]:
-    """The rows of a server-side cursor, fetched in batches sized to about ``_FETCH_BYTES`` by the
-    rows seen so far (one row at first), so that large rows come one at a time."""
-    size = 1
-    while True:
-        limit_time()
-        batch = cursor.fetchmany(size)
-        yield from batch
-        if len(batch) < size:
-            return
-        per_row = max(1, sum(row_bytes(row) for row in batch) // len(batch))
-        size = max(1, min(_FETCH_ROWS, _FETCH_BYTES // per_row))
+        return run_query(self._read_engine, self.dialect, self.url, sql, params, limit, timeout_s,
+                         max_bytes, self._trace_query)
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
