@@ -1,7 +1,8 @@
 """`specscope query`: one read-only SQL statement on a trace store, as a table, JSON or CSV.
 
 The store is opened read-only (never created nor upgraded) and the database itself refuses writes,
-ATTACH, temp objects and extension loading (see :meth:`specscope.storage.Store.query`); the statement
+ATTACH, temp objects and extension loading; on PostgreSQL only read-only built-in functions run
+(see :mod:`specscope.storage.user_query`); the statement
 has ``--timeout`` seconds (default 2, at most a day) and the result at most 64 MiB (a single value too).
 The table escapes control characters of stored text; ``--json`` is strict JSON (non-finite numbers
 as null). A refused statement, bad SQL, the
