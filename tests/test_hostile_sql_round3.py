@@ -140,6 +140,18 @@ def test_a_deep_expression_is_refused_and_the_process_lives(store_url: str) -> N
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("specscope query: error: ")
 
 
+@pytest.mark.postgres
+def test_postgres_long_flat_statements_still_run(pg_url: str) -> None:
+    """The bound counts what deepens the parse: 4,000 OR-ed comparisons and an IN list of 20,000
+    values run."""
+    _seed(pg_url)
+    ors = " OR ".join(f"run_id = 'run-{i}'" for i in range(4_000))
+    values = ", ".join(f"'run-{i}'" for i in range(20_000))
+    with open_store(pg_url, read_only=True) as store:
+        assert store.query(f"SELECT run_id FROM runs WHERE {ors}").rows == []
+        assert store.query(f"SELECT run_id FROM runs WHERE run_id IN ({values}, 'run-a')").rows == [("run-a",)]
+
+
 def test_a_statement_over_the_length_bound_is_refused(store_url: str) -> None:
     open_store(store_url).close()
     with open_store(store_url, read_only=True) as store:
