@@ -139,13 +139,14 @@ def check_t2d(ctx: CheckContext, d2t_findings: list[Finding]) -> list[Finding]:
         return [checkpoint_finding(
             "VOCAB_MAP_MISMATCH",
             f"{said}; d2t is the broken map ({verdict.reason}): {ctx.engine} serves d2t{_loaded_note(ctx)}, "
-            f"so it proposes each draft token as another target token and acceptance collapses",
+            f"so the draft tokens at those ids are proposed as other target tokens and acceptance falls "
+            f"(to AL 1.0 when all differ)",
             evidence, _D2T_FIX, severity="error" if verdict.certainty == "measured" else None)]
     return [checkpoint_finding(
         "VOCAB_MAP_MISMATCH",
         f"{said}; which map is broken is undecided ({verdict.reason}). {ctx.engine} serves d2t: if d2t is "
-        f"the broken one, each draft token is proposed as another target token and acceptance collapses "
-        f"(a served run's acceptance settles it)", evidence,
+        f"the broken one, the draft tokens at those ids are proposed as other target tokens and acceptance "
+        f"falls (a served run's acceptance settles it)", evidence,
         f"If a run of this draft collapsed, d2t is the broken map: {_D2T_FIX} Otherwise: {_T2D_FIX}")]
 
 
