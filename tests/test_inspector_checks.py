@@ -225,6 +225,13 @@ def test_vocab_map_mismatch_ids_and_length(ckpt, capsys):
     assert ev["t2d_length"] == 1004 and ev["target_vocab_size"] == 1000 and ev["mismatched_ids"] == 1
 
 
+def test_an_empty_d2t_is_named_once_by_its_length(ckpt, capsys):
+    ckpt.tensors["d2t"] = torch.zeros(0, dtype=torch.int64)
+    rc, report = run(ckpt.write(), "--engine", "vllm", capsys=capsys)
+    assert rc == 1 and only(report, "DRAFT_VOCAB_MISMATCH")["evidence"]["d2t_length"] == 0
+    assert codes(report) == {"CKPT_FORMAT", "DRAFT_VOCAB_MISMATCH"}
+
+
 def test_d2t_identity_with_pruned_vocab(ckpt, capsys):
     ckpt.tensors["d2t"] = torch.zeros(128, dtype=torch.int64)
     t2d = torch.zeros(1000, dtype=torch.bool)

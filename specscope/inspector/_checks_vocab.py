@@ -67,7 +67,8 @@ def check_d2t(ctx: CheckContext) -> list[Finding]:
     out_of_range, non_increasing = _problems(ids, vocab)
     k = _subtractions(d2t, _t2d_ids(ctx), vocab)
     evidence = {"out_of_range_ids": out_of_range, "non_increasing_ids": non_increasing,
-                "min_target_id": int(ids.min()), "max_target_id": int(ids.max()),
+                "min_target_id": int(ids.min()) if ids.size else None,
+                "max_target_id": int(ids.max()) if ids.size else None,
                 "target_vocab_size": vocab}
     if k in (0, 2):
         what = "absolute target ids" if k == 0 else "offsets converted twice"
@@ -82,7 +83,7 @@ def check_d2t(ctx: CheckContext) -> list[Finding]:
             f"d2t + index gives {out_of_range} target ids outside [0, {vocab}) and "
             f"{non_increasing} non-increasing steps",
             evidence, _OFFSETS_FIX))
-    elif ctx.config.pruned_vocab and not bool(d2t.any()):
+    elif ctx.config.pruned_vocab and d2t.size and not bool(d2t.any()):
         out.append(checkpoint_finding(
             "D2T_IDENTITY_WITH_PRUNED_VOCAB",
             f"d2t is all zeros (identity) while the draft vocabulary is pruned to "
@@ -103,9 +104,10 @@ def check_t2d(ctx: CheckContext, d2t_findings: list[Finding]) -> list[Finding]:
     vocabulary, ``nonzero(t2d)`` vs ``arange + d2t``, and which map is the broken one
     (:func:`~specscope.inspector._vocab_evidence.broken_map`): an error when the target's head rows
     show it is ``d2t``, the map engines serve. Skipped when d2t itself is wrong (one cause, one
-    finding)."""
+    finding; a d2t of the wrong length has its own)."""
     t2d_ids = _t2d_ids(ctx)
-    if t2d_ids is None or any(f.code in ("D2T_NOT_OFFSETS", "D2T_INVALID") for f in d2t_findings):
+    if t2d_ids is None or any(f.code in ("D2T_NOT_OFFSETS", "D2T_INVALID", "DRAFT_VOCAB_MISMATCH")
+                              for f in d2t_findings):
         return []
     evidence, problems = {}, []
     length, vocab = ctx.shape("t2d")[0], ctx.target_vocab_size
