@@ -176,6 +176,10 @@ SQLITE_OVER_BUDGET = {
     "WITH RECURSIVE s(v) AS (SELECT 1 UNION ALL SELECT v + 1 FROM s WHERE v < 30000), "
     "k(j) AS (SELECT json_group_object('k' || v, 1) FROM s) SELECT length(json_patch(j, j)) FROM k":
         "json_patch() of a",
+    f"SELECT {HAYSTACK} LIKE '%' || replace(hex(zeroblob(10000)), '0', 'a') || 'b'":
+        "like() of a 4,000,000-character value and a 20,002-character one",
+    f"SELECT {HAYSTACK} GLOB '*' || replace(hex(zeroblob(10000)), '0', 'a') || 'b'": "glob() of a 4,000,000",
+    f"SELECT {HAYSTACK} LIKE '%' || replace(hex(zeroblob(10000)), '0', 'a') || 'b' ESCAPE '!'": "like() of a",
     "SELECT length(printf('%.*c', 2000000000, 'x'))": "printf() with a width or precision of 2,000,000,000",
     "SELECT length(format('%2000000000c', 'x'))": "format() with a width or precision of 2,000,000,000",
     "SELECT length(printf('%.*c', ' 2000000000 x', 'x'))": "printf() with a width or precision of 2,000,000,000",
@@ -201,6 +205,9 @@ BOUNDED_CALLS = [
     "ltrim('  a  ', ' ')", "rtrim(12300, 0)", "trim('éaé', 'é')", "json_patch('{\"a\":1}', '{\"b\":[2]}')",
     "printf('%5.2f|%d|%s|%%', 3.14159, 42, 'x')", "printf('%.*c', 3, 'x')", "printf('%*d', '5', 7)",
     "format('%-4s|', 'ab')", "printf(NULL)", "printf('%s')", "printf('%q', 'it''s')", "printf()",
+    "'abc' LIKE 'A%'", "'aXc' LIKE 'a_c'", "'a_c' LIKE 'a!_c' ESCAPE '!'", "'é' LIKE 'É'", "X'61' LIKE 'a'",
+    "NULL LIKE 'a'", "12 LIKE '1%'", "'abc' GLOB 'a*'", "'abc' GLOB 'A*'", "'abc' GLOB '[a-c]?c'",
+    f"{HAYSTACK} LIKE '%cuda%'",
 ]
 
 

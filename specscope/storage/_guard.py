@@ -14,7 +14,7 @@ inside one function call, so the work of one row is bounded instead: ``SQLITE_LI
 every value while it is computed (:data:`SQLITE_MAX_VALUE_BYTES`, or the byte cap when smaller), the
 authorizer refuses a statement naming more than :data:`MAX_FUNCTION_CALLS` functions, and the
 built-ins whose time grows faster than their arguments (``instr``, ``replace``, the trims,
-``json_patch``, ``printf``) are replaced on the connection by checks that refuse an over-budget call
+``json_patch``, ``LIKE``, ``GLOB``, ``printf``) are replaced on the connection by checks that refuse an over-budget call
 and run the others on SQLite's own built-in (:mod:`._builtins`). One row then costs at most that many calls of about 12 ms.
 
 Results are capped in rows and in bytes (:class:`ResultCap`). Time limit default:
