@@ -105,3 +105,36 @@ def test_expected_params_in_engine_naming():
     sgl = cv.expected_draft_params("sglang", tied_embeddings=True)
     assert "midlayer.hidden_norm.weight" in sgl and "lm_head.weight" not in sgl and "d2t" not in sgl
     assert "layers.1.mlp.up_proj.weight" in cv.expected_draft_params("speculators", num_layers=2)
+
+
+def test_each_engine_is_one_record_of_facts():
+    vllm, sglang = cv.engine_facts("vllm"), cv.engine_facts("sglang")
+    assert vllm.loader.strict and vllm.aux_ids_sorted_unique and vllm.sliding_window_needs_layer_types
+    assert sglang.aux_id_offset == 1 and not sglang.loader.strict
+    assert vllm.contract["aux_layer_ids"].read_from == "draft"
+    assert sglang.shared["lm_head"].read_from is cv.ShareRule.TARGET_IF_NO_DRAFT_VOCAB
+    assert cv.AUX_IDS_SORTED_UNIQUE == {"vllm"} and cv.CONTRACT["vllm"] is vllm.contract
+    with pytest.raises(ConfigError, match="unknown engine"):
+        cv.engine_facts("tgi")
+
+
+def test_a_record_missing_a_contract_setting_is_refused():
+    ref = cv.engine_facts("reference")
+    with pytest.raises(ValueError, match="contract facts"):
+        cv.EngineFacts(ref.loader, {k: v for k, v in ref.contract.items() if k != "head_dim"}, {}, ref.shared)
+    with pytest.raises(ValueError, match="ShareRule"):
+        cv.EngineFacts(ref.loader, ref.contract, {}, {"embed_tokens": cv.SettingFact("target", ""),
+                                                       "lm_head": ref.shared["lm_head"]})
+
+
+@pytest.mark.parametrize(("rule", "draft_has", "identical", "draft_vocab", "served"), [
+    (cv.ShareRule.TARGET_IF_ABSENT_OR_IDENTICAL, False, None, False, "target"),
+    (cv.ShareRule.TARGET_IF_ABSENT_OR_IDENTICAL, True, True, False, "target"),
+    (cv.ShareRule.TARGET_IF_ABSENT_OR_IDENTICAL, True, False, False, "draft"),
+    (cv.ShareRule.TARGET_IF_ABSENT_OR_IDENTICAL, True, None, False, "unknown"),
+    (cv.ShareRule.TARGET_IF_NO_DRAFT_VOCAB, True, None, True, "draft"),
+    (cv.ShareRule.TARGET_IF_NO_DRAFT_VOCAB, True, None, False, "target"),
+    (cv.ShareRule.DRAFT, False, None, False, "draft"),
+])
+def test_share_rules_say_whose_tensor_is_served(rule, draft_has, identical, draft_vocab, served):
+    assert rule.served(draft_has=draft_has, identical=identical, draft_vocab_size_set=draft_vocab) == served
