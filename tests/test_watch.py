@@ -361,3 +361,48 @@ def test_window_groups_rebuild_a_chain_and_fall_back_without_one() -> None:
     assert fewer == [("0000", 5, 5, 0), ("1000", 5, 5, 5)]
     assert groups(Window(10, 30, 9, (3, 6, 0))) == [("", 10, 30, 9)]  # not a chain: no positions
     assert groups(Window(0, 0, 0)) == []
+
+
+def test_a_watch_no_endpoint_answers_fails_and_stores_nothing(server, tmp_path, capsys, caplog) -> None:
+    """A dead endpoint and one answering no metrics: exit 2, the last line naming each endpoint's
+    error, no run stored; one live endpoint beside a dead one is watched, and the dead one named."""
+    server.body = "<html>not metrics</html>"
+    db = str(tmp_path / "w.db")
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
+    assert main(["watch", "--db", db, "--count", "1", "--timeout", "2s", "127.0.0.1:9", server.url]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no endpoint gave speculative-decoding metrics in 1 scrape(s), nothing stored" in last
+    assert "http://127.0.0.1:9/metrics (ConnectError" in last and f"{server.url} (ValueError" in last
+    with open_store(db) as store:
+        assert store.query("SELECT COUNT(*) FROM runs")[1] == [(0,)]
+    caplog.clear()
+    server.body = llamacpp_exposition(ChainCounters(K))
+    assert main(["watch", "--db", db, "--count", "1", "--timeout", "2s", "127.0.0.1:9", server.url]) == 0
+    assert "llama.cpp" in capsys.readouterr().out
+    assert any("127.0.0.1:9/metrics gave no metrics in the whole watch" in r.getMessage() for r in caplog.records)
+
+
+def test_watch_says_what_each_scrape_stored(server, tmp_path, caplog) -> None:
+    c = ChainCounters(K)
+    server.body = llamacpp_exposition(c)
+    caplog.set_level(logging.INFO, logger="specscope.watch")
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [server.url]) as watcher:
+        watcher.scrape()  # the Watcher itself logs no line per scrape: watch() does
+    assert not caplog.records
+    assert main(["watch", "--db", str(tmp_path / "w.db"), "--interval", "10ms", "--count", "2", server.url]) == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "watch: scrape 1 (the baseline): 1 of 1 endpoint(s) answered, 0 verify step(s) stored",
+        "watch: scrape 2: 1 of 1 endpoint(s) answered, 0 verify step(s) stored"]
+
+
+def test_a_watched_run_names_the_losslessness_audit_as_not_checked(server, tmp_path) -> None:
+    """A server's counters carry no logits: however its output reads, its run cannot pass or fail the
+    audit, and CHECKS_SKIPPED says so beside the draft-input contract."""
+    c = ChainCounters(K)
+    before = llamacpp_exposition(c)
+    c.add([1, 2, 3] * 10)
+    with open_store(str(tmp_path / "w.db")) as store:
+        run_id = _watch_two_scrapes(store, server, before, llamacpp_exposition(c))
+        (skipped,) = [f for f in diagnose(store, run_id).findings if f.code == "CHECKS_SKIPPED"]
+    assert "losslessness audit (watched through its Prometheus endpoint: no target logits" in skipped.message
+    assert ["LOSSLESS_VIOLATION", "LOSSLESS_AUDITED"] in [s["codes"] for s in skipped.evidence["not_checked"]]

@@ -8,14 +8,23 @@ import contextlib
 import gzip
 import logging
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from _exposition import ChainCounters, MetricsServer, llamacpp_exposition, vllm_exposition
+from _exposition import (
+    ChainCounters,
+    MetricsServer,
+    llamacpp_exposition,
+    sglang_exposition,
+    trtllm_exposition,
+    vllm_exposition,
+)
 
 from specscope.adapters.prometheus_watch import Watcher
 from specscope.cli import main
@@ -204,3 +213,138 @@ def test_credentials_in_an_endpoint_stay_out_of_the_store():
     assert public_endpoint("http://admin:hunter2@127.0.0.1:9400/metrics?token=SECRET") == \
         "http://127.0.0.1:9400/metrics"
     assert public_endpoint("http://[::1]:9400/metrics") == "http://[::1]:9400/metrics"
+
+
+def _without(body: str, word: str) -> str:
+    return "".join(line + "\n" for line in body.splitlines() if word not in line)
+
+
+def _odd_series(case: str) -> tuple[str, str]:
+    """An exposition before and after a window only an odd server gives."""
+    if case == "counter jump past 2**31-1":
+        before, after = _counters(1), _counters(1, 2)
+        after.steps, after.proposed = after.steps + 2**31, after.proposed + 3 * 2**31
+        return llamacpp_exposition(before), llamacpp_exposition(after)
+    if case == "65 draft positions":
+        before, after = ChainCounters(65), ChainCounters(65)
+        after.add([65, 3])
+        return llamacpp_exposition(before), llamacpp_exposition(after)
+    if case == "SGLang without accept_rate":
+        return (_without(sglang_exposition({0: (2.0, 0.4, 100)}), "accept_rate"),
+                _without(sglang_exposition({0: (2.5, 0.5, 140)}), "accept_rate"))
+    # TensorRT-LLM without drafted counts: steps come from the accept length gauge (a recent window's,
+    # here 3.0), which can put more proposed tokens on a step than any verify step holds
+    before, after = _counters(), _counters(*[0] * 100, 2)
+    trt = _without(trtllm_exposition("m", after), "drafted")
+    return (_without(trtllm_exposition("m", before), "drafted"),
+            re.sub(r"(acceptance_length\{[^}]*\}) \S+", r"\1 3.0", trt))
+
+
+@pytest.mark.parametrize("case", ["counter jump past 2**31-1", "65 draft positions", "SGLang without accept_rate",
+                                  "TensorRT-LLM without drafted counts"])
+def test_an_odd_series_costs_only_itself(servers, tmp_path, caplog, case: str) -> None:
+    """Each window is one no verify step row holds: that series is skipped with one warning line, the
+    healthy endpoint scraped beside it is stored, and the watch goes on."""
+    before, after = _odd_series(case)
+    odd, good = servers(before), servers(llamacpp_exposition(_counters()))
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [odd.url, good.url]) as watcher:
+        watcher.scrape()
+        odd.body, good.body = after, llamacpp_exposition(_counters(1, 2))
+        results = watcher.scrape() + watcher.scrape()
+        assert [(r.ok, r.verify_steps) for r in results] == [(True, 0), (True, 2), (True, 0), (True, 0)]
+        assert _stored(store, [results[1].runs[0]]) == [(2, 6, 3)]
+        assert store.query("SELECT SUM(steps) FROM verify_steps")[1] == [(2,)]
+    skipped = [r.getMessage() for r in caplog.records if "skipping a series" in r.getMessage()]
+    assert len(skipped) == 1 and odd.url in skipped[0], skipped
+
+
+def _slow_lines(n: int) -> str:
+    """``n`` sample lines of 4 KB each that prometheus_client's parser reads in milliseconds apiece
+    (a label value of escaped quotes)."""
+    line = 'vllm:spec_decode_num_drafts_total{engine="0",model_name="' + '\\"' * 2000 + '"} 1\n'
+    return line * n
+
+
+def test_an_exposition_slow_to_read_is_cut_at_the_timeout(servers, tmp_path) -> None:
+    """10 MB of sample lines that take seconds to parse: that endpoint's scrape ends at its 1 s limit,
+    read or not (a gap), and the endpoint beside it is stored in the same scrape."""
+    slow, fast = servers(_slow_lines(2500)), servers(llamacpp_exposition(_counters()))
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [slow.url, fast.url], timeout_s=1) as watcher:
+        watcher.scrape()
+        fast.body = llamacpp_exposition(_counters(1, 2))
+        results = watcher.scrape()
+    assert [r.ok for r in results] == [False, True] and results[1].verify_steps == 2
+    assert results[0].error == "TimeoutError: the exposition was not read within the time limit"
+
+
+def test_a_line_too_long_to_parse_costs_only_itself_and_sigterm_still_acts(servers, tmp_path) -> None:
+    """A real `specscope watch` process (60 s timeout) against an exposition holding a 3.5 MB sample
+    line, whose parse is quadratic in its length: the line is dropped (one warning line), the rest of
+    the exposition is stored, and SIGTERM ends the watch with exit 0."""
+    huge = 'llamacpp:spec_decode_num_drafts{x="' + '\\"' * 1_750_000 + '"} 1\n'
+    srv = servers(huge + llamacpp_exposition(_counters()))
+    db = tmp_path / "w.db"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen([sys.executable, "-m", "specscope", "watch", "--db", str(db), "--interval",
+                                "100ms", "--timeout", "60s", srv.url], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        while True:  # until the watch has stored its run (pytest-timeout bounds this loop)
+            with contextlib.suppress(StoreError), open_store(str(db), read_only=True) as store:
+                if store.query("SELECT COUNT(*) FROM run_ranks")[1] == [(1,)]:
+                    break
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert "llama.cpp" in out and err.count("dropped 1 sample line(s) over 4096 characters") == 1, err
+
+
+def test_thousands_of_model_labels_are_bounded_per_endpoint(servers, tmp_path, caplog) -> None:
+    """5,000 model labels on one endpoint: the first 16 series are watched (16 runs), the rest dropped
+    with one warning line naming how many and one of them; a healthy endpoint beside it is stored."""
+    models = {f"m{i:04}": {"0": _counters(1)} for i in range(5000)}
+    many = servers("".join(vllm_exposition(model, engines) for model, engines in models.items()))
+    good = servers(llamacpp_exposition(_counters()))
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
+    with open_store(str(tmp_path / "w.db")) as store, Watcher(store, [many.url, good.url],
+                                                               max_series=16) as watcher:
+        watcher.scrape()
+        good.body = llamacpp_exposition(_counters(1, 2))
+        results = watcher.scrape()
+        assert [r.ok for r in results] == [True, True] and results[1].verify_steps == 2
+        assert len(results[0].runs) == 16 and store.query("SELECT COUNT(*) FROM runs")[1] == [(17,)]
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert dropped == [f"watch: {many.url}: dropped 4984 series over the 16 kept (one: vllm model 'm0016' "
+                       "engine=0)"]
+
+
+def test_a_series_the_store_refuses_costs_only_itself(servers, tmp_path, caplog) -> None:
+    """The database refuses one run's values (a trigger, as a constraint would): that series is skipped
+    with one warning line and nothing of it is stored, the other model's series of the same endpoint
+    is stored whole."""
+    engines = {"0": _counters()}
+    srv = servers(vllm_exposition("kept", engines) + vllm_exposition("refused", engines))
+    db = str(tmp_path / "w.db")
+    with open_store(db):
+        pass
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON runs WHEN NEW.target_model = 'refused' "
+                     "BEGIN SELECT RAISE(ABORT, 'refused by the database'); END")
+    caplog.set_level(logging.WARNING, logger="specscope.watch")
+    with open_store(db) as store, Watcher(store, [srv.url]) as watcher:
+        for steps in ((), (1, 2), (1, 2, 3)):
+            engines["0"] = _counters(*steps)
+            srv.body = vllm_exposition("kept", engines) + vllm_exposition("refused", engines)
+            results = watcher.scrape()
+        assert [r.verify_steps for r in results] == [1]
+        (run_id,) = watcher.run_ids
+        assert store.query("SELECT DISTINCT run_id FROM verify_steps")[1] == [(run_id,)]
+        assert _stored(store, [run_id]) == [(3, 9, 6)]
+    skipped = [r.getMessage() for r in caplog.records if "skipping a series" in r.getMessage()]
+    assert len(skipped) == 1 and "refused by the database" in skipped[0]

@@ -2,7 +2,8 @@
 definition of acceptance (docs/design.md, "Acceptance figures": AL = 1 + accepted / verify steps,
 rate = accepted / proposed, p_i = steps with position i accepted / verify steps).
 
-A scrape is parsed with ``prometheus_client.parser.text_string_to_metric_families`` into one
+A scrape is parsed (:func:`read_exposition`, each sample line of these metrics alone, within a time
+limit and a number of series) with ``prometheus_client.parser.text_string_to_metric_families`` into one
 :class:`Reading` per series (an engine's metrics for one model and one rank label set): cumulative
 counters by role, the per-position counters, and gauges. Two readings of a series give a
 :class:`Window` of verify steps, proposed and accepted draft tokens and per-position accepted counts,
@@ -33,6 +34,8 @@ Engines and their conventions (metric names from each engine's source):
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -97,45 +100,102 @@ class Reading:
     positions: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
-def parse_exposition(text: str) -> list[Reading]:
-    """Readings of every recognised speculative-decoding series in a Prometheus text exposition.
+MAX_SERIES = 256
+"""Most series one exposition gives (an engine's rank label sets times its models): a real server has
+a few; more are dropped, said in :attr:`Exposition.dropped`, so a crafted answer cannot cost a run
+(and a verdict at the watch's end) per label."""
 
-    Sample names are matched with ``_total`` removed (counters are exposed with it, the families
-    without), ``_created`` samples are skipped.
+MAX_LINE = 4096
+"""Longest sample line read (characters): prometheus_client's parser is quadratic in a line's length
+(a 3.5 MB line of escaped quotes parses for minutes); a real one is a few hundred."""
+
+_NAMES = {name: (conv, role) for conv in CONVENTIONS for role, name in conv.metrics.items()}
+_PREFIXES = tuple(_NAMES)
+
+
+@dataclass(frozen=True)
+class Exposition:
+    """What one exposition gave: ``readings`` (one per series), and ``dropped``, one phrase per kind
+    of thing left unread (series over :data:`MAX_SERIES`, over-long or malformed sample lines)."""
+
+    readings: list[Reading]
+    dropped: tuple[str, ...] = ()
+
+
+def read_exposition(text: str, *, max_series: int = MAX_SERIES, deadline: float | None = None,
+                    stop: threading.Event | None = None) -> Exposition:
+    """The readings of every recognised speculative-decoding series in a Prometheus text exposition,
+    at most ``max_series``, read by ``deadline`` (``time.monotonic()``) unless ``stop`` is set first.
+
+    Only sample lines of :data:`CONVENTIONS`' metrics are parsed, each alone (with
+    ``prometheus_client.parser``): a line that is no sample costs only itself. Sample names are matched
+    with ``_total`` removed (counters are exposed with it, the families without), ``_created`` samples
+    are skipped.
 
     Raises:
-        ValueError: the text is not the Prometheus exposition format (prometheus_client's parser), or
-            holds none of the metrics of :data:`CONVENTIONS`.
+        ValueError: the text holds none of the metrics of :data:`CONVENTIONS`.
+        TimeoutError: ``deadline`` passed or ``stop`` was set before the text was read.
     """
-    by_name = {name: (conv, role) for conv in CONVENTIONS for role, name in conv.metrics.items()}
     readings: dict[tuple, Reading] = {}
-    position_values: dict[tuple, dict[str, dict[str, float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            name = sample.name.removesuffix("_total")
-            if name not in by_name:
-                continue
-            conv, role = by_name[name]
-            labels = {_printable(k): _printable(v) for k, v in sample.labels.items()}
-            model = labels.pop(conv.model_label, "") if conv.model_label else ""
-            position = labels.pop(conv.position_label, None) if role in POSITION_ROLES else None
-            key = (conv.engine, model, tuple(sorted(labels.items())))
-            reading = readings.setdefault(key, Reading(conv.engine, model, key[2]))
-            if role in POSITION_ROLES:
-                if position is None:
-                    raise ValueError(f"{sample.name} has no {conv.position_label!r} label")
-                position_values.setdefault(key, {}).setdefault(role, {})[position] = float(sample.value)
-            else:
-                reading.values[role] = float(sample.value)
+    positions: dict[tuple, dict[str, dict[str, float]]] = {}
+    over: set[tuple] = set()
+    long = malformed = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith(_PREFIXES):
+            continue
+        if (deadline is not None and time.monotonic() > deadline) or (stop is not None and stop.is_set()):
+            raise TimeoutError("stopped" if stop is not None and stop.is_set()
+                               else "the exposition was not read within the time limit")
+        if len(line) > MAX_LINE:
+            long += 1
+            continue
+        try:
+            (family,) = text_string_to_metric_families(line)
+            (sample,) = family.samples
+        except Exception:  # noqa: BLE001 - a crafted line may trip the parser any way: that line only
+            malformed += 1
+            continue
+        name = sample.name.removesuffix("_total")
+        if sample.name.endswith("_created") or name not in _NAMES:
+            continue
+        conv, role = _NAMES[name]
+        labels = {_printable(k): _printable(v) for k, v in sample.labels.items()}
+        model = labels.pop(conv.model_label, "") if conv.model_label else ""
+        position = labels.pop(conv.position_label, None) if role in POSITION_ROLES else None
+        key = (conv.engine, model, tuple(sorted(labels.items())))
+        if key not in readings and len(readings) >= max_series:
+            over.add(key)
+            continue
+        reading = readings.setdefault(key, Reading(conv.engine, model, key[2]))
+        if role not in POSITION_ROLES:
+            reading.values[role] = float(sample.value)
+        elif position is None:
+            malformed += 1
+        else:
+            positions.setdefault(key, {}).setdefault(role, {})[position] = float(sample.value)
+    dropped = [f"{len(over)} series over the {max_series} kept (one: {_series_name(min(over))})"] if over else []
+    dropped += [f"{long} sample line(s) over {MAX_LINE} characters"] if long else []
+    dropped += [f"{malformed} malformed sample line(s)"] if malformed else []
     if not readings:
-        raise ValueError("no speculative-decoding metrics of vLLM, SGLang, TensorRT-LLM or llama.cpp")
-    for key, roles in position_values.items():
+        raise ValueError("no speculative-decoding metrics of vLLM, SGLang, TensorRT-LLM or llama.cpp"
+                         + "".join(f"; dropped {d}" for d in dropped))
+    for key, roles in positions.items():
         for role, values in roles.items():
             ordered = sorted(values, key=_position_order)
             readings[key].positions[role] = {i: values[p] for i, p in enumerate(ordered)}
-    return list(readings.values())
+    return Exposition(list(readings.values()), tuple(dropped))
+
+
+def parse_exposition(text: str) -> list[Reading]:
+    """:func:`read_exposition`'s readings, with no time limit (for a check against an engine's own
+    counters)."""
+    return read_exposition(text).readings
+
+
+def _series_name(key: tuple) -> str:
+    engine, model, labels = key
+    return " ".join([engine, *([f"model {model!r}"] if model else []), *(f"{k}={v}" for k, v in labels)])[:120]
 
 
 def _printable(text: str) -> str:
@@ -232,6 +292,9 @@ def window(previous: Reading | None, current: Reading) -> Window:
         proposed = accepted / rate
     result = Window(round(steps or 0), round(proposed or 0), round(accepted or 0),
                     tuple(round(a) for a in accepted_pos))
+    if proposed is None and result.accepted > 0:  # SGLang without its accept_rate gauge
+        raise ValueError(f"{current.engine} reading gives {result.accepted} accepted draft tokens and no count "
+                         "of proposed ones")
     if (proposed is not None and result.accepted > result.proposed) or any(
             a > result.steps for a in result.accepted_pos if steps is not None):
         raise ValueError(f"{current.engine} window is not an engine's: {result}")

@@ -1,5 +1,5 @@
 """``specscope watch``: observe a serving engine through its Prometheus endpoint, with no hooks in it
-(a producer like the other adapters: it writes through a :class:`~specscope.collector.Collector`).
+(a producer like the other adapters, writing through the store's :meth:`~specscope.storage.Store.write`).
 
 Design (the one chosen over a separate table of scraped samples): each scrape's counter increases are
 written as ordinary runs, ranks and :class:`~specscope.events.VerifyGroup` rows of ``verify_steps``
@@ -21,95 +21,45 @@ RANK_DIVERGENCE, ACCEPT_SATURATED) read a watched server exactly as an instrumen
 - An endpoint that is down or answers garbage is a gap: one warning line when the gap starts, no rows
   while it lasts, a counter increase spanning the gap once it answers again (cumulative counters lose
   nothing unless the server also restarted during the gap).
-- What a server sends is untrusted: endpoints are fetched concurrently, each within ``timeout_s`` in
-  all (connect, headers and body: a server trickling bytes cannot hold a scrape), with its body capped
-  at ``max_bytes`` as sent and as decompressed (the decoder inflates one network read at a time, so
-  a compressed bomb costs at most one read's inflation before it is refused). A series with a value
-  that is not a count (:func:`~specscope.adapters.prometheus_metrics.check_reading`) or a window no engine produces is
-  skipped alone (one warning line per series), the endpoint's other series are stored.
-- Writes go through a collector (its heartbeat keeps a watched run from reading 'lost' while an
-  endpoint is down, and its run end stores the doctor's verdict: docs/design.md, "Reading a run"),
-  one transaction per endpoint and scrape: the collector's writer wakes only for the scrape's flush,
-  which hands it every event of the scrape as one batch, so a refused write stores nothing of it
-  and the watch keeps its state, and the next scrape stores the whole increase.
+- What a server sends is untrusted (:mod:`._watch_fetch`): endpoints are fetched concurrently, each
+  fetched and read within ``timeout_s`` in all (connect, headers, body and parse: a server trickling
+  bytes or sending text slow to parse cannot hold a scrape, nor a stop), with its body capped at
+  ``max_bytes`` as sent and as decompressed (the decoder inflates one network read at a time, so a
+  compressed bomb costs at most one read's inflation before it is refused) and at ``max_series``
+  series (what is dropped is said once). A series with a value that is not a count
+  (:func:`~specscope.adapters.prometheus_metrics.check_reading`), a window no engine produces or no
+  store row holds (a jump past 2**31-1 steps, more than 64 draft positions), or values the store
+  refuses is skipped alone (one warning line per series), the endpoint's other series are stored.
+- Each endpoint's scrape is one store transaction (a write refused for one series' values is retried
+  series by series); a store that refuses the write as a whole stores nothing of it and the watch
+  keeps its state, so the next scrape stores the whole increase. Ranks with nothing to write this
+  scrape (a gap, a skipped series) are marked heard, so a watched run does not read 'lost' while
+  its endpoint is down; the watch's end stores each run's verdict (docs/design.md, "Reading a run").
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
-from specscope.adapters.prometheus_metrics import (
-    IncompleteReading,
-    Reading,
-    check_reading,
-    parse_exposition,
-    window,
-    window_groups,
-)
-from specscope.collector import Collector
-from specscope.errors import StoreError
-from specscope.events import Event, RankStart, RankStatus, RunStart
+from specscope.adapters._watch_fetch import STOPPED, Limits, fetch_all, normalize_endpoint, public_endpoint
+from specscope.adapters._watch_state import Counted, Endpoint
+from specscope.adapters.prometheus_metrics import MAX_SERIES, Exposition
+from specscope.errors import ConfigError, EventRejected, StoreError
+from specscope.events import RankStatus
 from specscope.readmodel import store_verdict
 from specscope.storage import Store
+
+__all__ = ["MAX_BYTES", "MAX_SERIES", "ScrapeResult", "Watcher", "normalize_endpoint", "public_endpoint", "watch"]
 
 logger = logging.getLogger("specscope.watch")
 
 MAX_BYTES = 16 << 20
 """Default cap of one scrape's body (bytes, as sent and as decompressed); vLLM's exposition with its
 histograms is a few hundred KB."""
-
-MAX_EVENTS = 1_000_000
-"""Most events one endpoint's scrape may write (one collector batch; a series gives at most a few)."""
-
-HOLD_S = 3600.0
-"""The collector's own flush period: longer than any scrape interval, so that only a scrape's flush
-wakes its writer (and one scrape is never split over two transactions)."""
-
-STOP_POLL_S = 0.1
-"""How often a scrape waiting on endpoints checks whether the watch was stopped (seconds)."""
-
-_STOPPED = asyncio.CancelledError("stopped")
-"""The body of an endpoint whose fetch a stopped watch cut short."""
-
-WATCH_REQUEST_ID = "watch"
-"""``verify_steps.request_id`` of watched rows: a server's counters do not name requests."""
-
-
-def normalize_endpoint(endpoint: str) -> str:
-    """``host:port`` -> ``http://host:port/metrics``; a URL with a path is kept as given.
-
-    Raises:
-        ValueError: no host, a scheme other than http / https, or a port that is not one.
-    """
-    url = endpoint if "://" in endpoint else f"http://{endpoint}"
-    parts = urlsplit(url)
-    shown = public_endpoint(url)
-    if not parts.hostname:
-        raise ValueError(f"endpoint {shown!r} names no host")
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"endpoint {shown!r}: Prometheus endpoints are http:// or https://, not {parts.scheme}://")
-    try:
-        parts.port  # noqa: B018 - urllib checks the port only when it is read
-    except ValueError as exc:
-        raise ValueError(f"endpoint {shown!r}: {exc}") from None
-    return url if parts.path not in ("", "/") else f"{parts.scheme}://{parts.netloc}/metrics"
-
-
-def public_endpoint(endpoint: str) -> str:
-    """``endpoint`` as stored with a run: without user, password and query (tokens stay out of the
-    store, where every reader of it would see them)."""
-    parts = urlsplit(endpoint)
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 @dataclass(frozen=True)
@@ -128,49 +78,48 @@ class Watcher:
     """Scrapes Prometheus endpoints and stores their acceptance as runs of ``store``.
 
     Call :meth:`scrape` once per interval (the first call is the baseline) and :meth:`close` at the
-    end (marks every watched rank finished, stores each run's verdict and stops the collector). ``timeout_s`` bounds one endpoint's whole scrape;
-    ``max_bytes`` caps its body. The lead's real-vLLM check: scrape, serve requests, scrape, compare
-    ``v_run_acceptance`` of :attr:`run_ids` with vLLM's own counter increases.
+    end (marks every watched rank finished and stores each run's verdict). ``timeout_s`` bounds one
+    endpoint's whole scrape, ``max_bytes`` its body, ``max_series`` its series. The lead's real-vLLM
+    check: scrape, serve requests, scrape, compare ``v_run_acceptance`` of :attr:`run_ids` with vLLM's
+    own counter increases.
 
     Raises (constructor): ValueError for an endpoint without a host, or limits that are not positive.
     """
 
     def __init__(self, store: Store, endpoints: Sequence[str], *, timeout_s: float = 5.0,
-                 max_bytes: int = MAX_BYTES) -> None:
-        if not (timeout_s > 0 and max_bytes > 0):
-            raise ValueError(f"watch needs timeout > 0 and max_bytes > 0, got {timeout_s}, {max_bytes}")
+                 max_bytes: int = MAX_BYTES, max_series: int = MAX_SERIES) -> None:
+        if not (timeout_s > 0 and max_bytes > 0 and max_series > 0):
+            raise ValueError(f"watch needs timeout, max_bytes and max_series > 0, got {timeout_s}, {max_bytes}, "
+                             f"{max_series}")
         self.store = store
         self.endpoints = [normalize_endpoint(e) for e in endpoints]
-        self._sink = Collector(store, capacity=MAX_EVENTS, batch_size=MAX_EVENTS, flush_interval_s=HOLD_S,
-                               on_run_end=store_verdict)
-        self._timeout_s = timeout_s
-        self._max_bytes = max_bytes
-        self._session = f"{time.time():.6f}"
-        self._previous: dict[tuple, Reading] = {}
-        self._answered: set[str] = set()  # endpoints past their baseline
-        self._ranks: dict[str, dict[tuple, int]] = {}  # run id -> rank labels -> rank
-        self._down: set[str] = set()
-        self._bad_series: set[tuple] = set()  # series skipped since their last good window
-        self._rebased: set[tuple] = set()  # of those, series counted on from a reading since (said once)
+        self.run_ids: list[str] = []  # stored runs, in the order they were
+        session = f"{time.time():.6f}"
+        self._state = [Endpoint(url, session) for url in self.endpoints]
+        self._limits = Limits(timeout_s, max_bytes, max_series)
         self._closed = False
-        self.run_ids: list[str] = []
 
     def scrape(self, stop: threading.Event | None = None) -> list[ScrapeResult]:
         """Scrape every endpoint once (concurrently) and write what changed since the previous scrape
         (one store transaction per endpoint). Never raises for an endpoint that is down, slow or
         answers garbage. Runs its own event loop: call it from synchronous code. ``stop`` set while
-        it waits cuts the fetches still running short (a service manager's grace period is shorter
+        it waits cuts the scrapes still running short (a service manager's grace period is shorter
         than a slow endpoint's timeout): those endpoints store nothing this scrape (error "stopped").
 
         Raises:
             StoreError: the store refused the write; nothing of that endpoint's scrape is stored or
                 remembered, so the next call stores the whole increase.
         """
-        bodies = asyncio.run(self._fetch_all(stop))
-        return [self._scrape(endpoint, body) for endpoint, body in zip(self.endpoints, bodies)]
+        answers = fetch_all(self.endpoints, self._limits, stop)
+        return [self._store(endpoint, answer) for endpoint, answer in zip(self._state, answers)]
+
+    def unanswered(self) -> list[tuple[str, str]]:
+        """``(endpoint, last error)`` of each endpoint that has given no metrics yet (credentials
+        left out; the error is empty when its scrapes were all stopped)."""
+        return [(e.shown, e.error) for e in self._state if not e.answered]
 
     def close(self) -> None:
-        """Mark every watched rank finished and stop the collector (idempotent).
+        """Mark every watched rank finished and store each run's verdict (idempotent).
 
         Raises:
             StoreError: the store refused the write.
@@ -178,31 +127,13 @@ class Watcher:
         if self._closed:
             return
         self._closed = True
-        events: list[Event] = [RankStatus(run_id, rank, 0, 0, "eager", finished=True)
-                               for run_id, ranks in self._ranks.items() for rank in ranks.values()]
-        try:
-            self._write(events)
-        finally:
-            self._sink.close()
-
-    def _write(self, events: list[Event]) -> None:
-        """Write ``events`` in one transaction through the collector.
-
-        Raises:
-            StoreError: nothing of them was stored (the collector's error), or too many to hold.
-        """
-        if len(events) > MAX_EVENTS:
-            raise StoreError(f"a scrape gave {len(events)} events, over the {MAX_EVENTS} one write holds")
-        failures, rejected = self._sink.write_errors, self._sink.rejected
-        for event in events:
-            self._sink.emit(event)
-        if self._sink.flush():
-            return
-        if self._sink.write_errors > failures:
-            raise StoreError(str(self._sink.last_error)) from self._sink.last_error
-        # the store refused single events (set aside by the collector): the rest is stored
-        logger.warning("watch: the store refused %d event(s) of a scrape; the rest is stored",
-                       self._sink.rejected - rejected)
+        self.store.write([RankStatus(run_id, rank, 0, 0, "eager", finished=True)
+                          for endpoint in self._state for run_id, rank in endpoint.stored_ranks()])
+        for run_id in self.run_ids:
+            try:
+                store_verdict(self.store, run_id)
+            except StoreError as exc:  # the run itself is stored: only its verdict is missing
+                logger.warning("watch: run %s: its verdict was not stored (%s)", run_id, exc)
 
     def __enter__(self) -> Watcher:
         return self
@@ -210,141 +141,56 @@ class Watcher:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    async def _fetch_all(self, stop: threading.Event | None) -> list[str | BaseException]:
-        async with httpx.AsyncClient(timeout=self._timeout_s) as client:
-            tasks = [asyncio.ensure_future(asyncio.wait_for(self._fetch(client, e), self._timeout_s))
-                     for e in self.endpoints]
-            pending = set(tasks)
-            while pending and not (stop is not None and stop.is_set()):
-                _, pending = await asyncio.wait(pending, timeout=None if stop is None else STOP_POLL_S)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        return [_STOPPED if task.cancelled() else task.exception() or task.result() for task in tasks]
+    def _store(self, endpoint: Endpoint, answer: Exposition | BaseException) -> ScrapeResult:
+        if answer is STOPPED:
+            return ScrapeResult(endpoint.url, False, error="stopped")
+        if isinstance(answer, BaseException):
+            return self._gap(endpoint, answer)
+        endpoint.down = False
+        endpoint.say_dropped(answer.dropped)
+        stored = self._commit(endpoint, endpoint.count(answer.readings, time.time()))
+        endpoint.answered = True
+        heard = {(c.run.run_id, c.rank) for c in stored if c.run is not None}
+        self._touch([key for key in endpoint.stored_ranks() if key not in heard])
+        runs = tuple(dict.fromkeys(c.run.run_id for c in stored if c.run is not None))
+        return ScrapeResult(endpoint.url, True, sum(c.steps for c in stored), runs)
 
-    async def _fetch(self, client: httpx.AsyncClient, endpoint: str) -> str:
-        """One endpoint's body as text, within ``max_bytes`` (the caller bounds its time).
+    def _commit(self, endpoint: Endpoint, counted: list[Counted]) -> list[Counted]:
+        """Store ``counted`` in one transaction and remember it; when the store refuses values of it,
+        each series alone (a refused one is skipped). Returns what was stored.
 
         Raises:
-            httpx.HTTPError, ValueError: no usable answer (a gap).
+            StoreError: the store refused the write as a whole: nothing of it is stored or remembered.
         """
-        async with client.stream("GET", endpoint) as response:
-            response.raise_for_status()
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > self._max_bytes:
-                raise ValueError(f"body of {declared} bytes is over the {self._max_bytes}-byte cap")
-            chunks, size = [], 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > self._max_bytes or response.num_bytes_downloaded > self._max_bytes:
-                    raise ValueError(f"body over the {self._max_bytes}-byte cap")
-                chunks.append(chunk)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        try:
+            self.store.write([event for c in counted for event in c.events])
+        except EventRejected as exc:
+            if len(counted) == 1:
+                counted[0].series.skip(endpoint.shown, exc)
+                return []
+            return [c for one in counted for c in self._commit(endpoint, [one])]
+        for c in counted:
+            if endpoint.committed(c):
+                self.run_ids.append(c.run.run_id)
+        return counted
 
-    def _gap(self, endpoint: str, exc: BaseException) -> ScrapeResult:
+    def _gap(self, endpoint: Endpoint, exc: BaseException) -> ScrapeResult:
         detail = str(exc).splitlines()[0] if str(exc) else "no answer within the timeout"
-        detail = detail.replace(endpoint, public_endpoint(endpoint))  # httpx names the URL it fetched
-        error = f"{type(exc).__name__}: {detail}"
-        if endpoint not in self._down:
+        detail = detail.replace(endpoint.url, endpoint.shown)  # httpx names the URL it fetched
+        endpoint.error = error = f"{type(exc).__name__}: {detail}"
+        if not endpoint.down:
             logger.warning("watch: %s gives no metrics (%s); recording a gap until it answers",
-                           public_endpoint(endpoint), error)
-            self._down.add(endpoint)
-        self._sink.flush()  # wakes the collector's writer for its heartbeat: the run is still watched
-        return ScrapeResult(endpoint, False, error=error)
+                           endpoint.shown, error)
+            endpoint.down = True
+        self._touch(endpoint.stored_ranks())  # its runs are still watched
+        return ScrapeResult(endpoint.url, False, error=error)
 
-    def _scrape(self, endpoint: str, body: str | BaseException) -> ScrapeResult:
-        if body is _STOPPED:
-            return ScrapeResult(endpoint, False, error="stopped")
-        if isinstance(body, BaseException):
-            return self._gap(endpoint, body)
+    def _touch(self, ranks: list[tuple[str, int]]) -> None:
+        """Mark ranks with nothing to write heard, so that their run does not read 'lost'."""
         try:
-            readings = parse_exposition(body)
-        except Exception as exc:  # noqa: BLE001 - a crafted body may trip the parser any way: a gap
-            return self._gap(endpoint, exc)
-        self._down.discard(endpoint)
-        baseline = endpoint not in self._answered
-        now = time.time()
-        known = ({run_id: dict(ranks) for run_id, ranks in self._ranks.items()}, list(self.run_ids))
-        events: list[Event] = []
-        updates: dict[tuple, Reading] = {}
-        steps, runs = 0, []
-        world = Counter((r.engine, r.model) for r in readings)  # rank label sets per run in this scrape
-        for reading in readings:
-            key = (endpoint, reading.engine, reading.model, reading.labels)
-            previous = None if baseline else self._previous.get(key, Reading(reading.engine, reading.model,
-                                                                              reading.labels))
-            try:
-                check_reading(reading)
-            except ValueError as exc:
-                self._skip(endpoint, key, exc)
-                continue
-            try:
-                counted = window(previous, reading)
-            except IncompleteReading as exc:
-                self._skip(endpoint, key, exc)
-                continue
-            except ValueError as exc:
-                if key in self._bad_series and previous is not None:
-                    # Twice in a row no engine's window from the kept reading: that reading is what is
-                    # off (a counter that vanished and came back), so the series counts on from this one.
-                    if key not in self._rebased:
-                        logger.warning("watch: %s: a series still gives windows no engine produces (%s); "
-                                       "counting it from its current reading", public_endpoint(endpoint), exc)
-                        self._rebased.add(key)
-                    updates[key] = reading
-                self._skip(endpoint, key, exc)
-                continue
-            self._bad_series.discard(key)
-            self._rebased.discard(key)
-            size = world[(reading.engine, reading.model)]
-            run_id = self._run(endpoint, reading, size, events, now)
-            rank = self._rank(run_id, endpoint, reading, size, events, now)
-            groups = window_groups(counted, run_id=run_id, request_id=WATCH_REQUEST_ID, rank=rank, ts_wall=now)
-            updates[key] = reading
-            events.extend(groups)
-            events.append(RankStatus(run_id, rank, 0, 0, "eager", finished=False, ts_wall=now))
-            steps += sum(g.steps for g in groups)
-            if run_id not in runs:
-                runs.append(run_id)
-        try:
-            self._write(events)
-        except StoreError:  # nothing of this scrape is stored: keep the state, the next scrape retries
-            self._ranks, self.run_ids = known
-            raise
-        self._previous.update(updates)
-        self._answered.add(endpoint)
-        return ScrapeResult(endpoint, True, steps, tuple(runs))
-
-    def _skip(self, endpoint: str, key: tuple, exc: ValueError) -> None:
-        """Skip a series this scrape: one warning until it gives a good window again."""
-        if key not in self._bad_series:
-            logger.warning("watch: %s: skipping a series (%s)", public_endpoint(endpoint), exc)
-            self._bad_series.add(key)
-
-    def _run(self, endpoint: str, reading: Reading, world_size: int, events: list[Event], now: float) -> str:
-        digest = hashlib.sha1(f"{endpoint}|{reading.engine}|{reading.model}|{self._session}".encode())
-        run_id = f"watch-{digest.hexdigest()[:12]}"
-        if run_id not in self._ranks:
-            self._ranks[run_id] = {}
-            self.run_ids.append(run_id)
-            k = len(reading.positions.get("accepted_pos", {})) or None
-            events.append(RunStart(run_id, engine=reading.engine, engine_version="",
-                                   target_model=reading.model or public_endpoint(endpoint), draft_model="",
-                                   config={"source": "prometheus", "endpoint": public_endpoint(endpoint), "k": k},
-                                   world_size=world_size, host=urlsplit(public_endpoint(endpoint)).netloc,
-                                   ts_wall=now))
-        return run_id
-
-    def _rank(self, run_id: str, endpoint: str, reading: Reading, world_size: int, events: list[Event],
-              now: float) -> int:
-        ranks = self._ranks[run_id]
-        if reading.labels not in ranks:
-            ranks[reading.labels] = rank = len(ranks)
-            device = ",".join(f"{k}={v}" for k, v in reading.labels)[:64]
-            events.append(RankStart(run_id, rank, world_size=world_size, host=urlsplit(public_endpoint(endpoint)).netloc,
-                                    pid=0,
-                                    device=device, ts_wall=now))
-        return ranks[reading.labels]
+            self.store.touch(ranks)
+        except StoreError:  # a failing store is reported by the next scrape's write
+            pass
 
 
 def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, count: int | None = None,
@@ -353,10 +199,12 @@ def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, co
     """Scrape ``endpoints`` every ``interval_s`` seconds into ``store`` until ``count`` scrapes or
     ``duration_s`` seconds have passed, or ``stop`` is set (neither: until Ctrl-C or ``stop``, which
     end the watch normally: every rank marked finished); return the watched run ids.
-    ``timeout_s``: time limit of one endpoint's scrape (seconds).
+    ``timeout_s``: time limit of one endpoint's scrape (seconds). Logs one line per scrape, and at the
+    end one per endpoint that never gave metrics.
 
     Raises:
         ValueError: a bad endpoint, or ``interval_s`` / ``count`` / ``duration_s`` not positive.
+        ConfigError: no endpoint gave metrics in the whole watch (nothing stored).
         StoreError: the store refused a write.
     """
     if interval_s <= 0 or (count is not None and count < 1) or (duration_s is not None and duration_s <= 0):
@@ -369,12 +217,21 @@ def watch(store: Store, endpoints: Sequence[str], *, interval_s: float = 5.0, co
         try:
             while not stop.is_set():
                 started = time.monotonic()
-                watcher.scrape(stop)
+                results = watcher.scrape(stop)
                 done += 1
+                logger.info("watch: scrape %d%s: %d of %d endpoint(s) answered, %d verify step(s) stored", done,
+                            " (the baseline)" if done == 1 else "", sum(r.ok for r in results), len(results),
+                            sum(r.verify_steps for r in results))
                 if (count is not None and done >= count) or (
                         deadline is not None and time.monotonic() + interval_s > deadline):
                     break
                 stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
         except KeyboardInterrupt:  # Ctrl-C ends an open-ended watch; what was scraped is stored
             pass
-        return list(watcher.run_ids)
+    silent = [(shown, error) for shown, error in watcher.unanswered() if error]
+    if silent and len(silent) == len(watcher.endpoints):
+        raise ConfigError(f"no endpoint gave speculative-decoding metrics in {done} scrape(s), nothing stored: "
+                          + "; ".join(f"{shown} ({error})" for shown, error in silent))
+    for shown, error in silent:
+        logger.warning("watch: %s gave no metrics in the whole watch (last: %s)", shown, error)
+    return list(watcher.run_ids)

@@ -4,9 +4,12 @@ TensorRT-LLM, llama.cpp; see :mod:`specscope.adapters.prometheus_watch`).
 
 Runs until ``--count`` scrapes or ``--duration`` have passed, or Ctrl-C or SIGTERM (both end the watch
 the same way: every rank marked finished, the store flushed); then prints one line per watched run.
-httpx's per-request log lines stay off unless ``--verbose`` (a line per scrape drowns the gap warnings). An endpoint that
-is down or answers garbage is a gap (one warning line), never an exit.
-Exit status 0; 2 for bad arguments or an unusable store.
+While it runs, one line per scrape on stderr (endpoints answered, verify steps stored); httpx's
+per-request log lines stay off unless ``--verbose`` (they would drown the gap warnings). An endpoint
+that is down or answers garbage is a gap (one warning line), never an exit, while another endpoint
+gives metrics; when none gave any in the whole watch, nothing is stored and the watch fails.
+Exit status 0; 2 for bad arguments, an unusable store, or no endpoint that gave metrics (one line
+naming each endpoint's last error).
 """
 
 from __future__ import annotations
@@ -61,12 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     until.add_argument("--count", type=positive_int, help="stop after N scrapes (the first is the baseline)")
     until.add_argument("--duration", type=seconds, help="stop after this long (e.g. 10m)")
     parser.add_argument("--timeout", type=seconds, default=5.0,
-                        help="time limit of one endpoint's scrape, connect to last byte (default 5s)")
+                        help="time limit of one endpoint's scrape, connect to last line read (default 5s)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Watch, then print one line per watched run; 0 (errors: exit 2 via the CLI shell)."""
+    """Watch, then print one line per watched run; 0 (errors, no endpoint answering among them: exit 2
+    via the CLI shell)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
     # Ctrl-C stays a KeyboardInterrupt: the watch ends its runs on it itself
