@@ -40,11 +40,13 @@ def _no_contract(ctx: RunContext) -> str | None:
     return None
 
 
+AUDIT = ("losslessness audit", ["LOSSLESS_VIOLATION", "LOSSLESS_AUDITED"])
+
 RUNNER_NOT_RECORDED = (
     ("draft input width", ["AUX_NOT_FUSED"]),
     ("capture layers firing", ["AUX_CAPTURE_SILENT", "AUX_CAPTURE_PARTIAL"]),
     ("layers received by the draft (fingerprints)", ["AUX_LAYER_MISMATCH"]),
-    ("losslessness audit", ["LOSSLESS_VIOLATION", "LOSSLESS_AUDITED"]),
+    AUDIT,
     ("draft checkpoint inspection at load", ["KEYS_DROPPED", "LM_HEAD_MISSING", "FC_SHAPE_MISMATCH"]),
 )
 """What the vLLM plugin records in the model runner (worker) and so not under runner v2, with the codes
@@ -130,6 +132,9 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
     skipped = []
     if reason is not None:
         skipped.append(_skipped("draft input contract", list(CONTRACT_CODES), reason))
+    outside = unhooked(ctx.config)
+    if outside is not None:  # a server's counters and responses carry no logits to audit
+        skipped.append(_skipped(*AUDIT, f"{outside}: no target logits to audit its output against"))
     modes = {r.graph_mode for r in ctx.rank_status}
     compiled, replayed = "compiled" in modes, "cuda_graph" in modes
     if reason is None and not ctx.provenance:
@@ -162,7 +167,8 @@ def _evidence_fix(ctx: RunContext, compiled: bool) -> str:
     judged = f"acceptance is judged from {MIN_VERIFY_STEPS} verify steps on."
     if unhooked(ctx.config) is not None:
         return ("Recorded from outside the server, this run shows acceptance only. The draft-input contract "
-                "needs hooks inside the engine (the vLLM plugin, or the embedded API in your own engine); "
+                "and the losslessness audit need hooks inside the engine (the vLLM plugin, or the embedded "
+                "API in your own engine); "
                 f"`specscope inspect DRAFT --engine ...` checks the checkpoint without serving; {judged}")
     if ctx.engine == "vllm":
         eager = ("serve a diagnostic replica with `--enforce-eager` (the plugin then hooks the capture "
