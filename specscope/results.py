@@ -58,7 +58,13 @@ def write_table(columns: list[str], rows: list[tuple], out: TextIO) -> None:
 
 
 def _text(value: Any) -> str:
-    return "NULL" if value is None else str(value).translate(_CONTROLS)
+    return "NULL" if value is None else terminal_text(str(value))
+
+
+def terminal_text(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b`` as the four characters ``\\x1b``, a
+    newline as ``\\x0a``): one line that cannot move the cursor, recolour or retitle a terminal."""
+    return text.translate(_CONTROLS)
 
 
 def portable(value: Any) -> Any:

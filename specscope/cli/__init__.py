@@ -18,6 +18,7 @@ import sys
 
 from specscope import __version__
 from specscope.errors import SpecscopeError
+from specscope.results import terminal_text
 
 SUBCOMMANDS = {
     "generate": "generate with the reference EAGLE-3 engine and print acceptance",
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # inside the try: a reader gone before the last flush is a closed pipe too
         return status
     except SpecscopeError as exc:
-        print(f"specscope {args.command}: error: {exc}", file=sys.stderr)
+        # messages quote user input (paths, tensor names): escaped, they stay one harmless line
+        print(f"specscope {args.command}: error: {terminal_text(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # The reader stopped (e.g. `| head -2`): point stdout at /dev/null so the interpreter's

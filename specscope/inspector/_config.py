@@ -19,21 +19,46 @@ DEFAULT_INITIALIZER_RANGE = 0.02
 """HF ``PretrainedConfig.initializer_range`` default: std of the normal init of Llama projections."""
 
 
+MAX_COUNT = 2**63 - 1
+"""Largest config count taken (an int64, what engines size by): a 4,000-digit ``vocab_size`` is
+refused here, before arithmetic on it makes numbers too long to print."""
+
+
 def _int(value: Any) -> int | None:
     """A config count: an int (or a whole float, as some exporters write them); None when the key is
-    absent or not a number. Raises CheckpointError for a fractional or non-finite number, which no
-    engine can size anything by."""
+    absent or not a number. Raises CheckpointError for a fractional, non-finite or out-of-range
+    number, which no engine can size anything by."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
         raise CheckpointError(f"config value {value!r} is not a whole number")
+    if abs(value) > MAX_COUNT:
+        raise CheckpointError(f"config value {_short(value)} is out of range (at most {MAX_COUNT})")
     return int(value)
 
 
+def _real(value: Any) -> float | None:
+    """A config number as a float; None when absent or not a number. Raises CheckpointError for an
+    int past a float's range."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError as exc:
+        raise CheckpointError(f"config value {_short(value)} is out of range") from exc
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to its start when long (a message stays one readable line)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text):,} characters)"
+
+
 def _float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CheckpointError(f"config {key} must be a finite number, got {value!r}")
-    return float(value)
+    number = _real(value)
+    if number is None or not math.isfinite(number):
+        raise CheckpointError(f"config {key} must be a finite number, got {_short(value)}")
+    return number
 
 
 _DEFAULT_ROPE = ("default", None, None)
@@ -48,14 +73,12 @@ def _rope(raw: dict[str, Any]) -> tuple[float | None, tuple[str, float | None, i
     """
     params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
     scaling = raw.get("rope_scaling") if isinstance(raw.get("rope_scaling"), dict) else params
-    theta = raw.get("rope_theta", params.get("rope_theta"))
-    theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+    theta = _real(raw.get("rope_theta", params.get("rope_theta")))
     kind = scaling.get("rope_type", scaling.get("type")) or "default"
     if kind == "default":
         return theta, _DEFAULT_ROPE
     factor = scaling.get("factor")
-    return theta, (str(kind), float(factor) if isinstance(factor, (int, float)) else None,
-                   _int(scaling.get("original_max_position_embeddings")))
+    return theta, (str(kind), _real(factor), _int(scaling.get("original_max_position_embeddings")))
 
 
 @dataclass(frozen=True)
@@ -133,7 +156,7 @@ def _aux_ids(raw: dict[str, Any]) -> tuple[int, ...] | None:
     if ids is None:
         return None
     if not isinstance(ids, list) or not all(_int(i) is not None for i in ids):
-        raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must be a list of ints, got {ids!r}")
+        raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must be a list of ints, got {_short(ids)}")
     return tuple(int(i) for i in ids)
 
 

@@ -9,6 +9,7 @@ from specscope.conventions import LoadPlan, draft_key_fact
 from specscope.events import Finding
 from specscope.findings import finding_lines
 from specscope.inspector._config import DraftConfig
+from specscope.results import terminal_text
 
 
 def draft_key_rows(engine: str, config: DraftConfig) -> list[dict[str, Any]]:
@@ -65,7 +66,7 @@ class InspectionReport:
 
 def render_text(report: InspectionReport) -> str:
     """A short human report: a verdict line, the findings (errors first) with evidence and fix, and
-    what the loader does with the keys."""
+    what the loader does with the keys; control characters escaped (:func:`~specscope.results.terminal_text`)."""
     errors = sum(f.severity == "error" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
     lines = [f"{report.path} [{report.format}] for {report.engine}: {errors} error(s), {warnings} warning(s)"]
@@ -78,7 +79,8 @@ def render_text(report: InspectionReport) -> str:
     lines += [f"  dropped  {k}" for k in p.dropped]
     lines += [f"  consumed {k}" for k in p.consumed]
     lines += [f"  missing  {k}" for k in p.missing]
-    return "\n".join(lines + _contract_lines(report))
+    # tensor names and config values are the checkpoint's text: escaped, each line stays one line
+    return "\n".join(terminal_text(line) for line in lines + _contract_lines(report))
 
 
 def _contract_lines(report: InspectionReport) -> list[str]:
