@@ -125,6 +125,47 @@ def test_configs_with_wrong_types(checkpoint: Path, config: dict) -> None:
         _assert_clear(*_cli(["inspect", folder, "--target-config", str(Path(folder, "target.json"))]))
 
 
+# -- GGUF targets: bytes flipped, counts and lengths overwritten, truncation ----------------------
+
+@pytest.fixture(scope="module")
+def gguf_bytes(tmp_path_factory) -> bytes:
+    """A small well-formed GGUF target (the gguf package's writer): scalars, a string, a token list
+    and a tensor record."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path_factory.mktemp("gguf") / "t.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_embedding_length(64)
+    writer.add_block_count(2)
+    writer.add_head_count(4)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_token_list(["a", "b", "c"])
+    writer.add_tensor("token_embd.weight", np.zeros((3, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+@FUZZ
+@given(data=st.data())
+def test_mutated_gguf_target(checkpoint: Path, gguf_bytes: bytes, data) -> None:
+    metadata_end = gguf_bytes.index(b"token_embd.weight") + 64  # keys and the tensor record
+    mutation = data.draw(st.sampled_from(["flip", "count", "truncate"]))
+    at = data.draw(st.integers(0, metadata_end))
+    if mutation == "flip":
+        blob = gguf_bytes[:at] + bytes([data.draw(st.integers(0, 255))]) + gguf_bytes[at + 1:]
+    elif mutation == "count":  # a length or count of up to 2**64 - 1 anywhere in the metadata
+        blob = gguf_bytes[:at] + struct.pack("<Q", data.draw(st.integers(0, 2**64 - 1))) + gguf_bytes[at + 8:]
+    else:
+        blob = gguf_bytes[:at]
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "t.gguf").write_bytes(blob)
+        _assert_clear(*_cli(["inspect", str(checkpoint), "--target", str(Path(folder, "t.gguf"))]))
+
+
 # -- stores: truncated and garbage SQLite files ---------------------------------------------------
 
 @FUZZ
