@@ -151,3 +151,45 @@ def test_sql_page_shows_huge_numerics(pg_url: str, monkeypatch: pytest.MonkeyPat
     assert not at.exception, [e.value for e in at.exception]
     assert not [e.value for e in at.error]
     assert len(at.dataframe) == 1
+
+
+LONG_NAME = "a" * 300  # past NAME_MAX (255): every system call on it fails with ENAMETOOLONG
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "--db", "~nosuchuser/x.db", "SELECT 1"], ["doctor", "--db", "~nosuchuser/x.db"],
+    ["dashboard", "--db", "~nosuchuser/x.db"], ["doctor", "--db", "sqlite:///~nosuchuser/x.db"],
+])
+def test_home_of_an_unknown_user(argv: list[str]) -> None:
+    code, _, err = _cli(argv)
+    _one_line_exit_2(code, err)
+    assert "no such user's home directory" in err
+
+
+@pytest.mark.parametrize("command", [["query", "--db", "{path}", "SELECT 1"], ["doctor", "--db", "{path}"],
+                                     ["dashboard", "--db", "{path}"], ["inspect", "{path}"]])
+def test_a_file_name_too_long(command: list[str], tmp_path: Path) -> None:
+    code, _, err = _cli([a.format(path=tmp_path / LONG_NAME) for a in command])
+    _one_line_exit_2(code, err)
+    assert "File name too long" in err
+
+
+@pytest.mark.parametrize("command", [["dashboard", "--db", "{db}"], ["exporter", "--db", "{db}"],
+                                     ["demo", "--db", "{db}"]])
+@pytest.mark.parametrize("host", ["a..b", "-a", "a_b", "", "x" * 300])
+def test_host_that_is_no_address(command: list[str], host: str, tmp_path: Path) -> None:
+    """Refused by argparse: nothing opened, created or served (``a..b`` raised UnicodeError from
+    the idna codec when bound)."""
+    code, _, err = _cli([a.format(db=tmp_path / "s.db") for a in command] + [f"--host={host}"])
+    _one_line_exit_2(code, err)
+    assert "is not an IP address or host name" in err and not (tmp_path / "s.db").exists()
+
+
+def test_dashboard_on_a_taken_port_names_the_option(tmp_path: Path) -> None:
+    """Checked before the store is created and before Streamlit starts (which then failed on its own)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        code, _, err = _cli(["dashboard", "--db", str(tmp_path / "s.db"), "--port", str(taken.getsockname()[1])])
+    _one_line_exit_2(code, err)
+    assert "is taken" in err and "--port" in err and not (tmp_path / "s.db").exists()

@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import re
+from collections.abc import Callable
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")  # one label of a host name (RFC 1123)
 
 
 def positive_int(text: str) -> int:
@@ -18,6 +23,28 @@ def non_negative_int(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
     return int(text)
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """The argparse type of an int in ``low..high``; it raises argparse.ArgumentTypeError otherwise."""
+    def parse(text: str) -> int:
+        if not text.isdigit() or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in {low}..{high}")
+        return int(text)
+    return parse
+
+
+def host(text: str) -> str:
+    """An IP address or a host name of dot-separated RFC 1123 labels (not resolved here: a name that
+    does not resolve fails where it is bound). Raises argparse.ArgumentTypeError otherwise."""
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    if len(text) <= 253 and all(_LABEL.fullmatch(label) for label in text.split(".")):
+        return text
+    raise argparse.ArgumentTypeError(f"{text[:80]!r} is not an IP address or host name")
 
 
 def port(text: str) -> int:

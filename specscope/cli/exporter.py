@@ -11,7 +11,7 @@ import argparse
 import signal
 
 from specscope.cli._signals import stopped_by
-from specscope.cli._types import add_db_argument, port, positive_int
+from specscope.cli._types import add_db_argument, host, port, positive_int
 from specscope.errors import ConfigError
 from specscope.exporter import serve_exporter
 from specscope.storage import open_store
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "run / rank / position, dropped events and hook errors for Prometheus to scrape.")
     add_db_argument(parser)
     parser.add_argument("--port", type=port, default=9464, help="TCP port (default 9464)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--host", type=host, default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--max-runs", type=positive_int, default=50, help="newest runs exported (default 50)")
     parser.set_defaults(func=run)
 

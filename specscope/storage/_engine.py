@@ -51,7 +51,7 @@ def parse_target(url_or_path: str) -> Target:
             or a database/driver other than SQLite and PostgreSQL through psycopg.
     """
     if "://" not in url_or_path:
-        return Target(display=url_or_path, sqlite_path=Path(url_or_path).expanduser())
+        return Target(display=url_or_path, sqlite_path=_expand_home(url_or_path))
     try:
         url = sa.make_url(url_or_path)
     except (sa.exc.ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
@@ -61,7 +61,7 @@ def parse_target(url_or_path: str) -> Target:
         if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
             raise StoreError("in-memory SQLite cannot hold a store (the collector writes from its own "
                              "thread): give a file path")
-        return Target(display=url.database, sqlite_path=Path(url.database).expanduser())
+        return Target(display=url.database, sqlite_path=_expand_home(url.database))
     if backend == "postgresql":
         if "+" not in url.drivername:  # no driver named: psycopg 3, not SQLAlchemy's default psycopg2
             url = url.set(drivername="postgresql+psycopg")
@@ -71,6 +71,14 @@ def parse_target(url_or_path: str) -> Target:
         return Target(display=url.render_as_string(hide_password=True), url=url)
     raise StoreError(f"unsupported database {backend!r} in {url_or_path!r}: use a SQLite path or "
                      "postgresql+psycopg://...")
+
+
+def _expand_home(path: str) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded. Raises StoreError for a user without a home."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as exc:  # pathlib's "Could not determine home directory."
+        raise StoreError(f"cannot expand {path.split('/')[0]!r} in {path}: no such user's home directory") from exc
 
 
 def create_engine(target: Target, *, read_only: bool, busy_timeout_s: float) -> Engine:
