@@ -32,7 +32,6 @@ from specscope.storage._engine import (
 from specscope.storage._errors import translate
 from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S
 from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, bad_value, counter_rows, group_rows
-from specscope.storage._time_limit import bounded
 from specscope.storage.queries import Query, fetch
 from specscope.storage.user_query import QueryResult, run_query
 
@@ -255,8 +254,7 @@ class Store:
 
         Use it for the dashboard's and the doctor's own queries over the views.
         """
-        with translate("reading", self.url), self._read_engine.connect() as conn, \
-                bounded(conn, self.dialect, self.url):  # storage.read_time_limit
+        with translate("reading", self.url), self._read_engine.connect() as conn:
             yield conn
 
     def fetch(self, query: Query, **params: Any) -> list[dict[str, Any]]:
@@ -416,11 +414,9 @@ def store_file(url_or_path: str) -> Path | None:
 
 def _check_sqlite_path(target: Target, create: bool) -> None:
     path = target.sqlite_path
-    with translate("opening", target.display):  # a name too long, a folder without permission
-        is_dir, exists = path.is_dir(), path.exists()
-    if is_dir:
+    if path.is_dir():
         raise StoreError(f"{target.display} is a directory, not a specscope store")
-    if exists:
+    if path.exists():
         return
     if not create:
         raise StoreError(f"no specscope store at {target.display}")
