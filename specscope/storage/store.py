@@ -414,9 +414,11 @@ def store_file(url_or_path: str) -> Path | None:
 
 def _check_sqlite_path(target: Target, create: bool) -> None:
     path = target.sqlite_path
-    if path.is_dir():
+    with translate("opening", target.display):  # a name too long, a folder without permission
+        is_dir, exists = path.is_dir(), path.exists()
+    if is_dir:
         raise StoreError(f"{target.display} is a directory, not a specscope store")
-    if path.exists():
+    if exists:
         return
     if not create:
         raise StoreError(f"no specscope store at {target.display}")
