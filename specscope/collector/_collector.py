@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specscope.collector._boundary import Key, key_of, refusal
 from specscope.collector._decode import Decoder
 from specscope.errors import ConfigError, EventRejected
 from specscope.events import Event
@@ -47,7 +48,6 @@ from specscope.storage import Store, open_store
 
 logger = logging.getLogger("specscope")
 
-Key = tuple[str, int]  # (run_id, rank)
 FIRST_BACKOFF_S = 0.05  # wait after the first failed write; doubled per failure in a row
 MAX_BACKOFF_S = 2.0  # longest wait between two write attempts on a failing store (seconds)
 EXIT_TIMEOUT_S = 30.0  # longest wait of the close at interpreter exit for the writer (seconds)
@@ -148,6 +148,8 @@ class Collector:
         self._failing = False
         self._backoff_s = FIRST_BACKOFF_S
         self._logged_rejection = False
+        self._logged_refusal = False
+        self._logged_bug = False
         # ranks written for that have not ended -> when the store last heard from each (writer thread only)
         self._live: dict[Key, float] = {}
         self._thread = threading.Thread(target=self._run, name="specscope-collector", daemon=True)
@@ -179,7 +181,12 @@ class Collector:
     def emit(self, event: Event) -> None:
         """Queue one event for writing (about a microsecond). Never blocks on the store and never
         raises; when ``capacity`` events are held, or after close, the event is dropped and counted
-        for its (run_id, rank)."""
+        for its (run_id, rank). Anything but a specscope event with a string run_id, a rank in
+        0..2**31-1 (and a world_size >= 1) is refused: counted in ``dropped`` and ``rejected``, logged once."""
+        reason = refusal(event)
+        if reason is not None:
+            self._refuse(event, reason)
+            return
         queue = self._queue
         if self._closing or len(queue) + self._in_flight >= self._capacity:
             self._drop(event)
@@ -239,6 +246,18 @@ class Collector:
     def _close_at_exit(self) -> None:
         self.close(EXIT_TIMEOUT_S)
 
+    def _refuse(self, event: object, reason: str) -> None:
+        key = key_of(event)
+        with self._drop_lock:
+            self.dropped += 1
+            self.rejected += 1
+            if key is not None:  # a countable event with a bad value elsewhere (world_size)
+                self._emit_drops[key] = self._emit_drops.get(key, 0) + 1
+            logged, self._logged_refusal = self._logged_refusal, True
+        if not logged:  # once per collector: a bad producer would flood the log
+            logger.error("specscope collector: refused an event (%s); it is dropped, later refusals are "
+                         "only counted", reason)
+
     def _drop(self, event: Event) -> None:
         key = (getattr(event, "run_id", None), getattr(event, "rank", 0))
         with self._drop_lock:
@@ -278,9 +297,13 @@ class Collector:
                     break
                 chunk.append(item)
                 self._in_flight += 1
-            if self._decode is not None:
-                chunk = [self._decode(event) for event in chunk]
-            committed = self._write(chunk)
+            try:
+                if self._decode is not None:
+                    chunk = [self._decode(event) for event in chunk]
+                committed = self._write(chunk)
+            except Exception as exc:  # noqa: BLE001 - a bug here must cost this batch, not the writer
+                committed = False
+                self._lost(chunk, exc)
             if not committed and chunk:
                 self._failed_since_marker = True
             self._in_flight = 0
@@ -389,12 +412,12 @@ class Collector:
                 pending += [(part[middle:], None), (part[:middle], None)]
         with self._drop_lock:
             self.dropped += len(bad)
-        self.rejected += len(bad)
+            self.rejected += len(bad)
         _add(self._pending_drops, _per_key(bad))
         self.written += len(good)
         self._heard_from(good, _per_key(good))
         try:  # the counters of what did commit, and of the rejected events
-            store.write((), counters=self._counters(_per_key(good)))
+            self._write_counters(store, self._counters(_per_key(good)))
         except Exception as exc:  # noqa: BLE001 - kept pending: they go with the next batch
             _add(self._pending_written, _per_key(good))
             self._failed({}, 0, exc)
@@ -402,6 +425,33 @@ class Collector:
             self._pending_drops.clear()
             self._pending_written.clear()
         return False
+
+    def _write_counters(self, store: Store, counters: dict[Key, tuple[int, int]]) -> None:
+        """Write ``counters`` alone; a (run_id, rank) the database refuses (a NUL or a lone surrogate in
+        the run id) is left out, so it cannot keep every later batch from committing."""
+        try:
+            store.write((), counters=counters)
+        except EventRejected:
+            for key, counts in counters.items():
+                try:
+                    store.write((), counters={key: counts})
+                except EventRejected as exc:
+                    self._rejected_counters(key, exc)
+
+    def _rejected_counters(self, key: Key, exc: EventRejected) -> None:
+        if not self._logged_rejection:
+            self._logged_rejection = True
+            logger.error("specscope collector: store %s refused the counters of run %r rank %r (%s); "
+                         "they are not recorded", self._describe(), key[0], key[1], exc)
+
+    def _lost(self, chunk: Sequence[Event], exc: Exception) -> None:
+        with self._drop_lock:
+            self.dropped += len(chunk)
+        if not self._logged_bug:
+            self._logged_bug = True
+            logger.error("specscope collector: writing a batch failed unexpectedly (%s: %s); its %d "
+                         "event(s) are dropped, the writer goes on", type(exc).__name__, exc, len(chunk),
+                         exc_info=exc)
 
     def _rejected(self, event: Event, exc: Exception) -> None:
         if not self._logged_rejection:  # once per collector: a bad producer would flood the log
