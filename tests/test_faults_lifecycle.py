@@ -311,3 +311,54 @@ def test_a_value_too_long_for_its_column_costs_only_that_event(pg_url: str) -> N
         assert collector.flush(HANG) is False
         assert (collector.written, collector.rejected) == (99, 1)
         assert _count(store) == 99
+
+
+@pytest.mark.parametrize("run_id", [["x"], b"run", 3, float("nan")])
+def test_a_run_id_that_is_not_a_string_is_a_config_error(run_id: object) -> None:
+    with pytest.raises(ConfigError, match="run_id must be a string"):
+        Tracer(ListSink(), run_id=run_id, engine="e", engine_version="0", target_model="t", draft_model="d",
+               config=_config())
+
+
+def test_a_request_id_with_a_lone_surrogate_never_raises_into_the_engine() -> None:
+    """Sampled-out steps hash the request id: a lone surrogate in it used to raise UnicodeEncodeError."""
+    sink = ListSink()
+    with Tracer(sink, engine="e", engine_version="0", target_model="t", draft_model="d", config=_config(),
+                step_sample=0.5) as tracer:
+        tracer.start_request("q\udcff", 3)
+        tracer.record_verify("q\udcff", proposed=2, accepted=1)
+        tracer.finish_request("q\udcff", 2)
+    assert tracer.hook_errors == 0
+    assert len(sink.of(ev.VerifyStep)) + sum(g.steps for g in sink.of(ev.VerifyGroup)) == 1
+
+
+_DIES = textwrap.dedent("""
+    import sys
+    from specscope.collector import Collector
+    from specscope.events import RunConfig
+    from specscope.instrumentation import Tracer
+
+    collector = Collector(sys.argv[1], flush_interval_s=0.01)
+    config = RunConfig(aux_layer_ids_resolved=(2,), target_hidden_size=8, expected_fused_width=8, k=2,
+                       num_target_layers=4)
+    tracer = Tracer(collector, run_id="run-dies", engine="e", engine_version="0", target_model="t",
+                    draft_model="d", config=config)
+    tracer.start_request("q", 3)
+    if sys.argv[2] == "with":
+        with tracer:
+            raise RuntimeError("engine step failed")
+    raise {"uncaught": RuntimeError("engine step failed"), "exit": SystemExit(0)}[sys.argv[2]]
+""")
+
+
+@pytest.mark.parametrize("how, status, error", [
+    ("uncaught", "crashed", "RuntimeError: engine step failed"),
+    ("with", "crashed", "RuntimeError: engine step failed"),
+    ("exit", "finished", None),
+])
+def test_an_engine_dying_of_an_exception_reads_crashed(tmp_path, how: str, status: str, error: str | None) -> None:
+    path = str(tmp_path / "dies.db")
+    proc = subprocess.run([sys.executable, "-c", _DIES, path, how], capture_output=True, text=True, timeout=HANG)
+    assert proc.returncode == (0 if how == "exit" else 1), proc.stderr
+    with open_store(path, read_only=True) as store:
+        assert store.query("SELECT status, error FROM v_run_summary")[1] == [(status, error)]

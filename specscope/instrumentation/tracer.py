@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import sys
 import time
 import uuid
 import zlib
@@ -29,6 +30,7 @@ from specscope.instrumentation._sampling import SamplingConfig
 from specscope.instrumentation._state import HookState
 
 CLOSE_FLUSH_TIMEOUT_S = 5.0  # longest Tracer.close() waits for the sink (seconds): a bound on shutdown
+ERROR_CHARS = 2000  # of the error a crashed rank stopped on, kept with its final status
 
 
 class Sink(Protocol):
@@ -50,9 +52,10 @@ class Tracer:
     sends one; the store keeps the first). :class:`RankStatus` goes out every ``status_interval_s``
     seconds (checked in ``record_verify``) and at close with ``finished=True``; a process that exits
     without ``close()`` is closed at interpreter exit (``atexit``), so its final status still goes
-    out. When ``torch.distributed`` is initialised after the run started, the next status notices it,
-    takes the real rank and world size and sends a new :class:`RankStart` (events sent before that
-    stay under the rank they were sent with).
+    out (crashed, with its error, when an uncaught exception ended the process or the ``with``
+    block). When ``torch.distributed`` is initialised after the run started, the next status notices
+    it, takes the real rank and world size and sends a new :class:`RankStart` (events sent before
+    that stay under the rank they were sent with).
 
     Arguments: ``run_id`` (default: a uuid4 hex; give all ranks the same one), run metadata
     (``engine``, ``engine_version``, ``target_model``, ``draft_model``, ``config``: the target/draft
@@ -70,7 +73,7 @@ class Tracer:
     (torch.compile): the run says so (``graph_mode`` ``"compiled"``; ``"cuda_graph"`` once replayed
     CUDA graphs were read from the static buffer, :mod:`specscope.instrumentation._replay`).
     Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together with a sampling
-    keyword, a ``step_sample`` outside 0..1, or a bad rank.
+    keyword, a ``step_sample`` outside 0..1, a bad rank, or a ``run_id`` that is not a string.
 
     ``hook_state`` is what the hooks share on the hot path (counters, sampling, request tags);
     :func:`~specscope.instrumentation.instrument` installs hooks over it.
@@ -85,6 +88,8 @@ class Tracer:
                  step_sample: float = 1.0, rank: int | None = None,
                  world_size: int | None = None, audit_every: int = DEFAULT_AUDIT_EVERY,
                  compiled: bool = False) -> None:
+        if run_id is not None and not isinstance(run_id, str):
+            raise ConfigError(f"run_id must be a string, got {type(run_id).__name__}")
         self.sink = sink
         self.run_id = run_id or uuid.uuid4().hex
         self.config = config
@@ -120,7 +125,7 @@ class Tracer:
         self._resolve_context()
         self._next_status = time.monotonic() + self._status_interval_s
         self._announce()
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
 
     def _resolve_context(self) -> None:
         context = process_context()
@@ -144,7 +149,7 @@ class Tracer:
         if self._closed:
             return
         self.start()
-        atexit.unregister(self.close)
+        atexit.unregister(self._close_at_exit)
         self.hook_state.remove()
         self._closed = True
         self._flush_groups()
@@ -162,8 +167,13 @@ class Tracer:
     def __enter__(self) -> Tracer:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        self.close(error=_crash(exc))
+
+    def _close_at_exit(self) -> None:
+        # The interpreter sets sys.last_value when the main thread dies of an uncaught exception,
+        # before atexit runs: that engine crashed, it did not finish.
+        self.close(error=_crash(getattr(sys, "last_value", None)))
 
     @property
     def closed(self) -> bool:
@@ -338,7 +348,9 @@ class Tracer:
     def _step_detail(self, request_id: str) -> bool:
         """Whether ``request_id`` keeps per-step rows: crc32 of the id below ``step_sample`` of 2**32
         (the same answer on every rank and in every process, unlike ``hash``)."""
-        return self.step_sample >= 1.0 or zlib.crc32(request_id.encode()) < self.step_sample * 2**32
+        # surrogatepass: an id holding a lone surrogate hashes too (the store refuses it, quarantined alone)
+        return self.step_sample >= 1.0 or zlib.crc32(request_id.encode(errors="surrogatepass")) < (
+            self.step_sample * 2**32)
 
     def _flush_groups(self, request_id: str | None = None) -> None:
         """Send the aggregated steps of ``request_id`` (None: of every request) as VerifyGroup events."""
@@ -371,6 +383,17 @@ class Tracer:
 
     def _hook_failed(self, point: str, exc: Exception) -> None:
         self.hook_state.failed(point, exc)
+
+
+def _crash(exc: BaseException | None) -> str | None:
+    """The final status's error for an engine that stopped on ``exc``: an Exception crashed it; None,
+    or a KeyboardInterrupt / SystemExit (a stop asked for), did not."""
+    if not isinstance(exc, Exception):
+        return None
+    try:
+        return f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
+    except Exception:  # noqa: BLE001 - an exception whose str() fails still crashed the engine
+        return type(exc).__name__
 
 
 def _number(value: Any, kind: type) -> Any:
