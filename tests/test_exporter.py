@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,10 +19,12 @@ from pathlib import Path
 import _traces
 import httpx
 import pytest
+import sqlalchemy as sa
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specscope import events as ev
 from specscope.adapters.prometheus_metrics import CONVENTIONS
 from specscope.cli import main
 from specscope.events import LosslessAudit
@@ -245,3 +248,97 @@ def test_exporter_cli_serves_until_stopped(tmp_path, stop) -> None:
     assert (proc.returncode, err) == (0, "")
     with pytest.raises(httpx.TransportError):
         httpx.get(url, timeout=5)
+
+
+def _scrape(path: str, **settings) -> httpx.Response:
+    with open_store(path, create=False, read_only=True) as store:
+        server, _, _ = serve_exporter(store, port=0, **settings)
+        try:
+            return httpx.get(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=HANG_S)
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+HANG_S = 120.0  # a scrape still unanswered after this long hangs (a detector, not a timing check)
+
+
+def test_two_violations_of_one_run_are_two_series(tmp_path) -> None:
+    """A greedy and a T=0.8 group both failing the audit: two LOSSLESS_VIOLATION findings, so two
+    series, as specscope_run_findings counts them."""
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        _traces.no_aux_capture().write(store)
+        store.write([LosslessAudit("no-aux", 0, "no-aux-r0", "greedy", tokens=8, mismatches=3),
+                     LosslessAudit("no-aux", 0, "no-aux-r1", "T=0.8", tokens=5000, rare=400, rare_expected=5.0,
+                                   epsilon=1e-3, p_sum=1000.0, p2_sum=500.0)])
+    samples = _samples(_scrape(path).text)
+    series = [dict(ls) for n, ls in samples if n == "specscope_finding" and ("code", "LOSSLESS_VIOLATION") in ls]
+    assert sorted(s["sampling"] for s in series) == ["T=0.8", "greedy"]
+    errors = {(labels["code"], labels["sampling"]) for labels in map(dict, (ls for n, ls in samples if n == "specscope_finding"))
+              if labels["run_id"] == "no-aux" and labels["severity"] == "error"}  # a finding on 2 ranks counts once
+    assert len(errors) == _value(samples, "specscope_run_findings", run_id="no-aux", severity="error") == 5
+
+
+def test_a_bytes_run_id_the_collector_once_stored_is_exported(tmp_path) -> None:
+    """SQLite keeps a bytes run id as a BLOB (the collector let one through before it checked):
+    its labels are text, the scrape answers 200 with every run."""
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        _traces.healthy().write(store)
+        store.write([ev.RunStart(b"bytes-run", "e", "0", "t", "d", {}), ev.RankStart(b"bytes-run", 0, 1, "h", 1, "cpu"),
+                     ev.VerifyStep(b"bytes-run", "q", 0, 0, 2, 1)])
+    response = _scrape(path)
+    assert response.status_code == 200
+    samples = _samples(response.text)
+    assert _value(samples, "specscope_run_running", run_id="bytes-run") == 1
+    assert _value(samples, "specscope_mean_acceptance_length", run_id="healthy", rank="all") == pytest.approx(2.0)
+
+
+def _corrupt_table(path: str, table: str) -> None:
+    """Overwrite the root page of ``table`` with garbage (the schema stays readable)."""
+    with sqlite3.connect(path) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+    conn.close()
+    with open(path, "r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(b"\xa5" * page_size)
+
+
+def test_a_corrupt_page_costs_only_what_reads_it(tmp_path) -> None:
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        _traces.healthy().write(store)
+    _corrupt_table(path, "tensor_shapes")
+    response = _scrape(path)
+    assert response.status_code == 200
+    samples = _samples(response.text)
+    assert _value(samples, "specscope_exporter_read_errors", part="contract") == 1
+    assert _value(samples, "specscope_mean_acceptance_length", run_id="healthy", rank="all") == pytest.approx(2.0)
+
+
+_ENDLESS = """CREATE VIEW v_position_acceptance AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n)
+SELECT CAST('healthy' AS TEXT) AS run_id, 0 AS position, 0.5 AS acceptance FROM n WHERE i < 0"""
+
+
+def test_an_endless_view_is_cut_at_the_time_limit(store_url: str) -> None:
+    """A view replaced by a recursive one that never ends: that read stops at the time limit, the
+    scrape answers with the rest."""
+    with open_store(store_url) as store:
+        _traces.healthy().write(store)
+    if store_url.startswith("postgresql"):
+        engine = sa.create_engine(store_url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP VIEW v_position_acceptance CASCADE")
+            conn.exec_driver_sql(_ENDLESS)
+        engine.dispose()
+    else:
+        with sqlite3.connect(store_url) as conn:
+            conn.executescript(f"DROP VIEW v_position_acceptance; {_ENDLESS};")
+        conn.close()
+    response = _scrape(store_url, timeout_s=0.5)
+    assert response.status_code == 200
+    samples = _samples(response.text)
+    assert _value(samples, "specscope_exporter_read_errors", part="positions") == 1
+    assert _value(samples, "specscope_verify_steps_total", run_id="healthy", rank="all") == 32
