@@ -40,8 +40,9 @@ with st.form("sql"):
     submitted = st.form_submit_button("Run", type="primary")
 timeout_s = st.number_input("Time limit (s)", min_value=0.1, max_value=MAX_TIMEOUT_S,
                             value=DEFAULT_QUERY_TIMEOUT_S, step=0.5, key="sql_timeout_s")
-st.caption(f"Writes, ATTACH, temp tables and extensions are refused by the database; at most "
-           f"{ROW_LIMIT:,} rows and {BYTE_LIMIT // 2**20} MiB are fetched.")
+st.caption(f"Writes, ATTACH, temp tables and extensions are refused by the database, and on PostgreSQL "
+           f"every function but the read-only built-ins; at most {ROW_LIMIT:,} rows and "
+           f"{BYTE_LIMIT // 2**20} MiB are fetched.")
 if submitted or sql:
     try:
         result = widgets.store().query(sql, limit=ROW_LIMIT, timeout_s=timeout_s, max_bytes=BYTE_LIMIT)
