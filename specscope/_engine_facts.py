@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 from types import MappingProxyType
 
 from specscope._loader_keys import VOCAB_MAP_KEYS, LoaderConvention
@@ -17,8 +17,9 @@ READ_FROM = ("draft", "target", "both", "ignored", "unknown")
 all (``ignored``: present in the config, never read), or ``unknown`` (not established from the source)."""
 
 
-class ShareRule(StrEnum):
-    """How an engine picks ``embed_tokens`` / ``lm_head``: the ``read_from`` of their facts."""
+class ShareRule(str, Enum):
+    """How an engine picks ``embed_tokens`` / ``lm_head``: the ``read_from`` of their facts (a string,
+    printed and stored as its value)."""
 
     TARGET = "target"
     DRAFT = "draft"
@@ -35,6 +36,9 @@ class ShareRule(StrEnum):
         if self is ShareRule.TARGET_IF_NO_DRAFT_VOCAB:
             return "draft" if draft_vocab_size_set else "target"
         return self.value
+
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 @dataclass(frozen=True)
