@@ -1,7 +1,11 @@
-"""The demo's options without running the engine: a fault on one rank only, run ids of a Tracer's
-length, and bad options refused as one line with exit 2."""
+"""The demo's options: a fault on one rank only, run ids of a Tracer's length, bad options (a --k
+the store cannot record, a dashboard port taken) refused as one line with exit 2 before any engine
+runs, and each run's serving line naming its sampling (two short runs, the only tests here that
+run an engine)."""
 
 from __future__ import annotations
+
+import socket
 
 import pytest
 
@@ -11,6 +15,7 @@ from specscope.cli.demo import VLLM_CRASHES, stopped
 from specscope.engine.faults import parse_rank_fault
 from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError
+from specscope.storage import open_store
 
 
 def test_rank_fault_applies_to_its_rank_only():
@@ -46,3 +51,39 @@ def test_a_vllm_crash_the_fault_causes_is_announced_as_expected():
     assert "as the no-aux-capture fault makes it" in line and line.endswith(error)
     assert "unexpectedly" in stopped(None, error) and "unexpectedly" in stopped("tied-target", error)
     assert set(VLLM_CRASHES) <= set(VLLM_FAULTS)
+
+
+@pytest.mark.parametrize("k", ["65", "0", "-1"])
+def test_k_outside_what_a_store_records_is_refused(k, tmp_path, capsys):
+    """The store keeps per-position figures for 64 draft positions: --k 65 ran, stored no verify
+    step and exited 0."""
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--no-dashboard", "--db", str(tmp_path / "d.db"), f"--k={k}"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and f"argument --k: '{k}' is not an integer in 1..64" in err
+    assert not (tmp_path / "d.db").exists()
+
+
+@pytest.mark.parametrize("engine", ["reference", "llama.cpp"])
+def test_a_taken_dashboard_port_fails_before_any_run(engine, tmp_path, capsys):
+    """It served all three runs and only then failed to serve the dashboard."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        code = main(["demo", "--engine", engine, "--db", str(tmp_path / "d.db"), "--port", str(taken.getsockname()[1])])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and "choose another --port" in err
+    assert not (tmp_path / "d.db").exists()
+
+
+@pytest.mark.parametrize("engine, sampling", [
+    ("reference", "greedy"), ("llama.cpp", "T=1 top_p=0.95 top_k=40 min_p=0.05 seed=1"),
+])
+def test_each_serving_line_names_the_sampling_the_run_stored(engine, sampling, tmp_path, capsys):
+    """llama.cpp's runs sample at T=1 (its acceptance is not a greedy run's): the serving line says so,
+    and says what the requests were recorded with."""
+    db = str(tmp_path / "d.db")
+    main(["demo", "--engine", engine, "--no-dashboard", "--requests", "1", "--max-new-tokens", "4", "--db", db])
+    serving = [line for line in capsys.readouterr().out.splitlines() if line.startswith("specscope demo: serving")]
+    assert serving and all(f", sampling {sampling} -> {db}" in line for line in serving), serving
+    with open_store(db, read_only=True) as store:
+        stored = {row[0] for row in store.query("SELECT DISTINCT temperature FROM requests")[1]}
+    assert stored == {0.0 if sampling == "greedy" else 1.0}

@@ -9,6 +9,10 @@ serves the prompts through a real llama.cpp server in process (xllamacpp) with d
 EAGLE-3 speculation (the reference head converted to GGUF), one run each (``--no-dashboard``:
 draft-model only), each request recorded from the server's responses
 (:mod:`specscope.adapters.llamacpp`); llama.cpp knows no fault switches.
+
+Each run's ``serving`` line names its sampling: greedy for the reference engine and vLLM; llama.cpp
+samples at T=1, seeded, with its server's default top-p, top-k and min-p (acceptance differs from a
+greedy run's). With the dashboard, its ``--host`` / ``--port`` are checked before the first run.
 """
 
 from __future__ import annotations
@@ -16,14 +20,18 @@ from __future__ import annotations
 import argparse
 import os
 
-from specscope.cli._types import non_negative_int, port
+from specscope.cli._types import host, int_in, non_negative_int, port
 from specscope.engine.faults import FAULTS, parse_rank_fault
 from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError
+from specscope.events import sampling_label
+from specscope.storage.schema import MAX_POSITIONS
 
 DEFAULT_DB = "specscope-demo.db"
 DEFAULT_RANK_FAULT = "1:no-aux-capture"
 RANK_RUN_REQUESTS_PER_RANK = 2  # the per-rank run only has to show the split: keep it short
+GREEDY = 0.0  # how the reference runs (Engine.generate's default) and the vLLM runs decode
+LLAMACPP_TEMPERATURE, LLAMACPP_SEED = 1.0, 1  # llama.cpp samples, seeded: its counters repeat run to run
 # The vLLM faults that crash vLLM, as they would a real server, and why (tests/test_vllm.py observes each).
 VLLM_CRASHES = {
     "no-aux-capture": "its model runner unpacks (hidden, aux) from the plain tensor a target without aux "
@@ -53,13 +61,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rank-fault", metavar="RANK:NAME", type=_rank_fault, default=None,
                    help="switch a fault on for one rank only (e.g. 1:no-aux-capture); with the dashboard, "
                         f"the per-rank run's fault (default {DEFAULT_RANK_FAULT})")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per verify step")
+    p.add_argument("--k", type=int_in(1, MAX_POSITIONS), default=4,
+                   help=f"draft tokens per verify step (1-{MAX_POSITIONS}, the positions a store records; default 4)")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--compiled", action="store_true",
                    help="--engine vllm: serve vLLM's default compiled mode (torch.compile) instead of eager")
     p.add_argument("--no-dashboard", action="store_true", help="run once and print the doctor summary")
-    p.add_argument("--port", type=port, default=8501, help="dashboard port")
-    p.add_argument("--host", default="127.0.0.1", help="dashboard address")
+    p.add_argument("--port", type=port, default=8501, help="dashboard port (default 8501)")
+    p.add_argument("--host", type=host, default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
     p.set_defaults(func=run)
 
 
@@ -71,12 +80,16 @@ def _rank_fault(text: str) -> tuple[int, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specscope.cli import dashboard
     from specscope.doctor import render_text
     from specscope.readmodel import report, store_verdict
     from specscope.storage import open_store
 
-    # bad options, then a location that cannot hold a store, fail here: before any engine runs
+    # bad options, a dashboard address taken, then a location that cannot hold a store, fail here:
+    # before any engine runs
     reference = _reference_runs(args) if args.engine == "reference" else []
+    if not args.no_dashboard:
+        dashboard.check_address(args.host, args.port)
     open_store(args.db).close()
     if args.engine == "reference":
         run_ids = _run_reference(args, reference)
@@ -91,8 +104,6 @@ def run(args: argparse.Namespace) -> int:
         print(render_text(verdict))
     if args.no_dashboard:
         return max(r.exit_code for r in reports)
-    from specscope.cli import dashboard
-
     return dashboard.run(argparse.Namespace(db=args.db, host=args.host, port=args.port))
 
 
@@ -120,9 +131,10 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
     run_ids = []
     for each in faults:
         print(f"specscope demo: serving {args.requests} requests through vLLM "
-              f"({'compiled' if args.compiled else 'eager'}), fault={each or 'none'} -> {args.db}", flush=True)
+              f"({'compiled' if args.compiled else 'eager'}), fault={each or 'none'}, sampling "
+              f"{sampling_label(GREEDY)} -> {args.db}", flush=True)
         done = vllm_run(args.db, fault=each, prompts=prompts, max_new_tokens=args.max_new_tokens, k=args.k,
-                        compiled=args.compiled)
+                        compiled=args.compiled, temperatures=(GREEDY,))
         if done.error:
             print(f"specscope demo: {stopped(each, done.error)}", flush=True)
         run_ids.append(done.run_id)
@@ -139,22 +151,33 @@ def _run_llamacpp(args: argparse.Namespace) -> list[str]:
     if args.ranks != 1 or args.rank_fault is not None or args.fault is not None:
         raise ConfigError("--engine llama.cpp serves one rank without fault switches: drop --ranks / "
                           "--rank-fault / --fault")
-    if args.requests < 1 or args.max_new_tokens < 1 or args.k < 1:
-        raise ConfigError("--requests, --max-new-tokens and --k must be at least 1")
+    if args.requests < 1 or args.max_new_tokens < 1:
+        raise ConfigError("--requests and --max-new-tokens must be at least 1")
     if importlib.util.find_spec("xllamacpp") is None:
         raise ConfigError("xllamacpp is not installed: pip install xllamacpp (make demo / make test install it)")
     prompts = demo_prompts(args.requests, args.first_prompt)
+    sampling = _llamacpp_sampling()
     run_ids = []
     for mode in ["draft"] if args.no_dashboard else ["draft", "ngram", "eagle3"]:
         # The EAGLE-3 head was trained on the float32 target's hidden states: served from the Q4_1
         # GGUF, llama.cpp's quantized products move them and it accepts less (docs/engines.md).
         eagle3 = mode == "eagle3"
         print(f"specscope demo: serving {args.requests} requests through llama.cpp, {mode} speculation"
-              f"{' (target dequantized to float32, the weights vLLM serves)' if eagle3 else ''} -> {args.db}",
-              flush=True)
+              f"{' (target dequantized to float32, the weights vLLM serves)' if eagle3 else ''}, sampling "
+              f"{sampling} -> {args.db}", flush=True)
         run_ids.append(serve_recorded(args.db, mode, prompts, max_new_tokens=args.max_new_tokens, k=args.k,
-                                      dequantized=eagle3))
+                                      seed=LLAMACPP_SEED, temperature=LLAMACPP_TEMPERATURE, dequantized=eagle3))
     return run_ids
+
+
+def _llamacpp_sampling() -> str:
+    """The llama.cpp runs' sampling: the requests' temperature and seed, the server's own top-p,
+    top-k and min-p (the requests leave them at llama.cpp's defaults)."""
+    import xllamacpp
+
+    defaults = xllamacpp.CommonParams().sampling
+    return (f"{sampling_label(LLAMACPP_TEMPERATURE, defaults.top_p, defaults.top_k)} min_p={defaults.min_p:g} "
+            f"seed={LLAMACPP_SEED}")
 
 
 def stopped(fault: str | None, error: str) -> str:
@@ -195,6 +218,6 @@ def _run_reference(args: argparse.Namespace, runs: list) -> list[str]:
     run_ids = []
     for opts in runs:
         print(f"specscope demo: serving {opts.requests} requests, fault={opts.label or 'none'}, "
-              f"ranks={opts.ranks} -> {args.db}", flush=True)
+              f"ranks={opts.ranks}, sampling {sampling_label(GREEDY)} -> {args.db}", flush=True)
         run_ids.append(run_demo(opts))
     return run_ids
