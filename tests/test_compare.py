@@ -336,7 +336,90 @@ def test_the_verdict_is_per_sampling_group_not_over_a_different_mix(tmp_path, ca
     assert main(["compare", "--base-db", db, "--base-run", "base", "--db", db, "--run", "cand", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"] == "no change" and set(report["groups"]) == {"greedy", "T=0.8"}
+    assert report["decided_by"] == ["T=0.8", "greedy"]
     # runs that share no sampling group: nothing to compare, said in one line
     assert main(["compare", "--base-db", db, "--base-run", "only-greedy", "--db", db, "--run", "only-sampled"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "share no sampling group" in err
+
+
+def test_a_pooled_regression_beside_groups_that_decide_otherwise_is_not_printed_as_one(tmp_path, capsys):
+    """More sampled requests in the candidate pull the pooled AL down (regression over all requests), while
+    the greedy group alone is inconclusive and the sampled one unchanged: the text printed "all requests:
+    ... regression" then "verdict: inconclusive". The pooled line is shown, not judged, and the verdict
+    names the group that gave it (text, JSON)."""
+    db = str(tmp_path / "mix.db")
+    with open_store(db) as store:
+        _mixed_run(store, "base", {0.0: (8, [3, 2, 3, 2]), 0.8: (3, [0, 1, 0, 0])})
+        events = [RunStart("cand", "e", "1", "t", "d", {})]
+        # greedy: noisy, three of the base's prompts; sampled: as before, over other prompts
+        served = [(0.0, f"0.0-{i}", accepted) for i, accepted in enumerate([[3, 2, 3, 2], [1, 0, 4, 2], [4, 4, 3, 2]])]
+        served += [(0.8, f"other-{i}", [0, 1, 0, 0]) for i in range(8)]
+        for i, (temperature, key, accepted) in enumerate(served):
+            events += [RequestStart("cand", f"c{i}", 0, 5, temperature=temperature, prompt_key=key),
+                       *[VerifyStep("cand", f"c{i}", 0, n, 4, a) for n, a in enumerate(accepted)],
+                       RequestEnd("cand", f"c{i}", 0, 4 + sum(accepted), 4)]
+        store.write(events)
+    status = main(["compare", "--base-db", db, "--base-run", "base", "--db", db, "--run", "cand", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "inconclusive" and status == 3
+    assert report["decided_by"] == ["greedy"] and report["groups"]["greedy"]["verdict"] == "inconclusive"
+    assert report["ci95"][1] < 0  # pooled over a changed mix it would read a regression
+    main(["compare", "--base-db", db, "--base-run", "base", "--db", db, "--run", "cand"])
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if line.endswith(": regression")]
+    (pooled,) = [line for line in lines if line.startswith("all requests")]
+    assert pooled.endswith("not judged (each sampling group is)")
+    assert lines[-1].startswith("verdict: inconclusive, decided by sampling group greedy (")
+
+
+@pytest.fixture(scope="module")
+def audited(target_pair, tmp_path_factory) -> tuple[str, dict[str, str]]:
+    """Reference-engine runs over the same prompts, audited at every verify step: healthy, and through
+    the ``emit-draft-token`` verifier (acceptance in the healthy range, output not the target's)."""
+    from specscope.collector import Collector
+    from specscope.engine import Engine, heldout_prompts
+    from specscope.instrumentation import Tracer
+
+    db = str(tmp_path_factory.mktemp("audited") / "audited.db")
+    runs = {}
+    for name in ("healthy", "emit-draft-token"):
+        fault = None if name == "healthy" else name
+        engine = Engine(target=target_pair, fault=fault)
+        with Collector(db) as collector:
+            engine.tracer = Tracer(collector, engine="specscope-reference", engine_version="0", target_model="t",
+                                   draft_model="d", config=engine.run_config(), fault=fault, audit_every=1)
+            engine.generate(heldout_prompts()[:PROMPTS], max_new_tokens=TOKENS, temperature=0.0)
+            engine.tracer.close()
+        runs[name] = engine.tracer.run_id
+    return db, runs
+
+
+def test_a_candidate_that_fails_its_losslessness_audit_is_lossy_whatever_its_acceptance(audited, capsys, monkeypatch):
+    """The verdict was acceptance's alone, so a verifier that changes the text read as no change (or an
+    improvement, where the fault raised acceptance). Now: ``lossy``, exit 1, in text, JSON and on the
+    dashboard; the other way round the candidate is judged by its acceptance, the broken base noted."""
+    db, runs = audited
+    status, out, _ = cli(capsys, "--base-db", db, "--base-run", runs["healthy"], "--db", db,
+                         "--run", runs["emit-draft-token"], "--json")
+    data = json.loads(out)
+    assert status == 1 and data["verdict"] == "lossy" and data["decided_by"] == ["losslessness audit"]
+    assert data["acceptance_verdict"] in ("no change", "inconclusive", "improvement", "regression")
+    (violation,) = data["lossless_violations"]
+    assert data["doctor"]["candidate"]["error"] >= 1
+    status, out, _ = cli(capsys, "--base-db", db, "--base-run", runs["healthy"], "--db", db,
+                         "--run", runs["emit-draft-token"])
+    lines = out.splitlines()
+    assert status == 1 and f"lossy: {violation}" in lines
+    (verdict,) = [line for line in lines if line.startswith("verdict:")]
+    assert verdict.startswith("verdict: lossy, decided by the candidate's losslessness audit (acceptance alone: ")
+    status, out, _ = cli(capsys, "--base-db", db, "--base-run", runs["emit-draft-token"], "--db", db,
+                         "--run", runs["healthy"], "--json")
+    assert json.loads(out)["verdict"] != "lossy" and status != 1
+    monkeypatch.setenv(DB_ENV, db)
+    at = AppTest.from_file(str(ENTRY), default_timeout=120).run()
+    at.selectbox(key="run_picker").set_value(runs["emit-draft-token"]).run()
+    at.selectbox(key="compare").set_value(runs["healthy"]).run()
+    assert not at.exception
+    (box,) = [e.value for e in at.error if e.value.startswith("**lossy**")]
+    assert "fails its losslessness audit" in box and violation in box

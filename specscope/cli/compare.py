@@ -2,7 +2,8 @@
 change between two runs? (docs/design.md, "Comparing runs").
 
 Both stores are opened read-only (never created nor upgraded) and may be the same store. Exit status,
-for a CI gate: 1 when the candidate's acceptance length regressed, 3 when the runs cannot tell
+for a CI gate: 1 when the candidate's acceptance length regressed or the candidate fails its losslessness
+audit (verdict ``lossy``: LOSSLESS_VIOLATION), 3 when the runs cannot tell
 (inconclusive: too few or too noisy requests), 0 otherwise (improvement or no change), 2 on unusable
 input (missing store, unknown or ambiguous run, the same run on both sides, a run with fewer than two
 requests with verify steps: one line on stderr).
@@ -23,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Compare the candidate run (--db, --run) with the base run (--base-db, --base-run): "
                     "each run's acceptance length, rate and per-position acceptance, the difference in "
                     "acceptance length with a 95%% bootstrap interval over requests (paired by prompt when "
-                    "both served the same prompts), and a verdict. Exit 1 on a regression, 3 when "
-                    "inconclusive.")
+                    "both served the same prompts), and a verdict, per sampling group where the runs served "
+                    "several (the verdict names the groups that gave it); a candidate that fails its "
+                    "losslessness audit is lossy. Exit 1 on a regression or lossy, 3 when inconclusive.")
     parser.add_argument("--base-db", required=True, help="store of the base run: a SQLite path or a SQLAlchemy URL")
     parser.add_argument("--base-run", metavar="ID", help="the base run, by its id or a unique prefix "
                         "(default: the base store's newest run)")
@@ -36,25 +38,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the comparison; returns 1 on a regression, 3 when inconclusive, else 0 (ConfigError,
-    StoreError: exit 2)."""
+    """Print the comparison; returns 1 on a regression or a lossy candidate, 3 when inconclusive, else 0
+    (ConfigError, StoreError: exit 2)."""
     from specscope.compare import compare, render_text
-    from specscope.readmodel import counts, report
     from specscope.storage import open_store
 
     with open_store(args.base_db, create=False, read_only=True) as base, \
             open_store(args.db, create=False, read_only=True) as candidate:
         comparison = compare(base, candidate, args.base_run, args.run)
-        # The verdict judges acceptance only; a run the doctor finds broken is said beside it, since an
-        # inconclusive or unchanged acceptance says nothing of, e.g., a verifier that changed the text.
-        doctor = {name: counts(report(store, side.run_id).findings)
-                  for name, store, side in (("base", base, comparison.base), ("candidate", candidate, comparison.candidate))}
     if args.json:
-        print(json.dumps({**comparison.to_dict(), "doctor": doctor}, indent=2))
+        print(json.dumps(comparison.to_dict(), indent=2))
     else:
         print(render_text(comparison))
+        # a run the doctor finds broken is said beside the verdict: an unchanged acceptance says nothing
+        # of, e.g., a capture layer that went missing on the base
         for name, side in (("base", comparison.base), ("candidate", comparison.candidate)):
-            if doctor[name]["error"]:
-                print(f"note: the doctor finds {doctor[name]['error']} error(s) on the {name} run "
+            if comparison.doctor[name]["error"]:
+                print(f"note: the doctor finds {comparison.doctor[name]['error']} error(s) on the {name} run "
                       f"(specscope doctor --run {side.run_id})")
     return comparison.exit_code

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -21,17 +22,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(target: Path, draft: Path, env: dict[str, str], log: Path, compiled: bool = False
-                 ) -> tuple[subprocess.Popen, str]:
-    """A vLLM OpenAI-compatible server on a free loopback port; returns (process, base URL) once
-    ``/health`` answers. Raises RuntimeError if it exits or takes over 5 minutes."""
+def start_server(target: Path, draft: Path, env: dict[str, str], log: Path, compiled: bool = False,
+                 options: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
+    """A vLLM OpenAI-compatible server on a free loopback port (``options``: more of vLLM's serve
+    options); returns (process, base URL) once ``/health`` answers. Raises RuntimeError if it exits
+    or takes over 5 minutes."""
     port = _free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
                "--dtype", "float32", "--max-model-len", "1024", *(() if compiled else ("--enforce-eager",)),
                "--host", "127.0.0.1",
                "--port", str(port), "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0",
                "--speculative-config",
-               f'{{"method": "eagle3", "model": "{draft}", "num_speculative_tokens": 4}}']
+               f'{{"method": "eagle3", "model": "{draft}", "num_speculative_tokens": 4}}', *options]
     process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

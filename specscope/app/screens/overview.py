@@ -70,7 +70,8 @@ def panel(rid: str, narrow: bool) -> None:
                    "token + verify time per step)); the Tokens/s tile counts wall time over all ranks.")
 
 
-VERDICT_BOX = {"regression": st.error, "improvement": st.success, "inconclusive": st.warning, "no change": st.info}
+VERDICT_BOX = {"regression": st.error, "lossy": st.error, "improvement": st.success, "inconclusive": st.warning,
+               "no change": st.info}
 
 
 def verdict(candidate: str, base: str) -> None:
@@ -81,12 +82,18 @@ def verdict(candidate: str, base: str) -> None:
     if "error" in result:
         st.warning(f"These runs cannot be compared: {result['error']}")
         return
-    low, high = result["ci95"]
-    how = (f"paired over {result['matched_requests']} requests with the same prompt" if result["paired"]
-           else f"two-sample over {result['base_requests']} + {result['candidate_requests']} requests")
+    # the figures of what decided the verdict: one sampling group's where the groups were judged
+    group = result["groups"].get(result["decided_by"][0]) if result["groups"] else None
+    diff = group or result
+    low, high = diff["ci95"]
+    how = (f"paired over {diff['matched_requests']} requests with the same prompt" if diff["paired"]
+           else f"two-sample over {diff['base_requests']} + {diff['candidate_requests']} requests")
+    where = f" in sampling group {result['decided_by'][0]}" if group else ""
+    lossy = (f"the candidate fails its losslessness audit ({result['lossless_violations'][0]}); acceptance "
+             f"alone reads {result['acceptance_verdict']}: " if result["lossless_violations"] else "")
     VERDICT_BOX[result["verdict"]](
-        f"**{result['verdict']}**: acceptance length {widgets.fmt(result['base']['mean_acceptance_length'], 3)} "
-        f"→ {widgets.fmt(result['candidate']['mean_acceptance_length'], 3)}, difference {result['delta']:+.3f} "
+        f"**{result['verdict']}**: {lossy}acceptance length {widgets.fmt(result['base']['mean_acceptance_length'], 3)} "
+        f"→ {widgets.fmt(result['candidate']['mean_acceptance_length'], 3)}, difference{where} {diff['delta']:+.3f} "
         f"(95% CI {low:+.3f} … {high:+.3f}), {how}")
     st.caption(f"Base: run `{base[:12]}` · candidate: the open run `{candidate[:12]}`. The rule: {result['rule']}. "
                "Intervals are bootstrapped over requests; `specscope compare` gives the same verdict.")
