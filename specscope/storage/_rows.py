@@ -1,4 +1,5 @@
-"""Events to table rows: the write path's routing, grouped by statement so each one is an executemany.
+"""Events to table rows: the write path's one routing table (:data:`ROUTES`: event type -> statement
+and row function), rows grouped by statement so each one is an executemany.
 
 Conventions of the stored form (schema.py docstring): shapes as ``"1x5x1728"`` (``""`` for a 0-d
 tensor) plus ``width`` = last dimension (NULL for 0-d); lists and dicts as JSON text; the per-position
@@ -10,18 +11,51 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
+
 from specscope import events as ev
-from specscope.storage import schema
+from specscope.storage import _summaries, schema
 
 Row = dict[str, Any]
 Counters = Mapping[tuple[str, int], tuple[int, int]]
+Insert = Callable[[sa.Table], Any]  # the dialect's insert(): sqlalchemy.dialects.{sqlite,postgresql}.insert
 
-# Statements in the order one transaction runs them: parents (runs, ranks, request starts) first, so
-# the updates of the same batch find their rows.
-STATEMENTS = ("runs", "rank_start", "rank_status", "request_start", "request_end", "verify_steps",
-              "tensor_events", "provenance", "load_reports", "lossless_audit", "findings", "counters")
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement of a write transaction.
+
+    - ``columns``: a plain insert's row tuple, in this column order (executemany or COPY); empty for
+      a statement ``build`` makes with the dialect's ``insert`` (an upsert, an update), whose rows
+      are dicts.
+    - ``key`` / ``keep_last``: one row per key in a batch, the first event's or the last one's
+      (PostgreSQL refuses an ON CONFLICT DO UPDATE that touches one row twice in a statement).
+    - ``summary``: the summary table its rows also update, in the same transaction.
+    """
+
+    name: str
+    table: sa.Table
+    columns: tuple[str, ...] = ()
+    build: Callable[[Insert], sa.Executable] | None = None
+    key: tuple[str, ...] = ()
+    keep_last: bool = False
+    summary: _summaries.Summary | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where the events of one type go: their statement, and the row of one event."""
+
+    statement: Statement
+    row: Callable[[Any], Row | tuple]
+
+
+def _plain(name: str, columns: tuple[str, ...],
+           summary: Callable[[tuple[str, ...]], _summaries.Summary] | None = None) -> Statement:
+    return Statement(name, schema.metadata.tables[name], columns, summary=None if summary is None else summary(columns))
 
 
 def _json(value: Any) -> str:
@@ -81,22 +115,8 @@ def _request_end(e: ev.RequestEnd) -> Row:
             "verify_steps": e.verify_steps, "text": e.text, "finished_wall": e.ts_wall}
 
 
-# Plain inserts (the high-volume tables): rows are tuples in these column orders, handed straight to
-# the driver's executemany (SQLAlchemy's per-row parameter processing would cost more than SQLite).
-INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
-    "verify_steps": ("run_id", "request_id", "rank", "step", "proposed", "accepted", "accepted_mask",
-                     "draft_s", "verify_s", "emitted", "ts_wall", "steps"),
-    "tensor_events": ("run_id", "rank", "hook_point", "call_index", "shape", "width", "dtype", "device",
-                      "expected_shape", "expected_width", "absmax", "mean", "nonfinite", "request_id",
-                      "step", "graph_phase", "ts_wall"),
-    "provenance": ("run_id", "rank", "call_index", "configured", "received", "matches", "width",
-                   "request_id", "step", "ts_wall"),
-    "load_reports": ("run_id", "rank", "module", "source", "strict", "loaded", "missing", "unexpected",
-                     "renamed", "ts_wall"),
-    "lossless_audit": ("run_id", "rank", "request_id", "sampling", "tokens", "mismatches", "rare",
-                       "rare_expected", "p_sum", "p2_sum", "epsilon", "example", "ts_wall"),
-    "findings": ("run_id", "source", "code", "severity", "message", "evidence", "fix", "ts_wall"),
-}
+_VERIFY_STEPS = _plain("verify_steps", ("run_id", "request_id", "rank", "step", "proposed", "accepted", "accepted_mask",
+                                       "draft_s", "verify_s", "emitted", "ts_wall", "steps"), _summaries.acceptance_masks)
 
 
 def _verify_step(e: ev.VerifyStep) -> tuple:
@@ -113,6 +133,11 @@ def _verify_group(e: ev.VerifyGroup) -> tuple:
             None, None, None, e.ts_wall, e.steps)
 
 
+_TENSOR_EVENTS = _plain("tensor_events", ("run_id", "rank", "hook_point", "call_index", "shape", "width", "dtype", "device",
+                                         "expected_shape", "expected_width", "absmax", "mean", "nonfinite", "request_id",
+                                         "step", "graph_phase", "ts_wall"), _summaries.tensor_shapes)
+
+
 def _tensor(e: ev.TensorEvent) -> tuple:
     shape, expected = e.shape, e.expected_shape
     return (e.run_id, e.rank, e.hook_point, e.call_index, _shape(tuple(shape)),
@@ -121,9 +146,17 @@ def _tensor(e: ev.TensorEvent) -> tuple:
             e.absmax, e.mean, e.nonfinite, e.request_id, e.step, e.graph_phase, e.ts_wall)
 
 
+_PROVENANCE = _plain("provenance", ("run_id", "rank", "call_index", "configured", "received", "matches", "width",
+                                   "request_id", "step", "ts_wall"))
+
+
 def _provenance(e: ev.ProvenanceEvent) -> tuple:
     return (e.run_id, e.rank, e.call_index, _json(e.configured), _json(e.received),
             tuple(e.received) == tuple(e.configured), e.width, e.request_id, e.step, e.ts_wall)
+
+
+_LOAD_REPORTS = _plain("load_reports", ("run_id", "rank", "module", "source", "strict", "loaded", "missing", "unexpected",
+                                       "renamed", "ts_wall"))
 
 
 def _load_report(e: ev.LoadReport) -> tuple:
@@ -131,56 +164,98 @@ def _load_report(e: ev.LoadReport) -> tuple:
             _json(e.unexpected), _json(e.renamed), e.ts_wall)
 
 
+_LOSSLESS_AUDIT = _plain("lossless_audit", ("run_id", "rank", "request_id", "sampling", "tokens", "mismatches", "rare",
+                                           "rare_expected", "p_sum", "p2_sum", "epsilon", "example", "ts_wall"))
+
+
 def _lossless_audit(e: ev.LosslessAudit) -> tuple:
     return (e.run_id, e.rank, e.request_id, e.sampling, e.tokens, e.mismatches, e.rare, e.rare_expected,
             e.p_sum, e.p2_sum, e.epsilon, None if e.example is None else _json(e.example), e.ts_wall)
+
+
+_FINDINGS = _plain("findings", ("run_id", "source", "code", "severity", "message", "evidence", "fix", "ts_wall"))
 
 
 def _finding(e: ev.Finding) -> tuple:
     return (e.run_id, e.source, e.code, e.severity, e.message, _json(e.evidence), e.fix, e.ts_wall)
 
 
-ROUTES: dict[str, tuple[str, Callable[[Any], Row | tuple]]] = {
-    ev.RunStart.kind: ("runs", _run),
-    ev.RankStart.kind: ("rank_start", _rank_start),
-    ev.RankStatus.kind: ("rank_status", _rank_status),
-    ev.RequestStart.kind: ("request_start", _request_start),
-    ev.RequestEnd.kind: ("request_end", _request_end),
-    ev.VerifyStep.kind: ("verify_steps", _verify_step),
-    ev.VerifyGroup.kind: ("verify_steps", _verify_group),
-    ev.TensorEvent.kind: ("tensor_events", _tensor),
-    ev.ProvenanceEvent.kind: ("provenance", _provenance),
-    ev.LoadReport.kind: ("load_reports", _load_report),
-    ev.LosslessAudit.kind: ("lossless_audit", _lossless_audit),
-    ev.Finding.kind: ("findings", _finding),
+def _runs(insert: Insert) -> sa.Executable:
+    return insert(schema.runs).on_conflict_do_nothing(index_elements=["run_id"])
+
+
+def _rank_start_upsert(insert: Insert) -> sa.Executable:
+    stmt = insert(schema.run_ranks)
+    return stmt.on_conflict_do_update(index_elements=["run_id", "rank"], set_={
+        name: stmt.excluded[name] for name in ("world_size", "host", "pid", "device", "started_wall", "last_seen_wall")})
+
+
+def _rank_status_upsert(insert: Insert) -> sa.Executable:
+    ranks = schema.run_ranks
+    stmt = insert(ranks)
+    return stmt.on_conflict_do_update(index_elements=["run_id", "rank"], set_={
+        "hook_calls": stmt.excluded.hook_calls,
+        "hook_errors": stmt.excluded.hook_errors,
+        "graph_mode": stmt.excluded.graph_mode,
+        "last_seen_wall": stmt.excluded.last_seen_wall,
+        "ended_wall": sa.func.coalesce(stmt.excluded.ended_wall, ranks.c.ended_wall),
+        "error": sa.func.coalesce(stmt.excluded.error, ranks.c.error)})
+
+
+def _request_start_insert(insert: Insert) -> sa.Executable:
+    return insert(schema.requests).on_conflict_do_nothing(index_elements=["run_id", "request_id"])
+
+
+def _request_end_update(insert: Insert) -> sa.Executable:
+    # the first RequestEnd of a request is the one kept: a second one (a producer finishing twice)
+    # matches no row
+    requests = schema.requests
+    return sa.update(requests).where(requests.c.run_id == sa.bindparam("b_run_id"),
+                                     requests.c.request_id == sa.bindparam("b_request_id"),
+                                     requests.c.finished_wall.is_(None))
+
+
+def _counters_upsert(insert: Insert) -> sa.Executable:
+    ranks = schema.run_ranks
+    stmt = insert(ranks)
+    return stmt.on_conflict_do_update(index_elements=["run_id", "rank"], set_={
+        "events_written": ranks.c.events_written + stmt.excluded.events_written,
+        "events_dropped": ranks.c.events_dropped + stmt.excluded.events_dropped,
+        "last_seen_wall": stmt.excluded.last_seen_wall})
+
+
+# In transaction order: parents (runs, ranks, request starts) first, so the updates of the same batch
+# find their rows; the counters (no event of their own) come last.
+ROUTES: Mapping[type, Route] = {
+    ev.RunStart: Route(Statement("runs", schema.runs, build=_runs, key=("run_id",)), _run),  # first one wins
+    ev.RankStart: Route(Statement("rank_start", schema.run_ranks, build=_rank_start_upsert, key=("run_id", "rank"),
+                                  keep_last=True), _rank_start),
+    ev.RankStatus: Route(Statement("rank_status", schema.run_ranks, build=_rank_status_upsert, key=("run_id", "rank"),
+                                   keep_last=True), _rank_status),
+    ev.RequestStart: Route(Statement("request_start", schema.requests, build=_request_start_insert,
+                                     key=("run_id", "request_id")), _request_start),
+    ev.RequestEnd: Route(Statement("request_end", schema.requests, build=_request_end_update), _request_end),
+    ev.VerifyStep: Route(_VERIFY_STEPS, _verify_step),
+    ev.VerifyGroup: Route(_VERIFY_STEPS, _verify_group),
+    ev.TensorEvent: Route(_TENSOR_EVENTS, _tensor),
+    ev.ProvenanceEvent: Route(_PROVENANCE, _provenance),
+    ev.LoadReport: Route(_LOAD_REPORTS, _load_report),
+    ev.LosslessAudit: Route(_LOSSLESS_AUDIT, _lossless_audit),
+    ev.Finding: Route(_FINDINGS, _finding),
 }
 
-# Keyed statements get one row per key (first or last event wins): PostgreSQL refuses an
-# ON CONFLICT DO UPDATE that touches one row twice in a statement.
-_KEYS: dict[str, tuple[tuple[str, ...], bool]] = {  # statement -> (key columns, keep the last event)
-    "runs": (("run_id",), False),  # "first one wins" (RunStart docstring)
-    "rank_start": (("run_id", "rank"), True),
-    "rank_status": (("run_id", "rank"), True),
-    "request_start": (("run_id", "request_id"), False),
-}
+STATEMENTS: tuple[Statement, ...] = (*dict.fromkeys(route.statement for route in ROUTES.values()),
+                                     Statement("counters", schema.run_ranks, build=_counters_upsert))
+"""Every statement of a write, in the order one transaction runs them."""
 
+INSERT_COLUMNS: dict[str, tuple[str, ...]] = {s.name: s.columns for s in STATEMENTS if s.columns}
+"""The plain inserts (the high-volume tables): rows are tuples in these column orders, handed straight
+to the driver's executemany (SQLAlchemy's per-row parameter processing would cost more than SQLite)."""
 
-# Where each statement writes: the columns whose types check_row compares values with.
-# (a plain insert is named after its table)
-_TABLES = {"runs": schema.runs, "rank_start": schema.run_ranks, "rank_status": schema.run_ranks,
-           "request_start": schema.requests, "request_end": schema.requests,
-           **{name: schema.metadata.tables[name] for name in INSERT_COLUMNS}}
+_BY_NAME = {s.name: s for s in STATEMENTS}
 _INT64 = 2**63
-
-
-def _column_types(statement: str) -> dict[str, type]:
-    table = _TABLES[statement]
-    return {column.name: column.type.python_type for column in table.columns}
-
-
-_TYPES = {statement: _column_types(statement) for statement in _TABLES}
-_TUPLE_TYPES = {statement: tuple(_TYPES[statement][c] for c in columns)
-                for statement, columns in INSERT_COLUMNS.items()}
+_TYPES = {s.name: {column.name: column.type.python_type for column in s.table.columns} for s in STATEMENTS}
+_TUPLE_TYPES = {s.name: tuple(_TYPES[s.name][c] for c in s.columns) for s in STATEMENTS if s.columns}
 
 
 def _bad_value(expected: type, value: Any) -> str | None:
@@ -214,8 +289,6 @@ def bad_value(grouped: Mapping[str, list[Row | tuple]]) -> str | None:
     Run after a write failed (never before: a clean batch pays nothing), to tell a batch that holds
     a bad value from a store that cannot be written."""
     for statement, rows in grouped.items():
-        if statement not in _TABLES:
-            continue
         for row in rows:
             if isinstance(row, tuple):
                 names, types, values = INSERT_COLUMNS[statement], _TUPLE_TYPES[statement], row
@@ -226,31 +299,45 @@ def bad_value(grouped: Mapping[str, list[Row | tuple]]) -> str | None:
                 reason = _bad_value(expected, value)
                 if reason is not None:
                     shown = repr(value)
-                    return (f"{_TABLES[statement].name}.{name.removeprefix('b_')}: {reason} "
+                    return (f"{_BY_NAME[statement].table.name}.{name.removeprefix('b_')}: {reason} "
                             f"({shown[:60] + '...' if len(shown) > 60 else shown})")
     return None
 
 
 def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
-    """Rows per statement name of :data:`STATEMENTS` (statements without rows are absent): tuples in
-    :data:`INSERT_COLUMNS` order for the plain inserts, dicts of column values for the others.
+    """Rows per statement name (statements without rows are absent): tuples in :data:`INSERT_COLUMNS`
+    order for the plain inserts, dicts of column values for the others.
 
     Raises:
-        KeyError: an object whose ``kind`` is not an event kind of :mod:`specscope.events`;
+        KeyError: an object that is not an event of :mod:`specscope.events`;
         AttributeError / TypeError / ValueError / RecursionError: an event with fields of the wrong
         type or a value no database column can hold (``emitted`` nested past the recursion limit).
     """
     grouped: dict[str, list[Row]] = {}
     for event in events:
-        statement, to_row = ROUTES[event.kind]
-        rows = grouped.get(statement)
+        route = ROUTES[type(event)]
+        rows = grouped.get(route.statement.name)
         if rows is None:
-            rows = grouped[statement] = []
-        rows.append(to_row(event))
-    for statement, (key, keep_last) in _KEYS.items():
-        if statement in grouped:
-            grouped[statement] = _dedupe(grouped[statement], key, keep_last)
+            rows = grouped[route.statement.name] = []
+        rows.append(route.row(event))
+    for name, rows in grouped.items():
+        statement = _BY_NAME[name]
+        if statement.key:
+            grouped[name] = _dedupe(rows, statement.key, statement.keep_last)
     return grouped
+
+
+def summary_rows(grouped: Mapping[str, list[Row | tuple]]) -> dict[str, list[Row]]:
+    """The summary rows of a batch (:func:`group_rows`), per summary table."""
+    return {s.summary.table.name: s.summary.fold(grouped[s.name]) for s in STATEMENTS
+            if s.summary is not None and grouped.get(s.name)}
+
+
+def write_statements(insert: Insert) -> dict[str, sa.Executable]:
+    """The statements that are not plain inserts (upserts, the request-end update, the summary upserts),
+    by name, built with the dialect's ``insert``."""
+    built = {s.name: s.build(insert) for s in STATEMENTS if s.build is not None}
+    return built | {s.summary.table.name: s.summary.upsert(insert) for s in STATEMENTS if s.summary is not None}
 
 
 def _dedupe(rows: list[Row], key: tuple[str, ...], keep_last: bool) -> list[Row]:

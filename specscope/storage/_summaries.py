@@ -1,42 +1,60 @@
-"""The summary tables (``acceptance_masks``, ``tensor_shapes``): how a batch of
-verify-step and tensor-event rows updates them, and how they are rebuilt from the raw rows.
+"""The summary tables (``acceptance_masks``, ``tensor_shapes``): how a batch of verify-step and
+tensor-event rows updates them, and how they are rebuilt from the raw rows.
 
 A summary row aggregates the raw rows of one key: for ``acceptance_masks`` (run, rank, accepted mask)
 the summed ``steps`` / ``proposed`` / ``accepted``, the first and last ``ts_wall`` and whether any row
 is a per-step row; for ``tensor_shapes`` (run, rank, hook point, shape, dtype, device, expected shape,
 graph phase) the event count, first / last call index and wall time and the summed non-finite
-elements. :func:`batch_rows` folds one write's rows per key in Python, then one upsert per table adds
-them to the stored rows (sums add, first / last take the min / max), in the write's own transaction:
-a reader sees the raw rows and their summary together, or neither. Both aggregates are associative,
-so any split into batches gives the rows :func:`rebuild` computes from scratch (a test checks it).
+elements. A :class:`Summary` folds one write's rows per key in Python, then its upsert adds them to
+the stored rows (sums add, first / last take the min / max), in the write's own transaction: a reader
+sees the raw rows and their summary together, or neither. Both aggregates are associative, so any
+split into batches gives the rows :func:`rebuild` computes from scratch (a test checks it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from specscope.storage import schema
 
 Row = dict[str, object]
 
-_MASK_KEY = ("run_id", "rank", "accepted_mask")
-_SHAPE_KEY = ("run_id", "rank", "hook_point", "shape", "dtype", "device", "expected_shape", "graph_phase")
+
+@dataclass(frozen=True)
+class Summary:
+    """A summary table kept by writes: ``fold`` turns a batch of raw rows into one row per ``key``
+    (sorted by key, so concurrent writers lock shared keys in one order); the upsert adds ``sums`` and
+    widens the ``firsts`` (min) and ``lasts`` (max) of the stored row."""
+
+    table: sa.Table
+    key: tuple[str, ...]
+    sums: tuple[str, ...]
+    firsts: tuple[str, ...]
+    lasts: tuple[str, ...]
+    fold: Callable[[Sequence[tuple]], list[Row]]
+
+    def upsert(self, insert: Callable[[sa.Table], sa.Insert]) -> sa.Executable:
+        """INSERT ... ON CONFLICT DO UPDATE built with the dialect's ``insert``."""
+        stmt = insert(self.table)
+        new, table = stmt.excluded, self.table
+        update = {name: table.c[name] + new[name] for name in self.sums}
+        update |= {name: _pick(new[name], table.c[name], smaller=True) for name in self.firsts}
+        update |= {name: _pick(new[name], table.c[name], smaller=False) for name in self.lasts}
+        return stmt.on_conflict_do_update(index_elements=list(self.key), set_=update)
 
 
-# Positions in the ``_rows.INSERT_COLUMNS`` tuples.
-_MASK_OF = itemgetter(0, 2, 6)  # verify_steps: run_id, rank, accepted_mask
-_STEP, _PROPOSED, _ACCEPTED, _STEP_WALL, _STEPS = (itemgetter(i) for i in (3, 4, 5, 10, 11))
-_SHAPE_OF = itemgetter(0, 1, 2, 4, 6, 7, 8, 15)  # tensor_events: the _SHAPE_KEY columns
-_CALL, _WIDTH, _EXPECTED_WIDTH, _NONFINITE, _EVENT_WALL = (itemgetter(i) for i in (3, 5, 9, 12, 16))
+def _pick(new: sa.ColumnElement, old: sa.ColumnElement, smaller: bool) -> sa.ColumnElement:
+    # CASE, not MIN(a, b) / LEAST(a, b): SQLite and PostgreSQL spell the scalar min / max differently
+    return sa.case(((new < old) if smaller else (new > old), new), else_=old)
 
 
 def _groups(rows: Sequence[tuple], key: Callable[[tuple], tuple]) -> dict[tuple, list[tuple]]:
-    # one dict lookup per row; the per-group sums and bounds below run in C (map, sum, min, max)
+    # one dict lookup per row; the per-group sums and bounds run in C (map, sum, min, max)
     groups: dict[tuple, list[tuple]] = {}
     for k, row in zip(map(key, rows), rows):
         group = groups.get(k)
@@ -47,61 +65,55 @@ def _groups(rows: Sequence[tuple], key: Callable[[tuple], tuple]) -> dict[tuple,
     return groups
 
 
-def batch_rows(verify_steps: Sequence[tuple], tensor_events: Sequence[tuple]) -> dict[str, list[Row]]:
-    """Summary rows of one batch, per summary table (absent when the batch has no such rows).
-
-    ``verify_steps`` / ``tensor_events``: rows in ``_rows.INSERT_COLUMNS`` order (the tuples the
-    store inserts). Returns dicts of column values, one per key, sorted by key (concurrent writers
-    then lock shared keys in one order).
-    """
-    out: dict[str, list[Row]] = {}
-    if verify_steps:
-        out["acceptance_masks"] = [
-            {"run_id": run_id, "rank": rank, "accepted_mask": mask, "steps": sum(map(_STEPS, group)),
-             "proposed": sum(map(_PROPOSED, group)), "accepted": sum(map(_ACCEPTED, group)),
-             "first_wall": min(map(_STEP_WALL, group)), "last_wall": max(map(_STEP_WALL, group)),
-             "step_detail": 1 if max(map(_STEP, group)) >= 0 else 0}
-            for (run_id, rank, mask), group in sorted(_groups(verify_steps, _MASK_OF).items())]
-    if tensor_events:
-        rows = []
-        for key, group in _groups(tensor_events, _SHAPE_OF).items():
-            run_id, rank, point, shape, dtype, device, expected, phase = key
-            calls, walls = list(map(_CALL, group)), list(map(_EVENT_WALL, group))
-            rows.append({"run_id": run_id, "rank": rank, "hook_point": point, "shape": shape, "dtype": dtype,
-                         "device": device, "expected_shape": expected or "", "graph_phase": phase,
-                         "width": _WIDTH(group[0]), "expected_width": _EXPECTED_WIDTH(group[0]),
-                         "events": len(group), "first_call": min(calls), "last_call": max(calls),
-                         "first_wall": min(walls), "last_wall": max(walls),
-                         "nonfinite": sum(filter(None, map(_NONFINITE, group)))})
-        out["tensor_shapes"] = sorted(rows, key=_SHAPE_ROW)
-    return out
+def _getter(columns: tuple[str, ...], *names: str) -> Callable[[tuple], object]:
+    return itemgetter(*(columns.index(name) for name in names))
 
 
+_MASK_KEY = ("run_id", "rank", "accepted_mask")
+
+
+def acceptance_masks(columns: tuple[str, ...]) -> Summary:
+    """The summary of ``verify_steps`` rows (tuples in ``columns`` order): one row per accepted mask."""
+    mask_of = _getter(columns, *_MASK_KEY)
+    step, proposed, accepted, wall, steps = (_getter(columns, c) for c in
+                                             ("step", "proposed", "accepted", "ts_wall", "steps"))
+
+    def fold(rows: Sequence[tuple]) -> list[Row]:
+        return [{"run_id": run_id, "rank": rank, "accepted_mask": mask, "steps": sum(map(steps, group)),
+                 "proposed": sum(map(proposed, group)), "accepted": sum(map(accepted, group)),
+                 "first_wall": min(map(wall, group)), "last_wall": max(map(wall, group)),
+                 "step_detail": 1 if max(map(step, group)) >= 0 else 0}
+                for (run_id, rank, mask), group in sorted(_groups(rows, mask_of).items())]
+
+    return Summary(schema.acceptance_masks, _MASK_KEY, ("steps", "proposed", "accepted"), ("first_wall",),
+                   ("last_wall", "step_detail"), fold)
+
+
+_SHAPE_KEY = ("run_id", "rank", "hook_point", "shape", "dtype", "device", "expected_shape", "graph_phase")
 _SHAPE_ROW = itemgetter(*_SHAPE_KEY)
 
 
-def _pick(new: sa.ColumnElement, old: sa.ColumnElement, smaller: bool) -> sa.ColumnElement:
-    # CASE, not MIN(a, b) / LEAST(a, b): SQLite and PostgreSQL spell the scalar min / max differently
-    return sa.case(((new < old) if smaller else (new > old), new), else_=old)
+def tensor_shapes(columns: tuple[str, ...]) -> Summary:
+    """The summary of ``tensor_events`` rows (tuples in ``columns`` order): one row per shape seen."""
+    shape_of = _getter(columns, *_SHAPE_KEY)
+    call, width, expected_width, nonfinite, wall = (_getter(columns, c) for c in
+                                                    ("call_index", "width", "expected_width", "nonfinite", "ts_wall"))
 
+    def fold(rows: Sequence[tuple]) -> list[Row]:
+        out = []
+        for key, group in _groups(rows, shape_of).items():
+            run_id, rank, point, shape, dtype, device, expected, phase = key
+            calls, walls = list(map(call, group)), list(map(wall, group))
+            out.append({"run_id": run_id, "rank": rank, "hook_point": point, "shape": shape, "dtype": dtype,
+                        "device": device, "expected_shape": expected or "", "graph_phase": phase,
+                        "width": width(group[0]), "expected_width": expected_width(group[0]),
+                        "events": len(group), "first_call": min(calls), "last_call": max(calls),
+                        "first_wall": min(walls), "last_wall": max(walls),
+                        "nonfinite": sum(filter(None, map(nonfinite, group)))})
+        return sorted(out, key=_SHAPE_ROW)
 
-def upserts(dialect: str) -> dict[str, sa.Executable]:
-    """The INSERT ... ON CONFLICT DO UPDATE of each summary table for ``dialect``: a batch row adds
-    its sums to the stored row of its key and widens its first / last bounds."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statements: dict[str, sa.Executable] = {}
-    for table, key, sums, firsts, lasts in (
-            (schema.acceptance_masks, _MASK_KEY, ("steps", "proposed", "accepted"), ("first_wall",),
-             ("last_wall", "step_detail")),
-            (schema.tensor_shapes, _SHAPE_KEY, ("events", "nonfinite"), ("first_call", "first_wall"),
-             ("last_call", "last_wall"))):
-        stmt = insert(table)
-        new = stmt.excluded
-        update = {name: table.c[name] + new[name] for name in sums}
-        update |= {name: _pick(new[name], table.c[name], smaller=True) for name in firsts}
-        update |= {name: _pick(new[name], table.c[name], smaller=False) for name in lasts}
-        statements[table.name] = stmt.on_conflict_do_update(index_elements=list(key), set_=update)
-    return statements
+    return Summary(schema.tensor_shapes, _SHAPE_KEY, ("events", "nonfinite"), ("first_call", "first_wall"),
+                   ("last_call", "last_wall"), fold)
 
 
 def rebuild(conn: Connection) -> None:

@@ -31,7 +31,16 @@ from specscope.storage._engine import (
 )
 from specscope.storage._errors import translate
 from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S
-from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Counters, bad_value, counter_rows, group_rows
+from specscope.storage._rows import (
+    INSERT_COLUMNS,
+    STATEMENTS,
+    Counters,
+    bad_value,
+    counter_rows,
+    group_rows,
+    summary_rows,
+    write_statements,
+)
 from specscope.storage.queries import Query, fetch
 from specscope.storage.user_query import QueryResult, run_query
 
@@ -107,13 +116,8 @@ class Store:
 
         ``counters`` maps ``(run_id, rank)`` to ``(events_written, events_dropped)`` increments for
         ``run_ranks`` (the collector's own counts; a rank row is created if its RankStart is missing).
-        Routing by ``event.kind``: RunStart -> runs (the first one per run wins), RankStart ->
-        run_ranks (upsert), RankStatus -> run_ranks (hook counters, graph mode, ``ended_wall`` once
-        finished), RequestStart / RequestEnd -> requests (insert / update), VerifyStep ->
-        verify_steps, TensorEvent -> tensor_events, ProvenanceEvent -> provenance, LoadReport ->
-        load_reports, Finding -> findings. Verify steps and tensor events also update their summary
-        tables (``acceptance_masks``, ``tensor_shapes``; ``storage/_summaries.py``) in the same
-        transaction.
+        Each event goes where its type's route says (``storage/_rows.py``, ``ROUTES``), summary tables
+        included.
 
         Raises:
             ReadOnlyViolation: the store was opened read-only.
@@ -124,7 +128,7 @@ class Store:
         self._check_writable()
         try:
             grouped = group_rows(events)
-            summaries = _summaries.batch_rows(grouped.get("verify_steps", ()), grouped.get("tensor_events", ()))
+            summaries = summary_rows(grouped)
         except (KeyError, AttributeError, TypeError, ValueError, RecursionError) as exc:
             raise EventRejected(f"writing to {self.url}: not a specscope event or a malformed one: "
                                 f"{type(exc).__name__}: {exc}") from exc
@@ -136,14 +140,14 @@ class Store:
             return
         try:
             with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
-                for name in STATEMENTS:
-                    rows = grouped.get(name)
+                for statement in STATEMENTS:
+                    rows = grouped.get(statement.name)
                     if not rows:
                         continue
-                    if name in self._inserts:
-                        self._bulk_insert(conn, name, self._inserts[name], rows)
+                    if statement.columns:
+                        self._bulk_insert(conn, statement.name, self._inserts[statement.name], rows)
                     else:
-                        conn.execute(self._statements[name], rows)
+                        conn.execute(self._statements[statement.name], rows)
                 for name, rows in summaries.items():  # in the same transaction as the rows they sum up
                     conn.execute(self._statements[name], rows)
         except EventRejected:
@@ -312,42 +316,9 @@ def insert_statements(dialect: str) -> dict[str, str]:
 
 
 def _write_statements(dialect: str) -> dict[str, sa.Executable]:
-    """The SQLAlchemy statement of each name in ``_rows.STATEMENTS`` that is not a plain insert; upserts use the dialect's INSERT ... ON
-    CONFLICT construct (same API in SQLAlchemy's sqlite and postgresql dialects)."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    ranks, requests = schema.run_ranks, schema.requests
-    key = ["run_id", "rank"]
-
-    rank_start = insert(ranks)
-    rank_start = rank_start.on_conflict_do_update(index_elements=key, set_={
-        name: rank_start.excluded[name]
-        for name in ("world_size", "host", "pid", "device", "started_wall", "last_seen_wall")})
-    rank_status = insert(ranks)
-    rank_status = rank_status.on_conflict_do_update(index_elements=key, set_={
-        "hook_calls": rank_status.excluded.hook_calls,
-        "hook_errors": rank_status.excluded.hook_errors,
-        "graph_mode": rank_status.excluded.graph_mode,
-        "last_seen_wall": rank_status.excluded.last_seen_wall,
-        "ended_wall": sa.func.coalesce(rank_status.excluded.ended_wall, ranks.c.ended_wall),
-        "error": sa.func.coalesce(rank_status.excluded.error, ranks.c.error)})
-    counters = insert(ranks)
-    counters = counters.on_conflict_do_update(index_elements=key, set_={
-        "events_written": ranks.c.events_written + counters.excluded.events_written,
-        "events_dropped": ranks.c.events_dropped + counters.excluded.events_dropped,
-        "last_seen_wall": counters.excluded.last_seen_wall})
-    # the first RequestEnd of a request is the one kept: a second one (a producer finishing twice)
-    # matches no row
-    request_end = sa.update(requests).where(requests.c.run_id == sa.bindparam("b_run_id"),
-                                            requests.c.request_id == sa.bindparam("b_request_id"),
-                                            requests.c.finished_wall.is_(None))
-    return _summaries.upserts(dialect) | {
-        "runs": insert(schema.runs).on_conflict_do_nothing(index_elements=["run_id"]),
-        "rank_start": rank_start,
-        "rank_status": rank_status,
-        "request_start": insert(requests).on_conflict_do_nothing(index_elements=["run_id", "request_id"]),
-        "request_end": request_end,
-        "counters": counters,
-    }
+    """The statements of :func:`specscope.storage._rows.write_statements` for ``dialect`` (INSERT ... ON
+    CONFLICT has the same API in SQLAlchemy's sqlite and postgresql dialects)."""
+    return write_statements(postgresql.insert if dialect == "postgresql" else sqlite.insert)
 
 
 def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False,
