@@ -25,6 +25,8 @@ MAX_PROPOSED = 64  # draft tokens per verify step the store holds a mask for (ve
 MAX_COUNT = 2**31 - 1
 """Largest count a store's INTEGER column holds on every database (PostgreSQL's int4): larger values
 are refused at the boundary, never wrapped by a binary COPY."""
+PIT_BINS = 10
+"""Equal-width bins of the losslessness audit's PIT histogram (``LosslessAudit.pit``)."""
 
 
 UNHOOKED_SOURCES = {"prometheus": "watched through its Prometheus endpoint",
@@ -474,8 +476,11 @@ class LosslessAudit:
     - ``rare``: sampled requests only: audited tokens whose target probability is below ``epsilon``;
       ``rare_expected``: the sum over those tokens' positions of the target's probability mass below
       ``epsilon`` (what a lossless engine emits there on average).
-    - ``p_sum`` / ``p2_sum``: sums of the emitted tokens' target probabilities and of each row's
-      sum of squared probabilities (its expected value): mean probability observed vs expected.
+    - ``p_sum`` / ``p2_sum`` / ``p_var_sum``: sums of the emitted tokens' target probabilities, of
+      each row's sum of squared probabilities (the emitted probability's expected value) and of its
+      variance: mean probability observed vs expected.
+    - ``pit``: sampled requests only: counts of the tokens' randomized PIT in :data:`PIT_BINS`
+      equal bins of [0, 1) (uniform for a lossless engine); empty when none was scored.
     - ``example``: the first violating token (position, emitted and target tokens, probability).
     """
 
@@ -492,6 +497,8 @@ class LosslessAudit:
     p2_sum: float = 0.0
     epsilon: float = 0.0
     example: dict[str, Any] | None = None
+    p_var_sum: float = 0.0
+    pit: tuple[int, ...] = ()
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
@@ -507,12 +514,17 @@ class LosslessAudit:
             value = getattr(self, name)
             if not (_is_int(value) and 0 <= value <= self.tokens):
                 raise InvalidEvent(f"lossless audit: {name}={value!r} outside 0..tokens={self.tokens}")
-        for name in ("rare_expected", "p_sum", "p2_sum", "epsilon"):
+        for name in ("rare_expected", "p_sum", "p2_sum", "p_var_sum", "epsilon"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise InvalidEvent(f"lossless audit: {name} must be a finite number >= 0, got {value!r}")
         if self.example is not None and not isinstance(self.example, dict):
             raise InvalidEvent(f"lossless audit: example must be a dict or None, got {type(self.example).__name__}")
+        pit = self.pit
+        if not (isinstance(pit, tuple) and len(pit) in (0, PIT_BINS) and all(_is_int(n) and n >= 0 for n in pit)
+                and sum(pit) <= self.tokens):
+            raise InvalidEvent(f"lossless audit: pit must be () or {PIT_BINS} counts >= 0 summing to at most "
+                               f"tokens={self.tokens}, got {pit!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from specscope.doctor import diagnose
 from specscope.events import LosslessAudit, prompt_key, sampling_label
 from specscope.instrumentation import Auditor, AuditSlot, token_stats, truncate
 from specscope.storage import open_store
+from specscope.storage.views import MAX_JUDGED_SHIFT
 
 EPS = 1e-4
 
@@ -64,34 +65,88 @@ def test_sampling_labels():
     assert sampling_label(1.0, 1.0, -1) == "T=1"
 
 
-def _simulated_audits(run_id: str, generator: torch.Generator, tokens: int, corrupt: float) -> list:
-    """One request's audit of ``tokens`` positions: draws from random target distributions (a share
-    ``corrupt`` replaced by uniform draws over the vocabulary, a broken sampler), judged by the audit."""
+def _simulated_audits(run_id: str, generator: torch.Generator, tokens: int, sampler: str) -> list:
+    """One request's audit of ``tokens`` positions at T=0.8 top_p=0.9 over random target distributions
+    (peaked like a chat model: mean top p 0.5), the tokens drawn by ``sampler``: ``lossless`` (the
+    target's processed distribution) or a broken verifier (:data:`_BROKEN`), judged by the audit."""
     events = []
     auditor = Auditor(events.append, run_id, 0, every=1, epsilon=EPS)
-    logits = torch.randn(tokens, 2000, generator=generator) * 4  # peaked like a chat model: mean top p 0.5
-    probs = (logits / 0.8).softmax(-1)
-    emitted = torch.multinomial(probs, 1, generator=generator)[:, 0]
-    broken = torch.rand(tokens, generator=generator) < corrupt
-    emitted = torch.where(broken, torch.randint(0, 2000, (tokens,), generator=generator), emitted)
+    logits = torch.randn(tokens, 500, generator=generator) * 4
+    top_p = torch.full((tokens,), 0.9)
+    target = truncate(logits / 0.8, None, top_p).softmax(-1)
+    emitted = torch.multinomial(_BROKEN[sampler](logits, target, top_p), 1, generator=generator)[:, 0]
     auditor.submit(logits, emitted, torch.full((tokens,), 0.8),
-                   [AuditSlot(f"{run_id}-r", "T=0.8", j) for j in range(tokens)])
+                   [AuditSlot(f"{run_id}-r", "T=0.8 top_p=0.9", j) for j in range(tokens)], None, top_p)
     auditor.drain(wait=True)
     return events
 
 
-def test_sampled_test_false_alarms_stay_under_its_bound_and_catch_a_broken_sampler(tmp_path):
+def _recovered_from_p(logits, target, top_p):
+    """An argmax draft accepted with probability p(d), the recovered token drawn from p (not p without d)."""
+    draft = logits.argmax(-1)
+    accept = target.gather(-1, draft[:, None])
+    out = target * (1 - accept)
+    out[torch.arange(len(draft)), draft] += accept[:, 0]
+    return out
+
+
+_BROKEN = {
+    "lossless": lambda logits, target, top_p: target,
+    "junk 8%": lambda logits, target, top_p: 0.92 * target + 0.08 / target.shape[-1],
+    "temperature ignored": lambda logits, target, top_p: torch.nn.functional.one_hot(
+        logits.argmax(-1), logits.shape[-1]).float(),
+    "temperature twice": lambda logits, target, top_p: truncate(logits / 0.64, None, top_p).softmax(-1),
+    "temperature lost (T=1)": lambda logits, target, top_p: truncate(logits, None, top_p).softmax(-1),
+    "top-p ignored": lambda logits, target, top_p: (logits / 0.8).softmax(-1),
+    "recovered from p": _recovered_from_p,
+}
+
+
+def test_sampled_tests_false_alarms_stay_under_their_bound(tmp_path):
+    """300 lossless runs of 200 tokens: no test of the three fires (bound 1e-3 per run and group
+    together, so 300 runs expect 0.3 at the very most)."""
     generator = torch.Generator().manual_seed(7)
     with open_store(str(tmp_path / "sim.db")) as store:
-        healthy = [e for i in range(300) for e in _simulated_audits(f"ok{i}", generator, 200, 0.0)]
-        broken = [e for i in range(50) for e in _simulated_audits(f"bad{i}", generator, 200, 0.08)]
-        store.write(healthy + broken)
-        _, rows = store.query("SELECT run_id, verdict, rare_observed, rare_threshold FROM v_lossless_audit")
-    verdicts = {row[0]: row[1] for row in rows}
-    false_alarms = sum(verdicts[f"ok{i}"] == "violation" for i in range(300))
-    caught = sum(verdicts[f"bad{i}"] == "violation" for i in range(50))
-    assert false_alarms == 0  # bound 1e-3 per run: 300 runs expect 0.3 at the very most
-    assert caught >= 45, (caught, rows[-3:])  # 8% uniform junk in 200 tokens: ~15 rare vs ~1 expected
+        store.write([e for i in range(300) for e in _simulated_audits(f"ok{i}", generator, 200, "lossless")])
+        _, rows = store.query("SELECT verdict, junk_failed, mean_failed, pit_failed, detectable_p_shift "
+                              "FROM v_lossless_audit")
+    assert len(rows) == 300 and all(row[0] == "passed" and tuple(row[1:4]) == (0, 0, 0) for row in rows)
+    assert all(0.05 < row[4] < MAX_JUDGED_SHIFT for row in rows)  # judged, and the power is said
+
+
+@pytest.mark.parametrize("sampler, tokens, tests", [
+    ("junk 8%", 200, {"junk"}), ("temperature ignored", 200, {"mean", "pit"}),
+    ("temperature twice", 1000, {"mean", "pit"}), ("temperature lost (T=1)", 1000, {"junk"}),
+    ("top-p ignored", 200, {"junk"}), ("recovered from p", 1000, {"mean", "pit"})])
+def test_sampled_tests_name_each_broken_verifier(tmp_path, sampler, tokens, tests):
+    """Each way a verifier bends the distribution is caught in at least 18 of 20 runs, among others by
+    the test named for it (the junk tail alone sees none of the shifts without junk)."""
+    generator = torch.Generator().manual_seed(11)
+    with open_store(str(tmp_path / "sim.db")) as store:
+        store.write([e for i in range(20) for e in _simulated_audits(f"bad{i}", generator, tokens, sampler)])
+        _, rows = store.query("SELECT verdict, junk_failed, mean_failed, pit_failed FROM v_lossless_audit")
+    caught = [row for row in rows if row[0] == "violation"]
+    assert len(caught) >= 18, (sampler, rows)
+    fired = {name for row in caught for name, flag in zip(("junk", "mean", "pit"), row[1:]) if flag}
+    assert fired & tests, (sampler, fired)
+    if "junk" not in tests:  # a shift without junk is seen by the distribution tests alone
+        assert "junk" not in fired, (sampler, fired)
+
+
+def test_the_pit_is_uniform_for_draws_from_the_target_and_never_touches_the_engines_random_stream():
+    logits = torch.randn(4000, 50, generator=torch.Generator().manual_seed(1)) * 3
+    probs = logits.softmax(-1)
+    emitted = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(2))[:, 0]
+    state = torch.random.get_rng_state()
+    events = []
+    auditor = Auditor(events.append, "r", 0, every=1, seed=3)
+    auditor.submit(logits, emitted, torch.ones(4000), [AuditSlot("q", "T=1", j) for j in range(4000)])
+    assert torch.equal(torch.random.get_rng_state(), state)  # the auditor draws from its own generator
+    (audit,) = events
+    assert sum(audit.pit) == 4000 and max(abs(n - 400) for n in audit.pit) < 80  # sd 19 per decile
+    # the most probable token of a row always lands low: the PIT orders the vocabulary most probable first
+    top = token_stats(logits, logits.argmax(-1), torch.ones(4000), uniform=torch.zeros(4000))[:, 10]
+    assert float(top.max()) == 0.0
 
 
 def test_views_split_audit_and_acceptance_by_sampling_group(store):
@@ -110,7 +165,7 @@ def test_views_split_audit_and_acceptance_by_sampling_group(store):
     ])
     _, audit = store.query("SELECT sampling, tokens_audited, greedy_mismatches, rare_observed, verdict, "
                            "mean_p_emitted, mean_p_expected FROM v_lossless_audit ORDER BY sampling")
-    assert [tuple(r) for r in audit] == [("T=0.8 top_p=0.9", 10, 0, 1, "passed", 0.4, 0.5),
+    assert [tuple(r) for r in audit] == [("T=0.8 top_p=0.9", 10, 0, 1, "too few tokens", 0.4, 0.5),
                                          ("greedy", 3, 1, 0, "violation", 0.0, 0.0)]
     _, groups = store.query("SELECT sampling, requests, verify_steps, mean_acceptance_length "
                             "FROM v_sampling_acceptance ORDER BY sampling")
@@ -131,32 +186,48 @@ def test_a_passed_sampled_group_says_what_its_size_could_not_see(store, tokens, 
     store.write([RunStart(run, "e", "1", "t", "d", {}), RequestStart(run, "b", 0, 5, temperature=0.8),
                  VerifyStep(run, "b", 0, 0, 3, 1),
                  LosslessAudit(run, 0, "b", "T=0.8", tokens=tokens, rare=2, rare_expected=tokens / 100,
-                               p_sum=tokens / 2, p2_sum=tokens / 3, epsilon=EPS)])
+                               p_sum=tokens / 3, p2_sum=tokens / 3, p_var_sum=tokens / 20, epsilon=EPS,
+                               pit=tuple(tokens // 10 + (b < tokens % 10) for b in range(10)))])
     (audited,) = [f for f in diagnose(store, run).findings if f.code == "LOSSLESS_AUDITED"]
-    share = audited.evidence["groups"][0]["undetectable_below"]
-    assert ("too few to judge" in audited.message) == (not judged) and (share >= 0.1) == (not judged)
+    (group,) = audited.evidence["groups"]
+    assert ("too few tokens to judge" in audited.message) == (not judged)
+    assert (group["verdict"] == "passed") == judged and (group["detectable_p_shift"] > MAX_JUDGED_SHIFT) == (not judged)
+    assert (group["undetectable_below"] >= 0.1) == (not judged)
+    if judged:
+        assert "would have been detected" in audited.message and group["detectable_p_shift"] < 0.02
 
 
 # -- the reference engine, audited ------------------------------------------------------------------
 
+SAMPLED = dict(temperature=0.8, top_p=0.8, top_k=20)
+"""The sampled runs' settings: both truncations on, so that each verifier fault below has one to lose."""
+SAMPLED_FAULTS = {"temperature-ignored": {"mean", "pit"}, "top-p-ignored": {"junk"}, "top-k-ignored": {"junk"}}
+"""The sampled verifier faults the engine shows at this size, and the tests that can see each (the
+subtler temperature-twice and recovered-from-p need ~1000 audited tokens: the simulations above)."""
+
+
 @pytest.fixture(scope="module")
 def audited_runs(target_pair, tmp_path_factory):
-    """Reference-engine runs audited at every verify step: healthy greedy, healthy T=0.8, and the
-    ``emit-draft-token`` verifier, in one store: ``(store path, {name: (run_id, results)})``."""
+    """Reference-engine runs audited at every verify step, in one store: healthy greedy, healthy
+    sampled (two seeds), the greedy ``emit-draft-token`` verifier and the sampled verifier faults, the
+    same requests each: ``(store path, {name: (run_id, results)})``."""
     from specscope.collector import Collector
     from specscope.engine import Engine, heldout_prompts
     from specscope.instrumentation import Tracer
 
     db = str(tmp_path_factory.mktemp("audit") / "audit.db")
+    greedy = dict(temperature=0.0)
+    runs = [("greedy", None, greedy, 0), ("emit-draft-token", "emit-draft-token", greedy, 0),
+            ("sampled", None, SAMPLED, 0), ("sampled seed 1", None, SAMPLED, 1),
+            *((fault, fault, SAMPLED, 0) for fault in SAMPLED_FAULTS)]
     out = {}
-    for name, fault, temperature in (("greedy", None, 0.0), ("sampled", None, 0.8),
-                                     ("emit-draft-token", "emit-draft-token", 0.0)):
+    for name, fault, sampling, seed in runs:
         engine = Engine(target=target_pair, fault=fault)
         with Collector(db) as collector:
             engine.tracer = Tracer(collector, engine="specscope-reference", engine_version="0",
                                    target_model="t", draft_model="d", config=engine.run_config(),
                                    fault=fault, audit_every=1)
-            results = engine.generate(heldout_prompts()[:2], max_new_tokens=20, temperature=temperature)
+            results = engine.generate(heldout_prompts()[:2], max_new_tokens=48, seed=seed, **sampling)
             engine.tracer.close()
         out[name] = (engine.tracer.run_id, results)
     return db, out
@@ -166,15 +237,34 @@ def audited_runs(target_pair, tmp_path_factory):
 def test_reference_engine_audit_passes_healthy_runs(audited_runs):
     db, runs = audited_runs
     with open_store(db, read_only=True) as store:
-        for name in ("greedy", "sampled"):
+        for name in ("greedy", "sampled", "sampled seed 1"):
             report = diagnose(store, runs[name][0])
             codes = report.codes()
             assert "LOSSLESS_AUDITED" in codes and "LOSSLESS_VIOLATION" not in codes, (name, codes)
+            # a healthy sampled run raises no warning: the greedy acceptance thresholds are not its own
+            loud = [f.message for f in report.findings if f.severity in ("error", "warning")]
+            assert not loud, (name, loud)
             (group,) = report.runs[0].lossless_audit
             emitted = sum(len(r.token_ids) for r in runs[name][1]) - len(runs[name][1])  # minus prefill tokens
             # every token a verify step emitted, those cut at max_new_tokens too
-            assert group["tokens_audited"] >= emitted and group["verdict"] == "passed"
-            assert group["sampling"] == ("greedy" if name == "greedy" else "T=0.8")
+            assert group["tokens_audited"] >= emitted
+            assert group["sampling"] == ("greedy" if name == "greedy" else "T=0.8 top_p=0.8 top_k=20")
+            if name != "greedy":  # sampled: judged, with the shift it could have seen
+                assert group["verdict"] in ("passed", "too few tokens") and group["detectable_p_shift"] < 0.2
+                skipped = next(f for f in report.findings if f.code == "CHECKS_SKIPPED")
+                assert "POSITION0_LOW" in skipped.evidence["not_checked"][-1]["codes"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", SAMPLED_FAULTS)
+def test_a_sampled_verifier_fault_is_named_where_the_healthy_runs_pass(audited_runs, fault):
+    db, runs = audited_runs
+    with open_store(db, read_only=True) as store:
+        report = diagnose(store, runs[fault][0])
+    (violation,) = [f for f in report.findings if f.code == "LOSSLESS_VIOLATION"]
+    fired = set(violation.evidence["failed_tests"])
+    assert fired and fired <= SAMPLED_FAULTS[fault], (fault, violation.message)
+    assert "not the target's distribution" in violation.message and report.exit_code == 1
 
 
 @pytest.mark.slow
@@ -220,7 +310,7 @@ def test_rows_written_around_the_store_do_not_break_the_view_or_the_doctor(store
                              "('raw', 0, 'z', 'T=1', 0, 0, 0, 0, 0, 0, 0.0001, '[1]', 0)")
     _, rows = store.query("SELECT sampling, tokens_audited, mean_p_emitted, verdict FROM v_lossless_audit "
                           "ORDER BY sampling")
-    assert [tuple(r) for r in rows] == [("T=1", 0, None, "passed"), ("greedy", 4, 0.0, "violation")]
+    assert [tuple(r) for r in rows] == [("T=1", 0, None, "too few tokens"), ("greedy", 4, 0.0, "violation")]
     report = diagnose(store, "raw")
     (violation,) = [f for f in report.findings if f.code == "LOSSLESS_VIOLATION"]
     assert violation.evidence["examples"] == [{"position": 0, "request_id": "q"}]

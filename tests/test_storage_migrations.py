@@ -209,7 +209,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 10
+        assert store.schema_version == SCHEMA_VERSION == 11
         with store.connect() as conn:
             index = next(ix for ix in sa.inspect(conn).get_indexes("verify_steps")
                          if ix["name"] == "ix_verify_steps_masks")
@@ -220,8 +220,9 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
         assert store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance")[1] == [(8, 32, 10)]
         assert store.query("SELECT position, accepted_steps, verify_steps FROM v_position_acceptance "
                            "ORDER BY position")[1] == [(0, 7, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
-    assert _versions(store_url)[-5:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
-                                         (8, "summary_tables"), (9, "sampling_and_audit"), (10, "lost_runs_view")]
+    assert _versions(store_url)[-6:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
+                                         (8, "summary_tables"), (9, "sampling_and_audit"), (10, "lost_runs_view"),
+                                         (11, "audit_pit")]
 
 
 def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
@@ -248,11 +249,43 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 10
+        assert store.schema_version == SCHEMA_VERSION == 11
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=3, temperature=0.0),
                      ev.VerifyStep(run_id="r", request_id="new", rank=0, step=0, proposed=4, accepted=4),
                      ev.LosslessAudit(run_id="r", rank=0, request_id="new", sampling="greedy", tokens=5)])
         assert store.query("SELECT sampling, verify_steps, accepted FROM v_sampling_acceptance "
                            "ORDER BY sampling")[1] == [("greedy", 1, 4), ("unknown", 1, 2)]
         assert store.query("SELECT tokens_audited, verdict FROM v_lossless_audit")[1] == [(5, "passed")]
-    assert _versions(store_url)[-2:] == [(9, "sampling_and_audit"), (10, "lost_runs_view")]
+    assert _versions(store_url)[-3:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit")]
+
+
+def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store_url: str, monkeypatch) -> None:
+    """A version-10 store's audit rows (no variance, no PIT histogram) keep their figures at version
+    11; the distribution tests skip them, so a sampled group audited only before reads 'too few
+    tokens', and rows audited since are judged."""
+    from specscope import events as ev
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 10)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:10])
+    with open_store(store_url):
+        pass
+    engine = _engine(store_url)
+    with engine.begin() as conn:  # step 1 builds today's tables: take lossless_audit back to version 10
+        for name in reversed(VIEWS):
+            conn.exec_driver_sql(f"DROP VIEW {name}")
+        for column in ("p_var_sum", *(f"pit_{b}" for b in range(ev.PIT_BINS))):
+            conn.exec_driver_sql(f"ALTER TABLE lossless_audit DROP COLUMN {column}")
+        conn.exec_driver_sql("INSERT INTO lossless_audit (run_id, rank, request_id, sampling, tokens, mismatches, "
+                             "rare, rare_expected, p_sum, p2_sum, epsilon, example, ts_wall) VALUES "
+                             "('r', 0, 'old', 'T=0.8', 500, 0, 1, 0.5, 250.0, 200.0, 0.0001, NULL, 1.0)")
+    engine.dispose()
+    monkeypatch.undo()
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION == 11
+        assert store.query("SELECT tokens_audited, rare_observed, scored_tokens, verdict FROM v_lossless_audit"
+                           )[1] == [(500, 1, 0, "too few tokens")]
+        store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=1000, p_sum=300.0, p2_sum=300.0,
+                                      p_var_sum=50.0, epsilon=1e-4, pit=(100,) * ev.PIT_BINS)])
+        assert store.query("SELECT tokens_audited, scored_tokens, p_excess, verdict FROM v_lossless_audit"
+                           )[1] == [(1500, 1000, 0.0, "passed")]
+    assert _versions(store_url)[-1] == (11, "audit_pit")

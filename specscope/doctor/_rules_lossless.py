@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from specscope.doctor._context import RunContext, parse_json
 from specscope.doctor._rules_accept import COLLAPSE_AL, MIN_VERIFY_STEPS
-from specscope.events import Finding
+from specscope.events import PIT_BINS, Finding
 from specscope.findings import runtime_finding
 from specscope.storage import queries as q
 
@@ -33,12 +33,24 @@ def _number(value: object) -> float | None:
     return None if value is None else float(value)
 
 
+def _pit(group: SimpleNamespace) -> list[int]:
+    return [int(getattr(group, f"pit_{b}") or 0) for b in range(PIT_BINS)]
+
+
 def _evidence(group: SimpleNamespace) -> dict:
     return {"sampling": group.sampling, "requests": int(group.requests),
             "tokens_audited": int(group.tokens_audited), "greedy_mismatches": int(group.greedy_mismatches),
             "rare_observed": int(group.rare_observed), "rare_expected": _number(group.rare_expected),
             "rare_threshold": _number(group.rare_threshold), "epsilon": _number(group.epsilon),
-            "mean_p_emitted": group.mean_p_emitted, "mean_p_expected": group.mean_p_expected}
+            "mean_p_emitted": group.mean_p_emitted, "mean_p_expected": group.mean_p_expected,
+            "scored_tokens": int(group.scored_tokens or 0), "p_excess": _number(group.p_excess),
+            "p_excess_threshold": _number(group.p_excess_threshold),
+            "detectable_p_shift": _number(group.detectable_p_shift), "pit_histogram": _pit(group),
+            "pit_threshold": _number(group.pit_threshold),
+            "detectable_pit_excess": _number(group.detectable_pit_excess),
+            "failed_tests": [name for name, flag in (("junk", group.junk_failed), ("mean", group.mean_failed),
+                                                     ("pit", group.pit_failed)) if flag],
+            "verdict": group.verdict}
 
 
 def _undetectable(group: SimpleNamespace) -> float | None:
@@ -51,22 +63,47 @@ def _undetectable(group: SimpleNamespace) -> float | None:
 
 
 def _reach(group: SimpleNamespace) -> str:
-    """What a passed group's audit could have seen, in words."""
+    """What a group's audit that found nothing could have seen, in words."""
     if group.sampling == "greedy":
         return f"greedy {group.tokens_audited} tokens, each the target's argmax"
-    share = _undetectable(group)
     seen = (f"{group.sampling} {group.tokens_audited} tokens, {group.rare_observed} of target probability "
             f"< {group.epsilon:g} where {float(group.rare_expected):.1f} are expected")
-    if share is not None and share >= 0.1:
-        return (f"{seen}; too few to judge: up to {share:.0%} of them could be junk and stay under the "
-                f"bound ({float(group.rare_threshold):.1f}): audit more tokens (SPECSCOPE_AUDIT_EVERY=1)")
-    return seen
+    if group.verdict == "too few tokens":
+        shift = "no token scored" if group.detectable_p_shift is None else (
+            f"only a shift of the mean emitted probability by {float(group.detectable_p_shift):.2f} or more "
+            "was detectable")
+        return (f"{seen}; too few tokens to judge the distribution ({shift}; up to {_undetectable(group):.0%} "
+                "junk stays under the bound): audit more tokens (SPECSCOPE_AUDIT_EVERY=1)")
+    return (f"{seen}; mean emitted probability {group.mean_p_emitted:.3f} vs {group.mean_p_expected:.3f} "
+            f"expected; a shift of {float(group.detectable_p_shift):.3f} or an excess of "
+            f"{float(group.detectable_pit_excess):.0%} of tokens in one PIT decile would have been detected")
+
+
+def _sampled_message(g: SimpleNamespace) -> str:
+    """Which of the sampled tests failed, with the figures a person can check."""
+    said = []
+    if g.junk_failed:
+        said.append(f"{g.rare_observed} of {g.tokens_audited} audited tokens had target probability "
+                    f"< {g.epsilon:g}, where a lossless engine emits {float(g.rare_expected):.1f} on average "
+                    f"and more than {float(g.rare_threshold):.1f} with probability under 1e-3")
+    if g.mean_failed:
+        said.append(f"the emitted tokens' mean target probability is {g.mean_p_emitted:.3f} where a lossless "
+                    f"engine gives {g.mean_p_expected:.3f} (excess {float(g.p_excess):+.1f} over "
+                    f"{g.scored_tokens} tokens, bound ±{float(g.p_excess_threshold):.1f})")
+    if g.pit_failed:
+        counts, worst = _pit(g), int(g.pit_worst_bin)
+        said.append(f"their probability integral transform is not uniform: decile {worst} holds "
+                    f"{counts[worst]} of {g.scored_tokens} tokens where {g.scored_tokens / PIT_BINS:.1f} ± "
+                    f"{float(g.pit_threshold):.1f} are expected (histogram {counts}; low deciles: the "
+                    "target's most probable tokens)")
+    return f"output is not the target's distribution ({g.sampling}): " + "; ".join(said)
 
 
 def check_lossless(ctx: RunContext) -> list[Finding]:
     """LOSSLESS_VIOLATION [error], per sampling group whose audit failed: a greedy token that is not
-    the target's argmax, or more rare tokens than a lossless engine emits but with probability 1e-3.
-    LOSSLESS_AUDITED [info] when every audited group passed (a run that was checked says so)."""
+    the target's argmax, or a sampled test's bound crossed (junk tail, mean probability, PIT; together
+    at most 1e-3 false alarms). LOSSLESS_AUDITED [info] names every group that did not fail, with what
+    its audit could have detected or that it had too few tokens to judge."""
     groups = [g for g in ctx.lossless_audit if int(g.tokens_audited or 0) > 0]
     failed = [g for g in groups if g.verdict == "violation"]
     examples: dict[str, list] = {}
@@ -84,19 +121,17 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
                        "greedy tokens are not the target's argmax")
             fix = _GREEDY_FIX
         else:
-            message = (f"output is not the target's distribution ({g.sampling}): {g.rare_observed} of "
-                       f"{g.tokens_audited} audited tokens had target probability < {g.epsilon:g}, where "
-                       f"a lossless engine emits {float(g.rare_expected):.1f} on average and more than "
-                       f"{float(g.rare_threshold):.1f} with probability under 1e-3")
-            fix = _SAMPLED_FIX
+            message, fix = _sampled_message(g), _SAMPLED_FIX
         out.append(runtime_finding("LOSSLESS_VIOLATION", ctx.run_id, message, evidence, fix))
-    if groups and not failed:
-        tokens = sum(int(g.tokens_audited) for g in groups)
+    rest = [g for g in groups if g.verdict != "violation"]
+    if rest:
+        tokens = sum(int(g.tokens_audited) for g in rest)
+        judged = [g for g in rest if g.verdict == "passed"]
         out.append(runtime_finding(
             "LOSSLESS_AUDITED", ctx.run_id,
-            f"output audited against the target: {tokens} tokens in {len(groups)} sampling group(s), no "
-            f"violation: {'; '.join(_reach(g) for g in groups)}",
-            {"groups": [{**_evidence(g), "undetectable_below": _undetectable(g)} for g in groups]},
+            f"output audited against the target: {tokens} tokens in {len(rest)} sampling group(s) without "
+            f"violation, {len(judged)} judged: {'; '.join(_reach(g) for g in rest)}",
+            {"groups": [{**_evidence(g), "undetectable_below": _undetectable(g)} for g in rest]},
             "Nothing to fix. The audit checks a sample of verify steps (SPECSCOPE_AUDIT_EVERY / "
             "Tracer(audit_every=)); audit every step to check every token."))
     return out

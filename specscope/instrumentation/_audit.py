@@ -11,8 +11,10 @@ later (:class:`Auditor`), so the engine thread never waits on the device:
   (the target would have emitted another token; ties are no mismatch);
 - sampled slots: the emitted token's probability under the target's processed distribution
   (temperature, then top-k / top-p), whether it is below ``epsilon`` ("rare"), the target's total mass
-  below ``epsilon`` (how often a lossless engine emits a rare token there) and the row's sum of squared
-  probabilities (the expected probability of a token drawn from it).
+  below ``epsilon`` (how often a lossless engine emits a rare token there), the row's sum of squared
+  probabilities and the variance of the probability of a token drawn from it (sum p^3 - (sum p^2)^2),
+  and the token's randomized probability integral transform (PIT): uniform on [0, 1) for a token
+  drawn from the target, whatever the distribution, so its histogram tests any shift.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from specscope.errors import ConfigError
-from specscope.events import LosslessAudit
+from specscope.events import PIT_BINS, LosslessAudit
 
 DEFAULT_AUDIT_EVERY = 4
 """Audit every n-th verify step (or verify batch) by default: 0 turns the audit off."""
@@ -31,7 +33,7 @@ DEFAULT_EPSILON = 1e-4
 """Target probability under which an emitted token counts as rare."""
 
 # Columns of token_stats' result.
-_VALID, _GREEDY, _MISMATCH, _P, _RARE, _RARE_MASS, _P2, _EMITTED, _TARGET = range(9)
+_VALID, _GREEDY, _MISMATCH, _P, _RARE, _RARE_MASS, _P2, _EMITTED, _TARGET, _VARIANCE, _PIT = range(11)
 
 
 def truncate(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
@@ -62,8 +64,8 @@ def truncate(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tens
 
 def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
                 top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
-                epsilon: float = DEFAULT_EPSILON) -> torch.Tensor:
-    """Judge each emitted-token slot against the target (float32 (N, 9), on the logits' device).
+                epsilon: float = DEFAULT_EPSILON, uniform: torch.Tensor | None = None) -> torch.Tensor:
+    """Judge each emitted-token slot against the target (float32 (N, 11), on the logits' device).
 
     Args:
         logits: (N, V) the target's logits at each slot's position, before temperature.
@@ -71,6 +73,12 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
         temperature: (N,) the request's temperature, 0 for greedy.
         top_k, top_p: (N,) per-slot truncation, or None (see :func:`truncate`).
         epsilon: the target probability under which a token counts as rare.
+        uniform: (N,) draws on [0, 1) that randomize the PIT within the emitted token's atom (the
+            tokens as probable as it); None puts it mid-atom (not exactly uniform: for tests only).
+
+    The PIT orders the vocabulary by target probability, most probable first, tokens of equal
+    probability forming one atom: ``u = mass of more probable tokens + uniform * mass of the atom``.
+    No sort: two masked sums per row.
     """
     logits = logits.float()
     emitted = emitted.to(logits.device).long()
@@ -87,8 +95,13 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
     rare = (p < epsilon).float() * sampled
     rare_mass = probs.masked_fill(probs >= epsilon, 0).sum(dim=-1) * sampled
     p2 = probs.square().sum(dim=-1) * sampled
+    variance = (probs.pow(3).sum(dim=-1) - p2.square()).clamp(min=0) * sampled  # Var of a draw's probability
+    above = probs.masked_fill(probs <= p[:, None], 0).sum(dim=-1)
+    atom = probs.masked_fill(probs != p[:, None], 0).sum(dim=-1)
+    draw = torch.full_like(p, 0.5) if uniform is None else uniform.to(logits.device).float()
+    pit = (above + draw * atom).clamp(0, 1 - 1e-7) * sampled
     return torch.stack([valid.float(), greedy.float(), mismatch.float(), p * sampled, rare, rare_mass, p2,
-                        emitted.float(), target.float()], dim=-1)
+                        emitted.float(), target.float(), variance, pit], dim=-1)
 
 
 @dataclass(frozen=True)
@@ -107,11 +120,12 @@ class Auditor:
     ``emit`` sends an event; ``every``: audit every n-th call of :meth:`due` (0: never);
     ``epsilon``: see :func:`token_stats`. The host copy of a batch is read once the device finished it
     (CUDA: an event queried without blocking; CPU: at once), at the next :meth:`submit` or at
-    :meth:`drain` with ``wait=True`` (close).
+    :meth:`drain` with ``wait=True`` (close). The PIT's draws come from generators of the auditor's
+    own (one per device, seeded by ``seed``): the engine's random streams are never touched.
     """
 
     def __init__(self, emit: Callable[[LosslessAudit], None], run_id: str, rank: int,
-                 every: int = DEFAULT_AUDIT_EVERY, epsilon: float = DEFAULT_EPSILON) -> None:
+                 every: int = DEFAULT_AUDIT_EVERY, epsilon: float = DEFAULT_EPSILON, seed: int | None = None) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 0:
             raise ConfigError(f"audit_every must be an int >= 0 (0 turns the audit off), got {every!r}")
         if not 0 < epsilon < 1:
@@ -119,6 +133,8 @@ class Auditor:
         self._emit, self.run_id, self.rank = emit, run_id, rank
         self.every, self.epsilon = every, epsilon
         self._calls = 0
+        self._seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
         self._pending: list[tuple[torch.Tensor, object, Sequence[Slot]]] = []
 
     def due(self) -> bool:
@@ -133,7 +149,8 @@ class Auditor:
                top_p: torch.Tensor | None = None) -> None:
         """Judge one audited step's slots (arguments of :func:`token_stats`, ``slots`` naming each row)
         on the device and queue the asynchronous copy of the result."""
-        stats = token_stats(logits, emitted, temperature, top_k, top_p, self.epsilon)
+        stats = token_stats(logits, emitted, temperature, top_k, top_p, self.epsilon,
+                            torch.rand(logits.shape[0], device=logits.device, generator=self._generator(logits.device)))
         ready = None
         if stats.is_cuda:
             # PyTorch's caching host allocator hands back a pinned block whose last copy completed:
@@ -146,6 +163,17 @@ class Auditor:
             host = stats
         self._pending.append((host, ready, tuple(slots)))
         self.drain()
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device)
+            if self._seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(self._seed)
+            self._generators[device] = generator
+        return generator
 
     def drain(self, wait: bool = False) -> None:
         """Emit the audits whose copies are done (all of them, waiting, with ``wait``)."""
@@ -165,17 +193,21 @@ class Auditor:
                 continue
             total = per_request.setdefault((slot.request_id, slot.sampling), {
                 "tokens": 0, "mismatches": 0, "rare": 0, "rare_expected": 0.0, "p_sum": 0.0, "p2_sum": 0.0,
-                "example": None})
+                "p_var_sum": 0.0, "pit": [0] * PIT_BINS, "example": None})
             total["tokens"] += 1
             total["mismatches"] += int(row[_MISMATCH])
             total["rare"] += int(row[_RARE])
             total["rare_expected"] += row[_RARE_MASS]
             total["p_sum"] += row[_P]
             total["p2_sum"] += row[_P2]
+            if not row[_GREEDY]:
+                total["p_var_sum"] += row[_VARIANCE]
+                total["pit"][min(PIT_BINS - 1, int(row[_PIT] * PIT_BINS))] += 1
             if total["example"] is None and (row[_MISMATCH] or row[_RARE]):
                 total["example"] = {"position": slot.position, "emitted_token": int(row[_EMITTED]),
                                     "target_argmax": int(row[_TARGET]),
                                     "target_probability": None if row[_GREEDY] else row[_P]}
         for (request_id, sampling), total in per_request.items():
+            total["pit"] = tuple(total["pit"])
             self._emit(LosslessAudit(self.run_id, self.rank, request_id, sampling, epsilon=self.epsilon,
                                      **total))

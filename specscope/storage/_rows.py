@@ -165,12 +165,14 @@ def _load_report(e: ev.LoadReport) -> tuple:
 
 
 _LOSSLESS_AUDIT = _plain("lossless_audit", ("run_id", "rank", "request_id", "sampling", "tokens", "mismatches", "rare",
-                                           "rare_expected", "p_sum", "p2_sum", "epsilon", "example", "ts_wall"))
+                                           "rare_expected", "p_sum", "p2_sum", "epsilon", "example", "ts_wall", "p_var_sum",
+                                           *(f"pit_{b}" for b in range(ev.PIT_BINS))))
 
 
 def _lossless_audit(e: ev.LosslessAudit) -> tuple:
     return (e.run_id, e.rank, e.request_id, e.sampling, e.tokens, e.mismatches, e.rare, e.rare_expected,
-            e.p_sum, e.p2_sum, e.epsilon, None if e.example is None else _json(e.example), e.ts_wall)
+            e.p_sum, e.p2_sum, e.epsilon, None if e.example is None else _json(e.example), e.ts_wall,
+            e.p_var_sum, *(e.pit or (0,) * ev.PIT_BINS))
 
 
 _FINDINGS = _plain("findings", ("run_id", "source", "code", "severity", "message", "evidence", "fix", "ts_wall"))

@@ -116,6 +116,17 @@ def lost_runs_view(conn: Connection) -> None:
     a run silent for longer than :data:`views.LOST_AFTER_S` as ``'lost'``)."""
 
 
+def audit_pit(conn: Connection) -> None:
+    """Version 11: the losslessness audit's distribution tests: ``lossless_audit.p_var_sum`` and the PIT
+    histogram ``pit_0`` .. ``pit_9`` (0 on rows audited before, which the tests skip); the views are
+    recreated after the step (``v_lossless_audit``)."""
+    present = {c["name"] for c in sa.inspect(conn).get_columns("lossless_audit")}
+    for column in schema.lossless_audit.columns:
+        if column.name not in present:
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE lossless_audit ADD COLUMN {column.name} {kind} NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
@@ -127,6 +138,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "summary_tables", summary_tables),
     Migration(9, "sampling_and_audit", sampling_and_audit),
     Migration(10, "lost_runs_view", lost_runs_view),
+    Migration(11, "audit_pit", audit_pit),
 )
 
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from specscope import points
-from specscope.events import SEVERITIES
+from specscope.events import PIT_BINS, SEVERITIES
 from specscope.storage.views import mean_acceptance_length
 
 
@@ -238,13 +238,16 @@ lists; null = no layer matched, ``num_target_layers`` = the final norm), ``match
 # -- sampling groups and the losslessness audit ------------------------------------------------------
 
 SAMPLING_ACCEPTANCE = Query("sampling_acceptance", """
-    SELECT sampling, requests, verify_steps, proposed, accepted, mean_acceptance_length, acceptance_rate
+    SELECT sampling, requests, verify_steps, proposed, accepted, mean_acceptance_length, acceptance_rate,
+           position0_acceptance
     FROM v_sampling_acceptance WHERE run_id = :run_id ORDER BY sampling""")
 """Acceptance per sampling group of a run (``'greedy'``, ``'T=0.8'``, ..., ``'unknown'``)."""
 
-LOSSLESS_AUDIT = Query("lossless_audit", """
+LOSSLESS_AUDIT = Query("lossless_audit", f"""
     SELECT sampling, requests, tokens_audited, greedy_mismatches, rare_observed, rare_expected,
-           rare_threshold, mean_p_emitted, mean_p_expected, epsilon, verdict
+           rare_threshold, mean_p_emitted, mean_p_expected, epsilon, scored_tokens, p_excess,
+           p_excess_threshold, detectable_p_shift, {", ".join(f"pit_{b}" for b in range(PIT_BINS))},
+           pit_threshold, pit_worst_bin, detectable_pit_excess, junk_failed, mean_failed, pit_failed, verdict
     FROM v_lossless_audit WHERE run_id = :run_id ORDER BY sampling""")
 """The losslessness audit of a run per sampling group, with its verdict."""
 
@@ -338,7 +341,8 @@ EXAMPLES = {
     "Acceptance per rank": "SELECT rank, verify_steps, mean_acceptance_length, tokens_per_s\n"
                            "FROM v_rank_acceptance WHERE run_id = '{run_id}' ORDER BY rank",
     "Losslessness audit": "SELECT sampling, tokens_audited, greedy_mismatches, rare_observed, rare_threshold,\n"
-                          "       verdict FROM v_lossless_audit WHERE run_id = '{run_id}'",
+                          "       mean_p_emitted, mean_p_expected, detectable_p_shift, verdict\n"
+                          "FROM v_lossless_audit WHERE run_id = '{run_id}'",
     "Acceptance per sampling group": "SELECT sampling, requests, verify_steps, mean_acceptance_length\n"
                                      "FROM v_sampling_acceptance WHERE run_id = '{run_id}'",
     "Findings": "SELECT source, code, severity, message FROM findings WHERE run_id = '{run_id}'",

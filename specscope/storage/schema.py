@@ -31,7 +31,9 @@ from sqlalchemy import (
     text,
 )
 
-SCHEMA_VERSION = 10
+from specscope.events import PIT_BINS
+
+SCHEMA_VERSION = 11
 
 metadata = MetaData()
 
@@ -247,6 +249,9 @@ lossless_audit = Table(  # one row per request and audited batch of verify steps
     Column("epsilon", Float, nullable=False),
     Column("example", Text),  # JSON object: the first violating token, NULL when none
     Column("ts_wall", Float, nullable=False),
+    # the distribution tests' figures (version 11): 0 on rows audited before them, which they skip
+    Column("p_var_sum", Float, nullable=False, server_default="0"),
+    *(Column(f"pit_{b}", Integer, nullable=False, server_default="0") for b in range(PIT_BINS)),
     Index("ix_lossless_audit_run", "run_id", "sampling"),
 )
 

@@ -28,27 +28,96 @@ host gone). A lost run that is heard from again reads ``'running'`` again. Its `
 ``warning_findings`` count the findings last stored with the run (the collector's run-end callback
 stores the doctor's verdict when a rank ends: docs/design.md, "Reading a run"); a live run's current
 verdict is computed by :mod:`specscope.readmodel`.
-| ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate of each sampling group |
-| ``v_lossless_audit`` | run, sampling group | tokens audited, greedy mismatches, rare tokens vs the bound |
+| ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate, p_0 of each sampling group |
+| ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT), bounds, power, verdict |
 """
 
 from __future__ import annotations
 
 import math
 
+from specscope.events import PIT_BINS
+
 LOSSLESS_ALPHA = 1e-3
-"""False-alarm bound of the sampled losslessness test, per run and sampling group (docs/design.md,
-"Losslessness audit")."""
+"""False-alarm bound of the sampled losslessness audit, per run and sampling group, shared equally by
+its three tests (docs/design.md, "Losslessness audit")."""
+_TEST_ALPHA = LOSSLESS_ALPHA / 3
+DETECTABLE_Z = 1.2816
+"""Normal quantile of 90%: a shift is called detectable when it is caught with about 90% power."""
+MAX_JUDGED_SHIFT = 0.1
+"""A sampled group whose audit could not detect a shift of the mean emitted probability this large is
+"too few tokens to judge", not passed."""
+
+
+def bernstein_threshold(variance: str, log_inverse_alpha: float) -> str:
+    """SQL of the t that a sum of martingale differences bounded by 1 in absolute value, with
+    predictable variance ``variance`` (SQL), exceeds with probability at most exp(-L): Freedman's
+    inequality P(S >= t) <= exp(-t^2 / (2 (V + t / 3))) solved for t, t = L/3 + sqrt((L/3)^2 + 2 L V)."""
+    third = log_inverse_alpha / 3
+    return f"({third!r} + SQRT({third * third!r} + {6 * third!r} * ABS({variance})))"
 
 
 def rare_threshold(expected: str) -> str:
     """SQL of the count of rare emitted tokens (target probability below epsilon) a lossless engine
-    exceeds with probability at most :data:`LOSSLESS_ALPHA`, given ``expected`` (the SQL sum of the
-    target's mass below epsilon at the audited positions): Freedman's (martingale Bernstein) bound
-    P(X - mu >= t) <= exp(-t^2 / (2 (mu + t / 3))) solved for t, X >= mu + L/3 + sqrt((L/3)^2 + 2 L mu),
-    L = ln(1 / alpha)."""
-    third = math.log(1 / LOSSLESS_ALPHA) / 3
-    return f"({expected} + {third!r} + SQRT({third * third!r} + {6 * third!r} * ABS({expected})))"
+    reaches with probability at most a third of :data:`LOSSLESS_ALPHA`, given ``expected`` (the SQL sum
+    of the target's mass below epsilon at the audited positions, also the count's variance bound)."""
+    return f"({expected} + {bernstein_threshold(expected, math.log(1 / _TEST_ALPHA))})"
+
+
+def _mean_threshold(variance: str) -> str:
+    """The two-sided bound of the emitted probability's excess over its expectation."""
+    return bernstein_threshold(variance, math.log(2 / _TEST_ALPHA))
+
+
+def _pit_threshold(scored: str) -> str:
+    """The two-sided bound of one PIT bin's count off its expectation, Bonferroni over the bins: each
+    bin's indicator has variance (1/B)(1 - 1/B) per scored token."""
+    share = 1 / PIT_BINS
+    return bernstein_threshold(f"{scored} * {share * (1 - share)!r}", math.log(2 * PIT_BINS / _TEST_ALPHA))
+
+
+def _lossless_audit_view() -> str:
+    """``v_lossless_audit``: per run and sampling group, the greedy check and the sampled tests'
+    figures, thresholds, power and verdict (docs/design.md, "Losslessness audit")."""
+    bins = [f"pit_{b}" for b in range(PIT_BINS)]
+    row_scored = "(" + " + ".join(bins) + ")"
+    pit_off = " OR ".join(f"ABS({b} - scored_tokens * {1 / PIT_BINS!r}) >= pit_threshold" for b in bins)
+    worst_bin = " ".join(f"WHEN ABS({b} - scored_tokens * {1 / PIT_BINS!r}) >= pit_threshold THEN {i}"
+                         for i, b in enumerate(bins))
+    return f"""
+SELECT t.*,
+       CASE WHEN greedy_mismatches > 0 OR junk_failed = 1 OR mean_failed = 1 OR pit_failed = 1 THEN 'violation'
+            WHEN sampling <> 'greedy' AND (scored_tokens = 0 OR detectable_p_shift > {MAX_JUDGED_SHIFT!r})
+            THEN 'too few tokens' ELSE 'passed' END AS verdict
+FROM (SELECT s.*,
+             CASE WHEN rare_observed >= rare_threshold THEN 1 ELSE 0 END AS junk_failed,
+             CASE WHEN scored_tokens > 0 AND ABS(p_excess) >= p_excess_threshold THEN 1 ELSE 0 END AS mean_failed,
+             CASE WHEN scored_tokens > 0 AND ({pit_off}) THEN 1 ELSE 0 END AS pit_failed,
+             CASE {worst_bin} END AS pit_worst_bin,
+             CASE WHEN scored_tokens > 0
+                  THEN (p_excess_threshold + {DETECTABLE_Z!r} * SQRT(p_variance)) / scored_tokens END
+                  AS detectable_p_shift,
+             CASE WHEN scored_tokens > 0
+                  THEN (pit_threshold + {DETECTABLE_Z!r} * SQRT(scored_tokens * {(1 / PIT_BINS) * (1 - 1 / PIT_BINS)!r}))
+                       / scored_tokens END AS detectable_pit_excess
+      FROM (SELECT a.*, {rare_threshold("rare_expected")} AS rare_threshold,
+                   {_mean_threshold("p_variance")} AS p_excess_threshold,
+                   {_pit_threshold("scored_tokens")} AS pit_threshold
+            FROM (SELECT run_id, sampling, COUNT(DISTINCT request_id) AS requests, SUM(tokens) AS tokens_audited,
+                         SUM(mismatches) AS greedy_mismatches, SUM(rare) AS rare_observed,
+                         SUM(rare_expected) AS rare_expected,
+                         CASE WHEN SUM(tokens) > 0 THEN CAST(SUM(p_sum) AS DOUBLE PRECISION) / SUM(tokens) END
+                              AS mean_p_emitted,
+                         CASE WHEN SUM(tokens) > 0 THEN CAST(SUM(p2_sum) AS DOUBLE PRECISION) / SUM(tokens) END
+                              AS mean_p_expected,
+                         MAX(epsilon) AS epsilon,
+                         SUM({row_scored}) AS scored_tokens,
+                         SUM(CASE WHEN {row_scored} > 0 THEN p_sum - p2_sum ELSE 0 END) AS p_excess,
+                         SUM(p_var_sum) AS p_variance,
+                         {", ".join(f"SUM({b}) AS {b}" for b in bins)}
+                  FROM lossless_audit
+                  GROUP BY run_id, sampling) a) s) t
+"""
 
 
 def mean_acceptance_length(accepted: str, steps: str) -> str:
@@ -93,7 +162,7 @@ def _from_steps(alias: str) -> str:
                                f"MAX(CASE WHEN {alias}step >= 0 THEN 1 ELSE 0 END)")
 
 
-_POSITION_HIT = "SUBSTR({}.accepted_mask, p.pos + 1, 1) = '1'"
+_POSITION_HIT = "SUBSTR({alias}.accepted_mask, {position} + 1, 1) = '1'"
 """Per-position acceptance (docs/design.md, "Acceptance figures"; :func:`specscope.metrics.per_position_acceptance`):
 draft position i (0-based) of a verify step was accepted when character i of its mask is '1'."""
 
@@ -115,7 +184,7 @@ def _positions(source: str, keys: str) -> str:
 SELECT {keys}, position, accepted_steps, verify_steps,
        CASE WHEN verify_steps > 0 THEN CAST(accepted_steps AS DOUBLE PRECISION) / verify_steps END AS acceptance
 FROM (SELECT DISTINCT {", ".join(f"t.{k}" for k in columns)}, p.pos AS position, t.verify_steps,
-             (SELECT SUM(CASE WHEN {_POSITION_HIT.format('g')} THEN g.steps ELSE 0 END)
+             (SELECT SUM(CASE WHEN {_POSITION_HIT.format(alias='g', position='p.pos')} THEN g.steps ELSE 0 END)
               FROM {source} g WHERE {match}) AS accepted_steps
       FROM (SELECT {keys}, SUM(CASE WHEN accepted_mask <> '' OR proposed = 0 THEN steps ELSE 0 END) AS verify_steps,
                    MAX(LENGTH(accepted_mask)) AS max_proposed
@@ -189,23 +258,15 @@ FROM tensor_shapes
     # Acceptance per sampling group: the requests' steps grouped by the requests' label.
     "v_sampling_acceptance": f"""
 SELECT v.run_id, COALESCE(q.sampling, 'unknown') AS sampling, COUNT(DISTINCT v.request_id) AS requests,
-       {_from_steps("v.")}
+       {_from_steps("v.")},
+       CASE WHEN SUM(v.steps) > 0
+            THEN CAST(SUM(CASE WHEN {_POSITION_HIT.format(alias="v", position="0")} THEN v.steps ELSE 0 END)
+                      AS DOUBLE PRECISION) / SUM(v.steps) END AS position0_acceptance
 FROM verify_steps v
 JOIN requests q ON q.run_id = v.run_id AND q.request_id = v.request_id
 GROUP BY v.run_id, COALESCE(q.sampling, 'unknown')
 """,
-    "v_lossless_audit": f"""
-SELECT run_id, sampling, COUNT(DISTINCT request_id) AS requests, SUM(tokens) AS tokens_audited,
-       SUM(mismatches) AS greedy_mismatches, SUM(rare) AS rare_observed,
-       SUM(rare_expected) AS rare_expected, {rare_threshold("SUM(rare_expected)")} AS rare_threshold,
-       CASE WHEN SUM(tokens) > 0 THEN CAST(SUM(p_sum) AS DOUBLE PRECISION) / SUM(tokens) END AS mean_p_emitted,
-       CASE WHEN SUM(tokens) > 0 THEN CAST(SUM(p2_sum) AS DOUBLE PRECISION) / SUM(tokens) END AS mean_p_expected,
-       MAX(epsilon) AS epsilon,
-       CASE WHEN SUM(mismatches) > 0 OR SUM(rare) >= {rare_threshold("SUM(rare_expected)")}
-            THEN 'violation' ELSE 'passed' END AS verdict
-FROM lossless_audit
-GROUP BY run_id, sampling
-""",
+    "v_lossless_audit": _lossless_audit_view(),
     # Runs joined to their acceptance summary rows, grouped by the run's columns.
     "v_run_summary": f"""
 SELECT r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
