@@ -40,7 +40,7 @@ class DemoOptions:
         """Raise ConfigError for values the demo cannot run with."""
         from specscope.engine.faults import check_fault
 
-        check_fault(self.fault)
+        check_fault(self.fault, greedy=True)
         if self.requests < 1 or self.ranks < 1 or self.k < 1 or self.max_new_tokens < 1:
             raise ConfigError("--requests, --ranks, --k and --max-new-tokens must be at least 1")
         if self.first_prompt < 0:
@@ -49,7 +49,7 @@ class DemoOptions:
             raise ConfigError(f"--ranks {self.ranks} exceeds --requests {self.requests}: a rank would idle")
         if self.rank_fault is not None:
             rank, name = self.rank_fault
-            check_fault(name)
+            check_fault(name, greedy=True)
             if not 0 <= rank < self.ranks:
                 raise ConfigError(f"--rank-fault names rank {rank}, but the run has ranks 0..{self.ranks - 1}")
 

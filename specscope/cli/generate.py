@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specscope import metrics
-from specscope.engine.faults import FAULTS
+from specscope.engine.faults import FAULTS, SAMPLED_PATH_FAULTS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", required=True, help="user message (the chat template is applied)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per verify step (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--fault", choices=sorted(FAULTS), default=None, help="reproduce a serving failure")
+    p.add_argument("--fault", choices=sorted(set(FAULTS) - set(SAMPLED_PATH_FAULTS)), default=None,
+                   help="reproduce a serving failure (greedy decoding: the sampled path's faults do not apply)")
     p.set_defaults(func=run)
 
 

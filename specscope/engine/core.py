@@ -35,7 +35,7 @@ from specscope.engine.faults import check_fault
 from specscope.engine.target import TARGET_MODEL_ID, load_target
 from specscope.errors import ConfigError
 from specscope.events import RunConfig, sampling_label
-from specscope.instrumentation import AuditSlot
+from specscope.instrumentation import AuditSlot, truncate
 
 ENGINE_NAME = "specscope-reference"
 ENGINE_VERSION = "0.1.0"
@@ -123,19 +123,22 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], max_new_tokens: int = 64, request_ids: list[str] | None = None,
-                 temperature: float = 0.0, seed: int = 0) -> list[RequestResult]:
+                 temperature: float = 0.0, seed: int = 0, top_p: float = 1.0, top_k: int = 0) -> list[RequestResult]:
         """Serve ``prompts`` one after another with speculative decoding.
 
         Returns one :class:`RequestResult` per prompt, in order; ``request_ids`` default to
         ``req-<index>``. ``temperature`` 0 decodes greedily; above 0 each request samples from the
-        target's distribution at that temperature, with a generator seeded by ``seed`` and its index.
+        target's distribution at that temperature, truncated to ``top_k`` tokens (0: all) and then to
+        ``top_p`` of the mass (vLLM's rule), with a generator seeded by ``seed`` and its index.
         """
         ids = request_ids or [f"req-{i}" for i in range(len(prompts))]
         if len(ids) != len(prompts):
             raise ConfigError(f"{len(prompts)} prompts but {len(ids)} request ids")
         if not temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
-        return [self._serve(rid, p, max_new_tokens, _Sampler(temperature, seed + i))
+        if not 0 < top_p <= 1 or not isinstance(top_k, int) or top_k < 0:
+            raise ConfigError(f"top_p must be in (0, 1] and top_k an int >= 0 (0 = all), got {top_p!r}, {top_k!r}")
+        return [self._serve(rid, p, max_new_tokens, _Sampler(temperature, seed + i, top_p, top_k, self.fault))
                 for i, (rid, p) in enumerate(zip(ids, prompts))]
 
     def _serve(self, rid: str, prompt: str, max_new_tokens: int, sampler: _Sampler) -> RequestResult:
@@ -143,7 +146,7 @@ class Engine:
         prompt_ids = self.encode(prompt)
         if self.tracer is not None:
             self.tracer.start_request(rid, prompt_tokens=prompt_ids.shape[1], temperature=sampler.temperature,
-                                      prompt=prompt_ids[0].tolist())
+                                      top_p=sampler.top_p, top_k=sampler.top_k, prompt=prompt_ids[0].tolist())
         result = RequestResult(rid, prompt, prompt_ids.shape[1], [], "")
         state = _State(self, prompt_ids, sampler, rid)
         out = state.tokens[-1:]
@@ -181,41 +184,63 @@ class Engine:
 
 
 class _Sampler:
-    """One request's token choice from the target's logits: argmax at temperature 0, else a draw at
-    ``temperature`` from a generator of its own (reproducible per request)."""
+    """One request's token choice from the target's logits: argmax at temperature 0, else a draw from
+    the target's processed distribution (temperature, top-k, top-p) with a generator of its own
+    (reproducible per request). ``fault``: the engine's fault switch; the lossy sampled ones break
+    :meth:`verify` only, the first token is always drawn right."""
 
-    def __init__(self, temperature: float, seed: int) -> None:
-        self.temperature = float(temperature)
-        self.label = sampling_label(self.temperature)
+    def __init__(self, temperature: float, seed: int, top_p: float = 1.0, top_k: int = 0,
+                 fault: str | None = None) -> None:
+        self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
+        self.label = sampling_label(self.temperature, self.top_p, self.top_k)
         self.generator = torch.Generator().manual_seed(seed)
+        self.fault = fault
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """(..., V) the target's distribution at this temperature."""
-        return torch.softmax(logits / self.temperature, dim=-1)
+    def probs(self, logits: torch.Tensor, temperature: float | None = None, top_p: float | None = None,
+              top_k: int | None = None) -> torch.Tensor:
+        """(N, V) the target's processed distribution of (N, V) logits at this request's settings
+        (or the ones given)."""
+        t = self.temperature if temperature is None else temperature
+        p = self.top_p if top_p is None else top_p
+        k = self.top_k if top_k is None else top_k
+        n = logits.shape[0]
+        return truncate(logits / t, torch.full((n,), k) if k else None,
+                        torch.full((n,), p) if p < 1 else None).softmax(dim=-1)
+
+    def _verify_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution the verify step samples from: the request's, unless a fault bends it."""
+        if self.fault == "temperature-twice":
+            return self.probs(logits, temperature=self.temperature ** 2)
+        if self.fault == "top-p-ignored":
+            return self.probs(logits, top_p=1.0)
+        if self.fault == "top-k-ignored":
+            return self.probs(logits, top_k=0)
+        return self.probs(logits)
 
     def draw(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
     def choose(self, logits: torch.Tensor) -> int:
         """The next token from (V,) logits."""
-        return int(logits.argmax()) if self.temperature == 0 else self.draw(self.probs(logits))
+        return int(logits.argmax()) if self.temperature == 0 else self.draw(self.probs(logits[None])[0])
 
     def verify(self, drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
         """``(accepted drafts m, the token emitted at position m)`` for drafts checked against the
         target's (k+1, V) logits: the greedy prefix rule, or speculative sampling with a deterministic
         draft (accept d_i with probability p_i(d_i); on rejection draw from p_i without d_i)."""
         k = len(drafts)
-        if self.temperature == 0:
+        if self.temperature == 0 or self.fault == "temperature-ignored":
             greedy = logits.argmax(-1).tolist()  # (k+1,) the target's choice after each prefix
             m = 0
             while m < k and drafts[m] == greedy[m]:
                 m += 1
             return m, greedy[m]
-        probs = self.probs(logits)  # (k+1, V)
+        probs = self._verify_probs(logits)  # (k+1, V)
         for m, token in enumerate(drafts):
             if float(torch.rand((), generator=self.generator)) >= float(probs[m, token]):
                 residual = probs[m].clone()
-                residual[token] = 0.0
+                if self.fault != "recovered-from-p":
+                    residual[token] = 0.0
                 return m, self.draw(residual / residual.sum())
         return k, self.draw(probs[k])
 
@@ -269,8 +294,9 @@ class _State:
         tracer = self.engine.tracer
         if tracer is not None and tracer.audit_due():
             slots = [AuditSlot(self.request_id, self.sampler.label, j) for j in range(m + 1)]
-            tracer.record_audit(out.logits[0, : m + 1], torch.tensor(new),
-                                torch.full((m + 1,), self.sampler.temperature), slots)
+            sampler = self.sampler
+            tracer.record_audit(out.logits[0, : m + 1], torch.tensor(new), torch.full((m + 1,), sampler.temperature),
+                                slots, torch.full((m + 1,), sampler.top_k), torch.full((m + 1,), sampler.top_p))
         if k - m:
             self.cache.crop(-(k - m))  # transformers 5: a negative count of tokens to drop
         self.dcache.crop(n)  # drop the chained entries; the accepted tokens are re-run target-fed

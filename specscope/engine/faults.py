@@ -1,7 +1,9 @@
 """Fault switches: each reproduces a publicly reported speculative-decoding serving failure. All but
-one change only the plumbing between target and draft: verification stays lossless (the output text is
-unchanged) and acceptance is what suffers, silently. ``emit-draft-token`` breaks the verifier itself:
-acceptance is untouched and the text is no longer the target's. specscope must make both visible.
+but the lossy ones change only the plumbing between target and draft: verification stays lossless (the
+output text is unchanged) and acceptance is what suffers, silently. The lossy ones (:data:`LOSSY_FAULTS`)
+break the verifier itself the ways real verifiers break: the text is no longer the target's (greedy) or
+no longer drawn from the target's distribution (sampled), while acceptance looks healthy or better.
+specscope must make both visible.
 """
 
 from __future__ import annotations
@@ -18,17 +20,33 @@ FAULTS: dict[str, str] = {
     "lm-head-missing": "the draft's lm_head is missing from the checkpoint and stays at random init",
     "emit-draft-token": "the verifier emits the draft's token at the first rejected position instead of "
                         "the target's: acceptance unchanged, output no longer the target's",
+    "temperature-ignored": "the sampled verify step ignores the request's temperature: it accepts and emits "
+                           "as if greedy (acceptance rises, the output distribution narrows)",
+    "temperature-twice": "the sampled verify step divides the logits by the temperature twice",
+    "top-p-ignored": "the sampled verify step samples from the untruncated distribution (top-p lost)",
+    "top-k-ignored": "the sampled verify step samples from the distribution before top-k",
+    "recovered-from-p": "a rejected draft position draws the recovered token from p, where max(p - q, 0) "
+                        "normalised belongs (for an argmax draft: p without the draft's token)",
 }
 
 
-LOSSY_FAULTS = ("emit-draft-token",)
+LOSSY_FAULTS = ("emit-draft-token", "temperature-ignored", "temperature-twice", "top-p-ignored", "top-k-ignored",
+                "recovered-from-p")
 """The faults under which the output is no longer the target's (the others change acceptance only)."""
 
 
-def check_fault(name: str | None) -> str | None:
-    """Return ``name`` if it is a known fault (or None). Raises ConfigError listing the valid names."""
+SAMPLED_PATH_FAULTS = LOSSY_FAULTS[1:]
+"""The faults of the sampled verify step: a greedy request never reaches them."""
+
+
+def check_fault(name: str | None, greedy: bool = False) -> str | None:
+    """Return ``name`` if it is a known fault (or None); ``greedy``: the caller serves greedily, so a
+    fault of the sampled path would change nothing. Raises ConfigError naming the valid choice."""
     if name is not None and name not in FAULTS:
         raise ConfigError(f"unknown fault {name!r}; choose one of: {', '.join(FAULTS)}")
+    if greedy and name in SAMPLED_PATH_FAULTS:
+        raise ConfigError(f"fault {name!r} breaks the sampled verify step only and this serves greedily: "
+                          "serve sampled requests (Engine.generate(temperature=0.8)) to see it")
     return name
 
 
