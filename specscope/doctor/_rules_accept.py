@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 from specscope.doctor._context import RunContext
 from specscope.events import Finding
 from specscope.findings import runtime_finding
@@ -21,50 +24,98 @@ of verify steps on chat traffic (the section 1 head reached 74.5% step-0 accurac
 the draft costs more than it brings at k >= 2, a sign of wrong aux layers, vocabulary map or head."""
 
 
+SAMPLED_NOT_JUDGED = ("An argmax draft is accepted with the target's probability of its token, so sampled "
+                      "acceptance is lower by design: the greedy thresholds do not apply to it")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The acceptance the greedy-calibrated rules judge: the whole run when no request is known to
+    sample, else its greedy requests (``group`` names which; ``per_position`` only for the whole run)."""
+
+    group: str
+    verify_steps: int
+    proposed: int
+    accepted: int
+    mean_acceptance_length: float | None
+    position0: float | None
+    per_position: list[float]
+
+
+def sampled_groups(ctx: RunContext) -> list[SimpleNamespace]:
+    """The run's sampling groups whose requests sample (temperature > 0)."""
+    return [g for g in ctx.sampling_acceptance if g.sampling not in ("greedy", "unknown")]
+
+
+def judged(ctx: RunContext) -> Judged | None:
+    """What ACCEPT_COLLAPSE, ACCEPT_SATURATED and POSITION0_LOW judge, or None (too few verify steps,
+    or sampled requests only: there only a collapse is judged, see :func:`check_collapse`)."""
+    if not sampled_groups(ctx):
+        acc, p = ctx.acceptance, ctx.per_position
+        figures = Judged("all requests", acc.verify_steps, acc.proposed, acc.accepted, acc.mean_acceptance_length,
+                         p[0] if p else None, p)
+    else:
+        g = next((g for g in ctx.sampling_acceptance if g.sampling == "greedy"), None)
+        if g is None:
+            return None
+        figures = Judged("greedy requests", int(g.verify_steps), int(g.proposed or 0), int(g.accepted or 0),
+                         g.mean_acceptance_length, g.position0_acceptance, [])
+    return figures if figures.verify_steps >= MIN_VERIFY_STEPS else None
+
+
+def _scope(j: Judged) -> str:
+    return "" if j.group == "all requests" else f" of {j.group}"
+
+
 def check_collapse(ctx: RunContext) -> list[Finding]:
-    """ACCEPT_COLLAPSE [error]: AL <= COLLAPSE_AL over >= MIN_VERIFY_STEPS verify steps."""
-    acc = ctx.acceptance
-    if acc.verify_steps < MIN_VERIFY_STEPS or acc.mean_acceptance_length > COLLAPSE_AL:
+    """ACCEPT_COLLAPSE [error]: AL <= COLLAPSE_AL over >= MIN_VERIFY_STEPS verify steps: of the greedy
+    requests where some sample, of the whole run where all do (a working draft accepts far more than
+    one draft in twenty steps at any usual temperature; ACCEPT_COLLAPSE_SAMPLED compares groups)."""
+    j = judged(ctx)
+    if j is None and not any(g.sampling == "greedy" for g in ctx.sampling_acceptance):
+        acc = ctx.acceptance
+        j = Judged("sampled requests", acc.verify_steps, acc.proposed, acc.accepted, acc.mean_acceptance_length,
+                   None, [])
+    if j is None or j.verify_steps < MIN_VERIFY_STEPS or j.mean_acceptance_length > COLLAPSE_AL:
         return []
     return [runtime_finding(
         "ACCEPT_COLLAPSE", ctx.run_id,
-        f"acceptance collapsed: mean acceptance length {acc.mean_acceptance_length:.3f} over "
-        f"{acc.verify_steps} verify steps ({acc.accepted} of {acc.proposed} drafts accepted)",
-        {"mean_acceptance_length": acc.mean_acceptance_length, "verify_steps": acc.verify_steps,
-         "accepted": acc.accepted, "proposed": acc.proposed, "threshold": COLLAPSE_AL},
+        f"acceptance collapsed{_scope(j)}: mean acceptance length {j.mean_acceptance_length:.3f} over "
+        f"{j.verify_steps} verify steps ({j.accepted} of {j.proposed} drafts accepted)",
+        {"mean_acceptance_length": j.mean_acceptance_length, "verify_steps": j.verify_steps,
+         "accepted": j.accepted, "proposed": j.proposed, "threshold": COLLAPSE_AL, "judged_on": j.group},
         "Find the broken link between target and draft: fix any AUX_* or WEIGHTS_DROPPED finding of "
         "this run, then check the draft checkpoint (d2t map, lm_head) with `specscope inspect`.")]
 
 
 def check_saturated(ctx: RunContext) -> list[Finding]:
     """ACCEPT_SATURATED [warning]: every proposed draft of >= MIN_VERIFY_STEPS steps was accepted."""
-    acc = ctx.acceptance
-    if acc.verify_steps < MIN_VERIFY_STEPS or acc.proposed == 0 or acc.accepted < acc.proposed:
+    j = judged(ctx)
+    if j is None or j.proposed == 0 or j.accepted < j.proposed:
         return []
     return [runtime_finding(
         "ACCEPT_SATURATED", ctx.run_id,
-        f"every one of {acc.proposed} drafts in {acc.verify_steps} verify steps was accepted "
-        f"(AL {acc.mean_acceptance_length:.2f}): verification may not be comparing against the target",
-        {"acceptance_rate": acc.acceptance_rate, "accepted": acc.accepted, "proposed": acc.proposed,
-         "verify_steps": acc.verify_steps, "mean_acceptance_length": acc.mean_acceptance_length,
-         "expected_acceptance_rate_below": 1.0},
+        f"every one of {j.proposed} drafts in {j.verify_steps} verify steps{_scope(j)} was accepted "
+        f"(AL {j.mean_acceptance_length:.2f}): verification may not be comparing against the target",
+        {"acceptance_rate": j.accepted / j.proposed, "accepted": j.accepted, "proposed": j.proposed,
+         "verify_steps": j.verify_steps, "mean_acceptance_length": j.mean_acceptance_length,
+         "expected_acceptance_rate_below": 1.0, "judged_on": j.group},
         "Check that the target really verifies the drafts (not the draft's own logits) and that the "
         "accepted counts come from the verifier; if they are genuine, raise k (vLLM "
         "`num_speculative_tokens`, SGLang `speculative_num_steps`).")]
 
 
 def check_position0(ctx: RunContext) -> list[Finding]:
-    """POSITION0_LOW [warning]: p_0 < POSITION0_MIN over >= MIN_VERIFY_STEPS steps, not collapsed."""
-    acc = ctx.acceptance
-    if (acc.verify_steps < MIN_VERIFY_STEPS or acc.mean_acceptance_length <= COLLAPSE_AL
-            or not ctx.per_position or ctx.per_position[0] >= POSITION0_MIN):
+    """POSITION0_LOW [warning]: p_0 < POSITION0_MIN over >= MIN_VERIFY_STEPS steps, not collapsed;
+    judged on greedy requests only (:data:`SAMPLED_NOT_JUDGED`)."""
+    j = judged(ctx)
+    if j is None or j.mean_acceptance_length <= COLLAPSE_AL or j.position0 is None or j.position0 >= POSITION0_MIN:
         return []
-    p0 = ctx.per_position[0]
     return [runtime_finding(
         "POSITION0_LOW", ctx.run_id,
-        f"the first draft is accepted in only {p0:.1%} of {acc.verify_steps} verify steps "
+        f"the first draft is accepted in only {j.position0:.1%} of {j.verify_steps} verify steps{_scope(j)} "
         f"(below {POSITION0_MIN:.0%})",
-        {"position0_acceptance": p0, "threshold": POSITION0_MIN, "verify_steps": acc.verify_steps,
-         "per_position_acceptance": ctx.per_position},
+        {"position0_acceptance": j.position0, "threshold": POSITION0_MIN, "verify_steps": j.verify_steps,
+         "per_position_acceptance": j.per_position or None, "judged_on": j.group},
         "Check that the draft was trained for this target and prompt format: its aux capture layers "
         "(`eagle_aux_hidden_state_layer_ids`), d2t map and lm_head (`specscope inspect`).")]

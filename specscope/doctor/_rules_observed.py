@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from specscope.doctor._context import RunContext
-from specscope.doctor._rules_accept import MIN_VERIFY_STEPS
+from specscope.doctor._rules_accept import MIN_VERIFY_STEPS, SAMPLED_NOT_JUDGED, sampled_groups
 from specscope.events import Finding, unhooked
 from specscope.findings import CONTRACT_CODES, runtime_finding
 
@@ -152,6 +152,10 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
     if steps < MIN_VERIFY_STEPS:
         skipped.append(_skipped("acceptance", ["ACCEPT_COLLAPSE", "ACCEPT_SATURATED", "POSITION0_LOW"],
                                 f"{steps} verify steps, fewer than the {MIN_VERIFY_STEPS} judged"))
+    elif sampled_groups(ctx):
+        names = ", ".join(g.sampling for g in sampled_groups(ctx))
+        skipped.append(_skipped(f"acceptance of sampled requests ({names}) against greedy thresholds",
+                                ["POSITION0_LOW", "ACCEPT_SATURATED"], SAMPLED_NOT_JUDGED))
     if not skipped:
         return []
     return [runtime_finding(
