@@ -33,12 +33,12 @@ class VllmRun:
 
 def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens: int = 48, k: int = 4,
         run_id: str | None = None, workdir: Path | None = None, temperatures: tuple[float, ...] = (0.0,),
-        compiled: bool = False) -> VllmRun:
+        top_ps: tuple[float, ...] = (1.0,), compiled: bool = False) -> VllmRun:
     """Serve ``prompts`` (chat template applied) through vLLM with the specscope plugin recording into
     ``db``; returns the run. Prompt i is served at ``temperatures[i % len(temperatures)]`` (0 greedy;
-    sampled ones seeded by their index), all in one batch; ``compiled`` serves vLLM's default mode
-    (torch.compile) instead of eager. Raises ConfigError for an unknown fault; a vLLM failure is
-    returned in ``VllmRun.error`` (the plugin recorded up to it)."""
+    sampled ones seeded by their index) and top-p ``top_ps[i % len(top_ps)]``, all in one batch;
+    ``compiled`` serves vLLM's default mode (torch.compile) instead of eager. Raises ConfigError for an
+    unknown fault; a vLLM failure is returned in ``VllmRun.error`` (the plugin recorded up to it)."""
     import tempfile
 
     from specscope.adapters import vllm as plugin
@@ -46,6 +46,8 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
     check_vllm_fault(fault)
     if not temperatures or any(not t >= 0 for t in temperatures):
         raise ConfigError(f"temperatures must be one or more values >= 0, got {temperatures!r}")
+    if not top_ps or any(not 0 < p <= 1 for p in top_ps):
+        raise ConfigError(f"top_ps must be one or more values in (0, 1], got {top_ps!r}")
     run = VllmRun(run_id or uuid.uuid4().hex)
     scratch = Path(workdir or tempfile.mkdtemp(prefix="specscope-vllm-"))
     target, draft = prepare(fault, scratch)
@@ -71,8 +73,9 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
         tokenizer = llm.get_tokenizer()
         chats = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                                add_generation_prompt=True) for p in prompts]
-        params = [SamplingParams(temperature=t, max_tokens=max_new_tokens, seed=None if t == 0 else i)
-                  for i, t in ((i, temperatures[i % len(temperatures)]) for i in range(len(prompts)))]
+        settings = [(temperatures[i % len(temperatures)], top_ps[i % len(top_ps)]) for i in range(len(prompts))]
+        params = [SamplingParams(temperature=t, top_p=p, max_tokens=max_new_tokens, seed=None if t == 0 else i)
+                  for i, (t, p) in enumerate(settings)]
         outputs = llm.generate(chats, params, use_tqdm=False)
         run.texts = [o.outputs[0].text for o in outputs]
         run.counters = _spec_counters(llm.get_metrics())

@@ -41,6 +41,7 @@ from specscope.storage._rows import (
     summary_rows,
     write_statements,
 )
+from specscope.storage._time_limit import bounded
 from specscope.storage.queries import Query, fetch
 from specscope.storage.user_query import QueryResult, run_query
 
@@ -258,7 +259,8 @@ class Store:
 
         Use it for the dashboard's and the doctor's own queries over the views.
         """
-        with translate("reading", self.url), self._read_engine.connect() as conn:
+        with translate("reading", self.url), self._read_engine.connect() as conn, \
+                bounded(conn, self.dialect, self.url):  # storage.read_time_limit
             yield conn
 
     def fetch(self, query: Query, **params: Any) -> list[dict[str, Any]]:
