@@ -52,7 +52,9 @@ def chain_mask(accepted: int, proposed: int) -> str:
 
 def per_position_acceptance(masks: Iterable[str]) -> list[float]:
     """p_i for every position below the longest mask: verify steps whose mask has ``'1'`` at i / verify
-    steps (a shorter mask counts as not accepted there). Empty list when there is no verify step."""
+    steps (a shorter mask counts as not accepted there), over the steps whose positions are known: a
+    step recorded as totals only (drafts proposed, no mask) is not among ``masks``, as in the views.
+    Empty list when there is no verify step."""
     masks = list(masks)
     if not masks:
         return []
