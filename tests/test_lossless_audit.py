@@ -201,9 +201,12 @@ def test_a_passed_sampled_group_says_what_its_size_could_not_see(store, tokens, 
 
 SAMPLED = dict(temperature=0.8, top_p=0.8, top_k=20)
 """The sampled runs' settings: both truncations on, so that each verifier fault below has one to lose."""
-SAMPLED_FAULTS = {"temperature-ignored": {"mean", "pit"}, "top-p-ignored": {"junk"}, "top-k-ignored": {"junk"}}
-"""The sampled verifier faults the engine shows at this size, and the tests that can see each (the
-subtler temperature-twice and recovered-from-p need ~1000 audited tokens: the simulations above)."""
+SAMPLED_FAULTS = {"top-p-ignored": {"junk"}}
+"""The sampled verifier faults the engine shows at this size (2 x 48 tokens), and the tests that see
+each; temperature-ignored and top-k-ignored need ~250 audited tokens (4 x 64: named by the mean and
+PIT tests, and by the junk tail), the
+subtler temperature-twice and recovered-from-p ~1000: the simulations above, and vLLM's verifier in
+tests/test_vllm_lossless.py."""
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +245,8 @@ def test_reference_engine_audit_passes_healthy_runs(audited_runs):
             codes = report.codes()
             assert "LOSSLESS_AUDITED" in codes and "LOSSLESS_VIOLATION" not in codes, (name, codes)
             # a healthy sampled run raises no warning: the greedy acceptance thresholds are not its own
-            loud = [f.message for f in report.findings if f.severity in ("error", "warning")]
+            # (NOT_OBSERVED: these runs hook no module, only the verifier)
+            loud = [f.message for f in report.findings if f.severity in ("error", "warning") and f.code != "NOT_OBSERVED"]
             assert not loud, (name, loud)
             (group,) = report.runs[0].lossless_audit
             emitted = sum(len(r.token_ids) for r in runs[name][1]) - len(runs[name][1])  # minus prefill tokens
@@ -251,8 +255,6 @@ def test_reference_engine_audit_passes_healthy_runs(audited_runs):
             assert group["sampling"] == ("greedy" if name == "greedy" else "T=0.8 top_p=0.8 top_k=20")
             if name != "greedy":  # sampled: judged, with the shift it could have seen
                 assert group["verdict"] in ("passed", "too few tokens") and group["detectable_p_shift"] < 0.2
-                skipped = next(f for f in report.findings if f.code == "CHECKS_SKIPPED")
-                assert "POSITION0_LOW" in skipped.evidence["not_checked"][-1]["codes"]
 
 
 @pytest.mark.slow
