@@ -184,23 +184,7 @@ def test_sigterm_ends_the_watch_like_ctrl_c(servers, tmp_path) -> None:
     ranks are marked finished (ended_wall set) and it exits 0 with its summary line."""
     srv = servers(llamacpp_exposition(_counters()))
     db = tmp_path / "w.db"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    process = subprocess.Popen([sys.executable, "-m", "specscope", "watch", "--db", str(db), "--interval",
-                                "100ms", srv.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env)
-    try:
-        while True:  # until the watch has stored its run (pytest-timeout bounds this loop)
-            with contextlib.suppress(StoreError), open_store(str(db), read_only=True) as store:
-                if store.query("SELECT COUNT(*) FROM run_ranks")[1] == [(1,)]:
-                    break
-            assert process.poll() is None, process.communicate()
-            time.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, err
+    out, err = _watch_until_stored_then_sigterm(db, srv.url)
     assert "llama.cpp" in out
     with open_store(str(db), read_only=True) as store:
         assert store.query("SELECT COUNT(*) FROM run_ranks WHERE ended_wall IS NOT NULL")[1] == [(1,)]
@@ -285,23 +269,7 @@ def test_a_line_too_long_to_parse_costs_only_itself_and_sigterm_still_acts(serve
     huge = 'llamacpp:spec_decode_num_drafts{x="' + '\\"' * 1_750_000 + '"} 1\n'
     srv = servers(huge + llamacpp_exposition(_counters()))
     db = tmp_path / "w.db"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    process = subprocess.Popen([sys.executable, "-m", "specscope", "watch", "--db", str(db), "--interval",
-                                "100ms", "--timeout", "60s", srv.url], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        while True:  # until the watch has stored its run (pytest-timeout bounds this loop)
-            with contextlib.suppress(StoreError), open_store(str(db), read_only=True) as store:
-                if store.query("SELECT COUNT(*) FROM run_ranks")[1] == [(1,)]:
-                    break
-            assert process.poll() is None, process.communicate()
-            time.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, err
+    out, err = _watch_until_stored_then_sigterm(db, srv.url, "--timeout", "60s")
     assert "llama.cpp" in out and err.count("dropped 1 sample line(s) over 4096 characters") == 1, err
 
 
@@ -348,3 +316,26 @@ def test_a_series_the_store_refuses_costs_only_itself(servers, tmp_path, caplog)
         assert _stored(store, [run_id]) == [(3, 9, 6)]
     skipped = [r.getMessage() for r in caplog.records if "skipping a series" in r.getMessage()]
     assert len(skipped) == 1 and "refused by the database" in skipped[0]
+
+
+def _watch_until_stored_then_sigterm(db: Path, url: str, *options: str) -> tuple[str, str]:
+    """Run `specscope watch` on ``url`` until it stored its run, stop it with SIGTERM; its output
+    once it exited 0."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen([sys.executable, "-m", "specscope", "watch", "--db", str(db), "--interval",
+                                "100ms", *options, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    try:
+        while True:  # until the watch has stored its run (pytest-timeout bounds this loop)
+            with contextlib.suppress(StoreError), open_store(str(db), read_only=True) as store:
+                if store.query("SELECT COUNT(*) FROM run_ranks")[1] == [(1,)]:
+                    break
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    return out, err
