@@ -115,7 +115,7 @@ def test_to_dict_is_the_design_schema(store):
         "per_position_acceptance": [0.25, 0.0, 0.0, 0.0],
         # recorded without sampling settings and not audited: one 'unknown' group, no audit
         "sampling": [{"sampling": "unknown", "requests": 4, "verify_steps": 32, "proposed": 128, "accepted": 8,
-                      "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625}],
+                      "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625, "position0_acceptance": 0.25}],
         "lossless_audit": [],
         # the trace's steps: 4 drafts in 0.004 s, verify 0.011 s; only position 0 ever accepted
         "what_if_k": [{"k": k, "mean_acceptance_length": 1.25,
