@@ -8,7 +8,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from specscope.errors import ConfigError
 from specscope.events import (
@@ -19,6 +19,7 @@ from specscope.events import (
     RequestStart,
     RunConfig,
     RunStart,
+    Sink,
     VerifyGroup,
     VerifyStep,
     prompt_key,
@@ -31,14 +32,6 @@ from specscope.instrumentation._state import HookState
 
 CLOSE_FLUSH_TIMEOUT_S = 5.0  # longest Tracer.close() waits for the sink (seconds): a bound on shutdown
 ERROR_CHARS = 2000  # of the error a crashed rank stopped on, kept with its final status
-
-
-class Sink(Protocol):
-    """Where events go (e.g. ``specscope.collector.Collector``). ``emit`` must never block."""
-
-    def emit(self, event: Event) -> None: ...
-    def flush(self, timeout_s: float | None = None) -> bool: ...
-    def close(self) -> None: ...
 
 
 class Tracer:
