@@ -105,6 +105,26 @@ def test_the_circle_check_sees_circles(tmp_path):
         graphlib.TopologicalSorter(import_graph(tmp_path / "pkg")).prepare()
 
 
+MAX_MODULE_LINES = 400  # a module a newcomer reads in one sitting; past it, it holds more than one job
+
+
+def _long_modules(root: Path) -> list[str]:
+    """``path: n lines`` of every module under ``root`` longer than :data:`MAX_MODULE_LINES`."""
+    lengths = {path: len(path.read_text().splitlines()) for path in sorted(root.rglob("*.py"))}
+    return [f"{path.relative_to(root)}: {n} lines" for path, n in lengths.items() if n > MAX_MODULE_LINES]
+
+
+def test_no_module_is_over_400_lines():
+    assert _long_modules(ROOT) == []
+
+
+def test_the_length_check_sees_long_modules(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "pkg" / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert _long_modules(tmp_path) == [f"pkg/long.py: {MAX_MODULE_LINES + 1} lines"]
+
+
 def test_the_prometheus_watch_writes_each_scrape_through_the_store():
     """One transaction per endpoint and scrape, with no collector between: the store's own write."""
     sources = [path.read_text() for path in (ROOT / "adapters").glob("*watch*.py")]
