@@ -1,9 +1,5 @@
-"""The trace store: events in (:class:`~specscope.storage._writes.StoreWrites`, one transaction per
-batch), SQL out through read-only connections. Opened by :func:`~specscope.storage.open_store`.
-
-Every database error leaving it is a :class:`~specscope.errors.StoreError` (or a subclass); see
-:mod:`specscope.storage._errors`.
-"""
+"""The trace store's reads and lifetime; its writes are :class:`~specscope.storage._writes.StoreWrites`.
+Every database error leaving it is a :class:`~specscope.errors.StoreError` (``storage/_errors.py``)."""
 
 from __future__ import annotations
 
@@ -33,7 +29,6 @@ class Store(StoreWrites):
 
     Attributes:
         url: where it lives, for messages (a path, or the URL without its password).
-        location: the same store however it was spelt (see :attr:`location`).
         dialect: ``"sqlite"`` or ``"postgresql"``.
         read_only: opened with ``read_only=True``; writes raise ReadOnlyViolation.
         schema_version: the store's schema version (``schema.SCHEMA_VERSION`` once opened).
