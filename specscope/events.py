@@ -14,8 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from specscope import event_checks as checks
-from specscope.event_checks import MAX_COUNT, MAX_PROPOSED, PIT_BINS, storable_text
+from specscope.event_checks import (
+    MAX_COUNT,
+    MAX_PROPOSED,
+    PIT_BINS,
+    check_counts,
+    check_lossless_audit,
+    check_request_end,
+    check_verify_group,
+    check_verify_step,
+    storable_text,
+)
 from specscope.metrics import chain_mask
 from specscope.run_config import UNHOOKED_SOURCES, RunConfig, unhooked
 
@@ -122,7 +131,7 @@ class RequestStart(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        checks.check_counts("request start", prompt_tokens=self.prompt_tokens)
+        check_counts("request start", prompt_tokens=self.prompt_tokens)
 
     @property
     def sampling(self) -> str | None:
@@ -168,7 +177,7 @@ class RequestEnd(EventBase):
     output_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        checks.check_request_end(self)
+        check_request_end(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +202,7 @@ class VerifyStep(EventBase):
     emitted_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        checks.check_verify_step(self)
+        check_verify_step(self)
 
     def mask(self) -> str:
         """The per-position mask, derived from ``accepted`` for a chain when not given."""
@@ -219,7 +228,7 @@ class VerifyGroup(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        checks.check_verify_group(self)
+        check_verify_group(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +322,7 @@ class LosslessAudit(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        checks.check_lossless_audit(self)
+        check_lossless_audit(self)
 
 
 @dataclass(frozen=True, slots=True)
