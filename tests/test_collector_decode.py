@@ -11,6 +11,7 @@ import pytest
 
 from specscope import events as ev
 from specscope.collector import Collector
+from specscope.errors import InvalidEvent
 from specscope.storage import open_store
 
 RUN = "run-d"
@@ -116,14 +117,14 @@ def test_without_a_tokenizer_ids_are_not_stored_as_text(tmp_path):
 
 @pytest.mark.parametrize("bad", [(1.5,), [1, 2], (-1,), ("a",)])
 def test_emitted_ids_are_validated_at_the_boundary(bad):
-    with pytest.raises(ev.InvalidEvent, match="emitted_ids"):
+    with pytest.raises(InvalidEvent, match="emitted_ids"):
         ev.VerifyStep(RUN, "req", 0, 0, 4, 2, emitted_ids=bad)
-    with pytest.raises(ev.InvalidEvent, match="output_ids"):
+    with pytest.raises(InvalidEvent, match="output_ids"):
         ev.RequestEnd(RUN, "req", 0, output_tokens=1, verify_steps=0, output_ids=bad)
 
 
 def test_more_emitted_ids_than_a_step_can_emit_are_refused():
-    with pytest.raises(ev.InvalidEvent, match="at most accepted \\+ 1 = 3"):
+    with pytest.raises(InvalidEvent, match="at most accepted \\+ 1 = 3"):
         ev.VerifyStep(RUN, "req", 0, 0, 4, 2, emitted_ids=(1, 2, 3, 4))
 
 

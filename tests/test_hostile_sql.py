@@ -244,7 +244,7 @@ def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
     remains."""
     import sqlalchemy as sa
 
-    from specscope.storage.store import _PG_MIGRATION_LOCK
+    from specscope.storage._dialect import PG_MIGRATION_LOCK as _PG_MIGRATION_LOCK
 
     with open_store(pg_url):
         pass
@@ -275,7 +275,7 @@ def test_migration_lock_wait_is_bounded(pg_url: str) -> None:
     open fail after lock_timeout_s with one line naming the lock, instead of waiting forever."""
     import sqlalchemy as sa
 
-    from specscope.storage.store import _PG_MIGRATION_LOCK
+    from specscope.storage._dialect import PG_MIGRATION_LOCK as _PG_MIGRATION_LOCK
 
     open_store(pg_url).close()
     holder = sa.create_engine(pg_url)

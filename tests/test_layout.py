@@ -105,6 +105,63 @@ def test_the_circle_check_sees_circles(tmp_path):
         graphlib.TopologicalSorter(import_graph(tmp_path / "pkg")).prepare()
 
 
+MAX_MODULE_LINES = 400  # a module a newcomer reads in one sitting; past it, it holds more than one job
+
+
+def _long_modules(root: Path) -> list[str]:
+    """``path: n lines`` of every module under ``root`` longer than :data:`MAX_MODULE_LINES`."""
+    lengths = {path: len(path.read_text().splitlines()) for path in sorted(root.rglob("*.py"))}
+    return [f"{path.relative_to(root)}: {n} lines" for path, n in lengths.items() if n > MAX_MODULE_LINES]
+
+
+def test_no_module_is_over_400_lines():
+    assert _long_modules(ROOT) == []
+
+
+def test_the_length_check_sees_long_modules(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "pkg" / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert _long_modules(tmp_path) == [f"pkg/long.py: {MAX_MODULE_LINES + 1} lines"]
+
+
+def _event_places(events, routes) -> tuple[set[str], set[str], set[str]]:
+    """Names of the event types of ``events`` (a module): its ``EventBase`` dataclasses, those named
+    in its ``Event`` union, and those with a route in ``routes``."""
+    from typing import get_args
+
+    classes = {v.__name__ for v in vars(events).values()
+               if isinstance(v, type) and issubclass(v, events.EventBase) and v is not events.EventBase}
+    return classes, {t.__name__ for t in get_args(events.Event)}, {t.__name__ for t in routes}
+
+
+def test_an_event_type_lives_in_two_places():
+    """docs/design.md, "Event model": an event type is its dataclass in events.py (an ``EventBase``
+    named in the ``Event`` union, which the collector's boundary reads) and its route in
+    ``storage/_rows.py``; everything else derives from those."""
+    from specscope import events
+    from specscope.storage._rows import ROUTES
+
+    classes, union, routed = _event_places(events, ROUTES)
+    assert classes == union == routed
+
+
+def test_the_event_places_check_sees_a_missing_place():
+    import types
+    from dataclasses import dataclass
+
+    from specscope import events
+
+    @dataclass(frozen=True)
+    class Extra(events.EventBase):
+        run_id: str
+
+    module = types.SimpleNamespace(EventBase=events.EventBase, Event=events.Event, Extra=Extra,
+                                   RunStart=events.RunStart)
+    classes, union, routed = _event_places(module, {events.RunStart: None})
+    assert classes == {"Extra", "RunStart"} and "Extra" not in union and routed == {"RunStart"}
+
+
 def test_the_prometheus_watch_writes_each_scrape_through_the_store():
     """One transaction per endpoint and scrape, with no collector between: the store's own write."""
     sources = [path.read_text() for path in (ROOT / "adapters").glob("*watch*.py")]

@@ -72,12 +72,21 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
 from specscope.adapters import _responses
-from specscope.events import MAX_COUNT, Event, RankStart, RankStatus, RequestEnd, RequestStart, RunStart, prompt_key
+from specscope.events import (
+    MAX_COUNT,
+    RankStart,
+    RankStatus,
+    RequestEnd,
+    RequestStart,
+    RunStart,
+    Sink,
+    prompt_key,
+)
 
 _PATHS = ("/completion", "/completions", "/chat/completions", "/generate")
 MAX_RECORDED_BYTES = 64 << 20
@@ -94,10 +103,6 @@ token: one data line, one blank), so the cost of parsing it stays bounded."""
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _INFLATE_STEP = 1 << 20  # bytes inflated per call: what one read of a compressed answer costs in memory
 logger = logging.getLogger("specscope")
-
-
-class Sink(Protocol):
-    def emit(self, event: Event) -> None: ...
 
 
 @dataclass

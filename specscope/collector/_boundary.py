@@ -21,9 +21,9 @@ _PLAIN = _TYPES - {*_SIZED, Finding}  # events with a run_id and a rank and noth
 def key_of(event: object) -> Key | None:
     """``event``'s (run_id, rank), or None when it is no specscope event or they cannot name a
     run_ranks row."""
-    if type(event) not in _TYPES or not (_run_id_ok(event) and _count(getattr(event, "rank", 0), 0)):
+    if type(event) not in _TYPES or not (_run_id_ok(event) and _count(event.rank, 0)):
         return None
-    return event.run_id, getattr(event, "rank", 0)
+    return event.run_id, event.rank
 
 
 def refusal(event: object) -> str | None:
@@ -40,7 +40,7 @@ def _refusal(event: object) -> str | None:
         return f"{type(event).__name__!r} is not a specscope event"
     if not _run_id_ok(event):
         return f"run_id {reprlib.repr(event.run_id)} is not a string"
-    rank = getattr(event, "rank", 0)
+    rank = event.rank
     if not _count(rank, 0):
         return f"rank {reprlib.repr(rank)} is not an int in 0..{MAX_COUNT}"
     if isinstance(event, _SIZED) and not _count(event.world_size, 1):

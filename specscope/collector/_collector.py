@@ -202,7 +202,7 @@ class Collector:
                          "only counted", reason)
 
     def _drop(self, event: Event) -> None:
-        self._tally.drop(1, {(event.run_id, getattr(event, "rank", 0)): 1})
+        self._tally.drop(1, {(event.run_id, event.rank): 1})
         if self._writer.closing:
             self._writer.lossy = True
 

@@ -79,6 +79,6 @@ def add(into: dict[Key, int], counts: dict[Key, int]) -> None:
 def per_key(events: Sequence[Event]) -> dict[Key, int]:
     counts: dict[Key, int] = {}
     for event in events:
-        key = (event.run_id, getattr(event, "rank", 0))
+        key = (event.run_id, event.rank)
         counts[key] = counts.get(key, 0) + 1
     return counts

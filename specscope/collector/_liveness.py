@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from specscope.collector._boundary import Key
-from specscope.events import Event
+from specscope.events import Event, RankStatus
 from specscope.storage import Store
 
 logger = logging.getLogger("specscope")
@@ -46,7 +46,7 @@ class Liveness:
         self._live.update((key, now) for key in keys if key[0] is not None)
         ended: list[str] = []
         for event in events:
-            if event.kind == "rank_status" and event.finished:
+            if isinstance(event, RankStatus) and event.finished:
                 self._live.pop((event.run_id, event.rank), None)
                 ended.append(event.run_id)
         for run_id in dict.fromkeys(ended) if self._on_run_end is not None else ():

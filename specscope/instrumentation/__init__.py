@@ -17,12 +17,13 @@ Events go to a sink: any object with ``emit(event)`` (never blocking), ``flush()
 e.g. :class:`specscope.collector.Collector`.
 """
 
+from specscope.events import Sink
 from specscope.instrumentation._audit import Auditor, token_stats, truncate
 from specscope.instrumentation._audit import Slot as AuditSlot
 from specscope.instrumentation._instrument import instrument
 from specscope.instrumentation._loadcheck import check_load
 from specscope.instrumentation._sampling import SamplingConfig
-from specscope.instrumentation.tracer import Sink, Tracer
+from specscope.instrumentation.tracer import Tracer
 
 __all__ = ["AuditSlot", "Auditor", "SamplingConfig", "Sink", "Tracer", "check_load", "instrument", "token_stats",
            "truncate"]

@@ -1,4 +1,5 @@
-"""The :class:`Tracer`: run identity, counters, request / verify statistics and event emission."""
+"""The :class:`Tracer`: a rank's lifecycle (start, status, close), its counters and event emission;
+the requests it follows are :mod:`._requests`, the audit :mod:`._audit`, the hooks :mod:`._state`."""
 
 from __future__ import annotations
 
@@ -6,26 +7,22 @@ import atexit
 import sys
 import time
 import uuid
-import zlib
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from specscope.errors import ConfigError
 from specscope.events import (
     Event,
     RankStart,
     RankStatus,
-    RequestEnd,
-    RequestStart,
     RunConfig,
     RunStart,
-    VerifyGroup,
-    VerifyStep,
-    prompt_key,
+    Sink,
 )
 from specscope.instrumentation._audit import DEFAULT_AUDIT_EVERY, Auditor
 from specscope.instrumentation._audit import Slot as AuditSlot
 from specscope.instrumentation._context import capture_probe, default_device, process_context
+from specscope.instrumentation._requests import Requests
 from specscope.instrumentation._sampling import SamplingConfig
 from specscope.instrumentation._state import HookState
 
@@ -33,50 +30,23 @@ CLOSE_FLUSH_TIMEOUT_S = 5.0  # longest Tracer.close() waits for the sink (second
 ERROR_CHARS = 2000  # of the error a crashed rank stopped on, kept with its final status
 
 
-class Sink(Protocol):
-    """Where events go (e.g. ``specscope.collector.Collector``). ``emit`` must never block."""
-
-    def emit(self, event: Event) -> None: ...
-    def flush(self, timeout_s: float | None = None) -> bool: ...
-    def close(self) -> None: ...
-
-
 class Tracer:
-    """Observes one engine process (rank) and sends what it sees to ``sink``.
+    """Observes one engine process (rank) and sends what it sees to ``sink``, which it does not own.
 
     Create one per rank, attach it with :func:`~specscope.instrumentation.instrument`, report requests
-    and verify steps from CPU-side values, and ``close()`` it (or use it as a context manager) to
-    remove every hook. The first of ``instrument`` / ``start_request`` / ``record_verify`` /
-    ``check_load`` / ``close`` starts the run: rank and world size are read from ``torch.distributed``
-    then (not at construction), and a :class:`RankStart` and a :class:`RunStart` go out (every rank
-    sends one; the store keeps the first). :class:`RankStatus` goes out every ``status_interval_s``
-    seconds (checked in ``record_verify``) and at close with ``finished=True``; a process that exits
-    without ``close()`` is closed at interpreter exit (``atexit``), so its final status still goes
-    out (crashed, with its error, when an uncaught exception ended the process or the ``with``
-    block). When ``torch.distributed`` is initialised after the run started, the next status notices
-    it, takes the real rank and world size and sends a new :class:`RankStart` (events sent before
-    that stay under the rank they were sent with).
+    and verify steps from CPU-side values, and ``close()`` it (or use it as a context manager). The
+    first call that records anything starts the run: rank and world size are read from
+    ``torch.distributed`` (or ``rank`` / ``world_size``, given together, where the engine numbers its
+    ranks itself) and a :class:`RankStart` and :class:`RunStart` go out. A :class:`RankStatus` goes
+    out every ``status_interval_s`` and at close; a process exiting without ``close()`` is closed at
+    interpreter exit, crashed if an uncaught exception ended it.
 
-    Arguments: ``run_id`` (default: a uuid4 hex; give all ranks the same one), run metadata
-    (``engine``, ``engine_version``, ``target_model``, ``draft_model``, ``config``: the target/draft
-    contract, ``fault``), ``sampling``: a :class:`SamplingConfig` (default: its defaults), or any of
-    its fields as keywords (``sample_every=``, ``first_calls=``, ``value_stats=``,
-    ``provenance_every=``) but not both; ``device`` (default: the draft's device, else the current
-    CUDA device, else ``"cpu"``); ``step_sample``: the share of requests (0..1, chosen by a hash of the
-    request id, the same on every rank) whose verify steps are stored one row each; the others are
-    stored as exact per-mask aggregates (:class:`VerifyGroup`); ``rank`` / ``world_size`` (default:
-    from ``torch.distributed`` at start, and again if it comes up later; give both where the engine
-    numbers its ranks itself, e.g. vLLM's world group). The tracer does not own the sink: ``close``
-    flushes it (waiting at most ``CLOSE_FLUSH_TIMEOUT_S``), its owner closes it; ``close`` also runs at
-    interpreter exit. ``audit_every``: audit every n-th verify step's emitted tokens against the
-    target (:meth:`record_audit`; 0 = off). ``compiled``: the engine runs the models compiled
-    (torch.compile): the run says so (``graph_mode`` ``"compiled"``; ``"cuda_graph"`` once replayed
-    CUDA graphs were read from the static buffer, :mod:`specscope.instrumentation._replay`).
-    Raises :class:`ConfigError` for bad sampling values, ``sampling`` given together with a sampling
-    keyword, a ``step_sample`` outside 0..1, a bad rank, or a ``run_id`` that is not a string.
-
-    ``hook_state`` is what the hooks share on the hot path (counters, sampling, request tags);
-    :func:`~specscope.instrumentation.instrument` installs hooks over it.
+    ``run_id``: default a uuid4 hex, the same on every rank. ``sampling``: a :class:`SamplingConfig`,
+    or any of its fields as keywords (not both). ``device``: default the draft's, else the current
+    CUDA device, else ``"cpu"``. ``step_sample``: the share of requests (by a hash of the id) whose
+    verify steps are stored one row each; the others as per-mask sums. ``audit_every``: audit every
+    n-th verify step (:meth:`record_audit`; 0 = off). ``compiled``: the engine runs the models
+    through torch.compile. Raises ConfigError for a bad value of any of these.
     """
 
     def __init__(self, sink: Sink, *, engine: str, engine_version: str, target_model: str,
@@ -95,11 +65,7 @@ class Tracer:
         self.config = config
         self.sampling = _sampling(sampling, first_calls=first_calls, sample_every=sample_every,
                                   value_stats=value_stats, provenance_every=provenance_every)
-        if not 0.0 <= step_sample <= 1.0:
-            raise ConfigError(f"step_sample must be between 0 and 1 (a share of requests), got {step_sample!r}")
-        self.step_sample = step_sample
-        # Sampled-out requests: request id -> accepted mask -> [steps, proposed, accepted].
-        self._groups: dict[str, dict[str, list[int]]] = {}
+        self._requests = Requests(self._emit, self.run_id, step_sample)
         self.device = device
         self._run = dict(engine=engine, engine_version=engine_version, target_model=target_model,
                          draft_model=draft_model, fault=fault)
@@ -113,7 +79,6 @@ class Tracer:
         self._started = self._closed = False
         self._status_interval_s = status_interval_s
         self._next_status = 0.0
-        self._steps: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -133,12 +98,12 @@ class Tracer:
             context.host, context.pid, context.rank, context.world_size)
         if self._given_rank is not None:  # the engine's own numbering (e.g. vLLM's world group)
             self.rank, self.world_size = self._given_rank
-        self.hook_state.rank = self.auditor.rank = self.rank
+        self.hook_state.rank = self.auditor.rank = self._requests.rank = self.rank
 
     def _announce(self) -> None:
         self._emit(RankStart(self.run_id, self.rank, self.world_size, self.host, self.pid,
                              self.device or default_device()))
-        config = {**self.config.to_dict(), "step_sample": self.step_sample}
+        config = {**self.config.to_dict(), "step_sample": self._requests.step_sample}
         self._emit(RunStart(self.run_id, config=config, world_size=self.world_size,
                             host=self.host, rank=self.rank, **self._run))
 
@@ -152,7 +117,7 @@ class Tracer:
         atexit.unregister(self._close_at_exit)
         self.hook_state.remove()
         self._closed = True
-        self._flush_groups()
+        self._requests.flush()
         self._read_replays(final=True)
         try:
             self.auditor.drain(wait=True)
@@ -181,6 +146,11 @@ class Tracer:
         return self._closed
 
     @property
+    def step_sample(self) -> float:
+        """The share of requests whose verify steps are stored one row each."""
+        return self._requests.step_sample
+
+    @property
     def instrumented(self) -> bool:
         """True once :func:`~specscope.instrumentation.instrument` installed hooks."""
         return self.hook_state.installed
@@ -197,11 +167,7 @@ class Tracer:
 
     @property
     def graph_mode(self) -> str:
-        """``"eager"``, ``"compiled"`` (the engine runs its models through torch.compile: the
-        capture layers are observed through specscope's op in the graph), ``"cuda_graph"`` (CUDA
-        graphs were replayed and their calls read from the static buffer the captured graph
-        writes), ``"capture_only"`` (hooks only fired under CUDA-graph capture, replays unseen) or
-        ``"mixed"`` (some calls seen eagerly, others only under capture)."""
+        """What the hooks saw: :attr:`RankStatus.graph_mode <specscope.events.RankStatus>`."""
         state = self.hook_state
         if state.replay_calls:
             return "cuda_graph"
@@ -230,28 +196,18 @@ class Tracer:
     def start_request(self, request_id: str, prompt_tokens: int, *, temperature: float | None = None,
                       top_p: float | None = None, top_k: int | None = None,
                       prompt: str | Sequence[int] | None = None) -> None:
-        """A request entered the engine; its prompt length in tokens, its sampling settings as the
-        engine applies them (``temperature`` 0 = greedy; None = not known) and optionally the prompt
-        (token ids or text; only its :func:`~specscope.events.prompt_key` is stored, so runs over the
-        same prompts compare request by request). Without target hooks, the next draft call counts
-        as target-fed.
-
-        Never raises into the engine: a prompt length that is not a whole number >= 0, or a sampling
-        setting that is not a number, drops the call (counted in ``hook_errors``, logged once), and
-        the request stays unknown to the tracer.
-        """
+        """A request entered the engine: its prompt length in tokens, its sampling as the engine
+        applies it (``temperature`` 0 = greedy; None = not known), optionally the prompt (token ids or
+        text; only its :func:`~specscope.events.prompt_key` is stored). Never raises: a bad value
+        drops the call, counted in ``hook_errors``."""
         self.start()
         try:
             request_id = str(request_id)
-            event = RequestStart(self.run_id, request_id, self.rank, _whole(prompt_tokens),
-                                 _number(temperature, float), _number(top_p, float), _number(top_k, int),
-                                 None if prompt is None else prompt_key(prompt))
+            self._requests.start(request_id, prompt_tokens, temperature, top_p, top_k, prompt)
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
             self._hook_failed("start_request", exc)
             return
-        self._steps[request_id] = 0
         self.hook_state.new_step(request_id, 0)
-        self._emit(event)
 
     # -- losslessness audit (docs/design.md, "Losslessness audit") -----------------------------
 
@@ -276,88 +232,40 @@ class Tracer:
                       accepted_mask: str | Sequence[int | bool] | None = None,
                       draft_s: float | None = None, verify_s: float | None = None,
                       emitted: Sequence[str] | None = None, emitted_ids: Sequence[int] | None = None) -> None:
-        """One verify step of ``request_id``: ``proposed`` / ``accepted`` draft tokens (tokens).
-
-        ``accepted_mask``: ``'1101'`` or a sequence of bools/ints, position 0 first (None = chain
-        prefix); ``draft_s`` / ``verify_s``: phase wall times (s); ``emitted``: decoded tokens, or
-        ``emitted_ids``: their ids, decoded by the collector's tokenizer off the engine thread.
-        Python values only: pass no tensors (reading one would sync the device). The step index is
-        counted per request by the tracer; without target hooks, the next draft call counts as
-        target-fed.
-
-        Never raises into the engine: a step of a request never started (:meth:`start_request`), or
-        one whose figures contradict each other (``accepted > proposed``, a mask of the wrong length
-        or with another count of accepted positions: the checks of :class:`VerifyStep`), is dropped,
-        counted in ``hook_errors`` and logged once (``record_verify``).
-        """
+        """One verify step of a started request: ``proposed`` / ``accepted`` draft tokens,
+        ``accepted_mask`` (``'1101'`` or bools, position 0 first; None = chain prefix), phase wall
+        times (s), and the emitted tokens' text or ids. Python values only: a tensor would sync the
+        device. Never raises: a step the :class:`VerifyStep` checks refuse, or of a request never
+        started, is dropped and counted in ``hook_errors``."""
         self.start()
         try:
             request_id = str(request_id)
-            if request_id not in self._steps:
-                raise LookupError(f"request {request_id!r} was never started (call start_request first)")
-            step = self._steps[request_id]
-            if accepted_mask is not None and not isinstance(accepted_mask, str):
-                accepted_mask = "".join("1" if bit else "0" for bit in accepted_mask)
-            event = VerifyStep(self.run_id, request_id, self.rank, step, int(proposed), int(accepted),
-                               accepted_mask, draft_s, verify_s, None if emitted is None else tuple(emitted),
-                               emitted_ids=None if emitted_ids is None else tuple(emitted_ids))
+            steps = self._requests.verify(request_id, proposed, accepted, accepted_mask, draft_s, verify_s,
+                                         emitted, emitted_ids)
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
             self._hook_failed("record_verify", exc)
             return
-        self._steps[request_id] = step + 1
-        if self._step_detail(request_id):
-            self._emit(event)
-        else:
-            group = self._groups.setdefault(request_id, {}).setdefault(event.mask(), [0, 0, 0])
-            group[0] += 1
-            group[1] += event.proposed
-            group[2] += event.accepted
-        self.hook_state.new_step(request_id, step + 1)
+        self.hook_state.new_step(request_id, steps)
         now = time.monotonic()
         if now >= self._next_status:
             self._next_status = now + self._status_interval_s
-            self._flush_groups()
+            self._requests.flush()
             self.status()
 
     def finish_request(self, request_id: str, output_tokens: int, text: str | None = None,
                        output_ids: Sequence[int] | None = None) -> None:
-        """A request finished with ``output_tokens`` generated tokens (bonus tokens included), and
-        its ``text`` or its ``output_ids`` (decoded by the collector's tokenizer off the engine thread).
-
-        Never raises into the engine: finishing a request that was never started or is already
-        finished, or a token count that is not a whole number >= 0, drops the call (counted in
-        ``hook_errors``, logged once); the first finish of a request is the one stored.
-        """
+        """A request finished with ``output_tokens`` generated (bonus tokens included), and its
+        ``text`` or ``output_ids``. Never raises: a request not started or already finished, or a bad
+        count, drops the call (counted in ``hook_errors``); the first finish is the one stored."""
         self.start()
         try:
             request_id = str(request_id)
-            if request_id not in self._steps:
-                raise LookupError(f"request {request_id!r} was never started or is already finished")
-            event = RequestEnd(self.run_id, request_id, self.rank, _whole(output_tokens),
-                               self._steps[request_id], text,
-                               output_ids=None if output_ids is None else tuple(output_ids))
+            self._requests.finish(request_id, output_tokens, text, output_ids)
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
             self._hook_failed("finish_request", exc)
             return
-        del self._steps[request_id]
-        self._flush_groups(request_id)
         if self.hook_state.request == request_id:
             self.hook_state.request = self.hook_state.step = None
-        self._emit(event)
-
-    def _step_detail(self, request_id: str) -> bool:
-        """Whether ``request_id`` keeps per-step rows: crc32 of the id below ``step_sample`` of 2**32
-        (the same answer on every rank and in every process, unlike ``hash``)."""
-        # surrogatepass: an id holding a lone surrogate hashes too (the store refuses it, quarantined alone)
-        return self.step_sample >= 1.0 or zlib.crc32(request_id.encode(errors="surrogatepass")) < (
-            self.step_sample * 2**32)
-
-    def _flush_groups(self, request_id: str | None = None) -> None:
-        """Send the aggregated steps of ``request_id`` (None: of every request) as VerifyGroup events."""
-        ids = [request_id] if request_id is not None else list(self._groups)
-        for rid in ids:
-            for mask, (steps, proposed, accepted) in self._groups.pop(rid, {}).items():
-                self._emit(VerifyGroup(self.run_id, rid, self.rank, mask, steps, proposed, accepted))
 
     # -- CUDA-graph replays (docs/design.md, "Where the engines let us in") ---------------------
 
@@ -394,20 +302,6 @@ def _crash(exc: BaseException | None) -> str | None:
         return f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
     except Exception:  # noqa: BLE001 - an exception whose str() fails still crashed the engine
         return type(exc).__name__
-
-
-def _number(value: Any, kind: type) -> Any:
-    """``value`` as ``kind`` (a tensor or numpy scalar too), None kept."""
-    return None if value is None else kind(value)
-
-
-def _whole(value: object) -> int:
-    """``value`` as an int when it is a whole number (an int, or a float / numpy scalar without a
-    fraction); ValueError / TypeError otherwise (NaN, 2.5, a string)."""
-    number = int(value)
-    if number != value:
-        raise ValueError(f"{value!r} is not a whole number")
-    return number
 
 
 def _sampling(sampling: SamplingConfig | None, **fields: int | bool | None) -> SamplingConfig:

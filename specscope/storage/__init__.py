@@ -10,11 +10,13 @@ statements (:func:`insert_statements`) and how they reach the database (:func:`b
 """
 
 from specscope.storage._bulk import bulk_strategy
+from specscope.storage._dialect import insert_statements
 from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S, MAX_QUERY_TIMEOUT_S
+from specscope.storage._open import open_store, store_file
 from specscope.storage._rows import INSERT_COLUMNS, group_rows
 from specscope.storage._time_limit import read_time_limit
 from specscope.storage.schema import SCHEMA_VERSION
-from specscope.storage.store import QueryResult, Store, insert_statements, open_store, store_file
+from specscope.storage.store import QueryResult, Store
 
 __all__ = ["DEFAULT_MAX_RESULT_BYTES", "DEFAULT_QUERY_TIMEOUT_S", "INSERT_COLUMNS", "MAX_QUERY_TIMEOUT_S",
            "SCHEMA_VERSION", "QueryResult", "Store", "bulk_strategy", "group_rows", "insert_statements",

@@ -1,0 +1,112 @@
+"""What a store can hold, and the value checks every event runs when it is made (any producer:
+tracer, adapters, tests). Each raises :class:`~specscope.errors.InvalidEvent` with one line naming
+the field."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from specscope.errors import InvalidEvent
+
+MAX_PROPOSED = 64  # draft tokens per verify step the store holds a mask for (verify_steps.accepted_mask)
+MAX_COUNT = 2**31 - 1  # PostgreSQL's int4: larger counts are refused, never wrapped by a binary COPY
+PIT_BINS = 10  # equal-width bins of the losslessness audit's PIT histogram (LosslessAudit.pit)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_counts(what: str, **counts: Any) -> None:
+    for name, value in counts.items():
+        if not is_int(value) or value < 0:
+            raise InvalidEvent(f"{what}: {name} must be an int >= 0, got {value!r}")
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every store (and a UTF-8 page) takes it: NUL removed, lone surrogates as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
+
+
+def _token_ids(ids: Any, most: int) -> bool:
+    return isinstance(ids, tuple) and len(ids) <= most and all(is_int(i) and 0 <= i <= MAX_COUNT for i in ids)
+
+
+def check_request_end(e: Any) -> None:
+    check_counts("request end", output_tokens=e.output_tokens, verify_steps=e.verify_steps)
+    if e.output_ids is not None and not _token_ids(e.output_ids, MAX_COUNT):
+        raise InvalidEvent(f"request end: output_ids must be a tuple of token ids, got {repr(e.output_ids)[:80]}")
+
+
+def check_verify_step(e: Any) -> None:
+    """Counts in range, ``emitted`` / ``emitted_ids`` at most ``accepted + 1`` long (fewer when EOS or
+    the token budget cut the step), a mask of ``proposed`` '0'/'1' accepting ``accepted`` positions."""
+    if not (is_int(e.proposed) and is_int(e.accepted) and is_int(e.step)):
+        raise InvalidEvent(f"verify step: proposed, accepted and step must be ints, got "
+                           f"{e.proposed!r}, {e.accepted!r}, {e.step!r}")
+    if not 0 <= e.step <= MAX_COUNT and e.step != -1:
+        raise InvalidEvent(f"verify step: step={e.step} outside 0..{MAX_COUNT}")
+    if not 0 <= e.proposed <= MAX_PROPOSED:
+        raise InvalidEvent(f"verify step: proposed={e.proposed} outside 0..{MAX_PROPOSED}")
+    if not 0 <= e.accepted <= e.proposed:
+        raise InvalidEvent(f"verify step: accepted={e.accepted} outside 0..proposed={e.proposed}")
+    emitted = e.emitted
+    if emitted is not None and (not isinstance(emitted, tuple) or len(emitted) > e.accepted + 1
+                                or not all(isinstance(token, str) for token in emitted)):
+        raise InvalidEvent(f"verify step: emitted must be a tuple of at most accepted + 1 = "
+                           f"{e.accepted + 1} decoded tokens (str), got {repr(emitted)[:80]}")
+    if e.emitted_ids is not None and not _token_ids(e.emitted_ids, e.accepted + 1):
+        raise InvalidEvent(f"verify step: emitted_ids must be a tuple of at most accepted + 1 = "
+                           f"{e.accepted + 1} token ids, got {repr(e.emitted_ids)[:80]}")
+    mask = e.accepted_mask
+    if mask is None:
+        return
+    if not isinstance(mask, str) or len(mask) != e.proposed or mask.strip("01"):
+        raise InvalidEvent(f"verify step: accepted_mask {mask!r} is not {e.proposed} characters "
+                           "of '0'/'1' (one per proposed draft token)")
+    if mask.count("1") != e.accepted:
+        raise InvalidEvent(f"verify step: accepted_mask {mask!r} accepts {mask.count('1')} "
+                           f"position(s) but accepted={e.accepted}")
+
+
+def check_verify_group(e: Any) -> None:
+    """Counts up to :data:`MAX_COUNT`, at most :data:`MAX_PROPOSED` proposed per step, and a mask
+    (possibly empty) whose accepted positions times ``steps`` are ``accepted``."""
+    check_counts("verify group", steps=e.steps, proposed=e.proposed, accepted=e.accepted)
+    if max(e.steps, e.proposed) > MAX_COUNT or e.accepted > e.proposed or e.proposed > e.steps * MAX_PROPOSED:
+        raise InvalidEvent(f"verify group: steps={e.steps}, proposed={e.proposed}, accepted={e.accepted}: "
+                           f"counts go up to {MAX_COUNT}, accepted cannot exceed proposed, nor proposed "
+                           f"{MAX_PROPOSED} per step")
+    mask = e.accepted_mask
+    if not isinstance(mask, str) or mask.strip("01") or len(mask) > MAX_PROPOSED:
+        raise InvalidEvent(f"verify group: accepted_mask {mask!r:.80} is not a string of at most {MAX_PROPOSED} '0'/'1'")
+    if mask and e.accepted != e.steps * mask.count("1"):
+        raise InvalidEvent(f"verify group: {e.steps} steps of mask {mask!r} accept {e.steps * mask.count('1')} "
+                           f"drafts, not {e.accepted}")
+
+
+def check_lossless_audit(e: Any) -> None:
+    """``tokens`` in 1..MAX_COUNT, ``mismatches`` / ``rare`` within it, sums and ``epsilon`` finite
+    and >= 0, ``pit`` empty or :data:`PIT_BINS` counts summing to at most ``tokens``."""
+    if not (is_int(e.tokens) and 1 <= e.tokens <= MAX_COUNT):
+        raise InvalidEvent(f"lossless audit: tokens must be an int in 1..{MAX_COUNT}, got {e.tokens!r}")
+    for name in ("mismatches", "rare"):
+        value = getattr(e, name)
+        if not (is_int(value) and 0 <= value <= e.tokens):
+            raise InvalidEvent(f"lossless audit: {name}={value!r} outside 0..tokens={e.tokens}")
+    for name in ("rare_expected", "p_sum", "p2_sum", "p_var_sum", "epsilon"):
+        value = getattr(e, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise InvalidEvent(f"lossless audit: {name} must be a finite number >= 0, got {value!r}")
+    if e.example is not None and not isinstance(e.example, dict):
+        raise InvalidEvent(f"lossless audit: example must be a dict or None, got {type(e.example).__name__}")
+    pit = e.pit
+    if not (isinstance(pit, tuple) and len(pit) in (0, PIT_BINS) and all(is_int(n) and n >= 0 for n in pit)
+            and sum(pit) <= e.tokens):
+        raise InvalidEvent(f"lossless audit: pit must be () or {PIT_BINS} counts >= 0 summing to at most "
+                           f"tokens={e.tokens}, got {pit!r}")
