@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from typing import Any
 
 from specscope.errors import InvalidEvent
@@ -110,3 +111,38 @@ def check_lossless_audit(e: Any) -> None:
             and sum(pit) <= e.tokens):
         raise InvalidEvent(f"lossless audit: pit must be () or {PIT_BINS} counts >= 0 summing to at most "
                            f"tokens={e.tokens}, got {pit!r}")
+
+
+def check_request_tokens(e: Any) -> None:
+    """Ids in tuples, each an int in 0..2**32 - 1, and a prompt: one pass in C per tuple (an unsigned
+    32-bit array refuses anything else), since this runs on the engine thread for up to 8192 ids."""
+    for name in ("prompt_ids", "output_ids"):
+        ids = getattr(e, name)
+        try:
+            ok = isinstance(ids, tuple) and array("I", ids) is not None
+        except (TypeError, OverflowError):
+            ok = False
+        if not ok:
+            raise InvalidEvent(f"request tokens: {name} must be a tuple of token ids, got {repr(ids)[:80]}")
+    if not e.prompt_ids:
+        raise InvalidEvent("request tokens: prompt_ids is empty (a replay needs the prompt)")
+
+
+def check_replay_result(e: Any) -> None:
+    """``near_ties`` <= ``departures`` <= ``tokens`` and ``rare`` <= ``tokens``, margins and sums finite
+    and >= 0, ``first_departure`` set exactly when something departed, ``pit`` as the audit's."""
+    check_counts("replay result", tokens=e.tokens, departures=e.departures, near_ties=e.near_ties, rare=e.rare)
+    if not e.near_ties <= e.departures <= e.tokens <= MAX_COUNT or e.rare > e.tokens:
+        raise InvalidEvent(f"replay result: near_ties {e.near_ties} <= departures {e.departures} <= tokens "
+                           f"{e.tokens} (and rare {e.rare} <= tokens) does not hold")
+    for name in ("near_tie_margin", "first_margin", "max_margin", "rare_expected", "p_sum", "p2_sum", "p_var_sum",
+                 "epsilon"):
+        value = getattr(e, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < math.inf):
+            raise InvalidEvent(f"replay result: {name} must be a finite number >= 0, got {value!r}")
+    if (e.first_departure is None) != (e.departures == 0):
+        raise InvalidEvent("replay result: first_departure is set exactly when there are departures")
+    if not (isinstance(e.pit, tuple) and len(e.pit) in (0, PIT_BINS) and all(is_int(n) and n >= 0 for n in e.pit)
+            and sum(e.pit) <= e.tokens):
+        raise InvalidEvent(f"replay result: pit must be () or {PIT_BINS} counts >= 0, got {e.pit!r}")

@@ -30,7 +30,7 @@ from specscope.run_config import UNHOOKED_SOURCES, RunConfig, unhooked
 
 __all__ = ["MAX_COUNT", "MAX_PROPOSED", "PIT_BINS", "SEVERITIES", "UNHOOKED_SOURCES", "Event", "EventBase",
            "Finding", "LoadReport", "LosslessAudit", "ProvenanceEvent", "RankStart", "RankStatus", "RequestEnd",
-           "RequestStart", "RunConfig", "RunStart", "Shape", "Sink", "TensorEvent", "VerifyGroup", "VerifyStep",
+           "ReplayResult", "RequestStart", "RequestTokens", "RunConfig", "RunStart", "Shape", "Sink", "TensorEvent", "VerifyGroup", "VerifyStep",
            "by_severity", "now", "prompt_key", "sampling_label", "storable_text", "unhooked"]
 
 Shape = tuple[int, ...]
@@ -326,6 +326,54 @@ class LosslessAudit(EventBase):
 
 
 @dataclass(frozen=True, slots=True)
+class RequestTokens(EventBase):
+    """A request's token ids, for a replay (docs/design.md, "Replay against the target")."""
+
+    kind: ClassVar[str] = "request_tokens"
+    run_id: str
+    rank: int
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    output_truncated: bool = False
+    ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        checks.check_request_tokens(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult(EventBase):
+    """A request re-scored by the target alone (docs/design.md, "Replay against the target")."""
+
+    kind: ClassVar[str] = "replay_result"
+    run_id: str
+    request_id: str
+    sampling: str
+    source: str
+    tokens: int
+    near_tie_margin: float
+    departures: int = 0
+    near_ties: int = 0
+    first_departure: int | None = None
+    first_margin: float | None = None
+    max_margin: float | None = None
+    rare: int = 0
+    rare_expected: float = 0.0
+    p_sum: float = 0.0
+    p2_sum: float = 0.0
+    p_var_sum: float = 0.0
+    epsilon: float = 0.0
+    pit: tuple[int, ...] = ()
+    example: dict[str, Any] | None = None
+    rank: int = 0
+    ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        checks.check_replay_result(self)
+
+
+@dataclass(frozen=True, slots=True)
 class Finding(EventBase):
     """A diagnosis (docs/design.md, "Finding codes"): ``severity`` in :data:`SEVERITIES`, ``evidence``
     observed vs expected. ``source``: ``"doctor"`` or ``"inspect"``; ``run_id`` None for a standalone
@@ -357,4 +405,4 @@ def by_severity(findings) -> list[Finding]:
 
 
 Event = (RunStart | RankStart | RankStatus | RequestStart | RequestEnd | VerifyStep | VerifyGroup | TensorEvent
-         | ProvenanceEvent | LoadReport | LosslessAudit | Finding)
+         | ProvenanceEvent | LoadReport | LosslessAudit | RequestTokens | ReplayResult | Finding)
