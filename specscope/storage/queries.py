@@ -273,6 +273,10 @@ REPLAY_DEPARTURES = Query("replay_departures", """
 """A run's replayed requests that departed from the target's greedy choice, bugs (margins beyond a
 near-tie) first."""
 
+REPLAY_STAMP = Query("replay_stamp", """
+    SELECT COUNT(*) AS replayed, MAX(ts_wall) AS last_wall FROM replay_requests WHERE run_id = :run_id""")
+"""How many of a run's requests were replayed, and when last: an ended run's verdict changes with it."""
+
 REPLAY_INPUTS = Query("replay_inputs", """
     SELECT t.request_id, t.prompt_ids, t.output_ids, t.output_truncated, q.sampling, q.temperature, q.top_p,
            q.top_k
