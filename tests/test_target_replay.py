@@ -59,6 +59,16 @@ def test_a_tracer_keeps_the_token_ids_of_audited_requests_within_its_bounds(monk
     assert not quiet.of(RequestTokens)
 
 
+@pytest.mark.parametrize("bad", [(1, -1), (1, 2**32), (1, 1.5), (1, "7"), [1, 2]])
+def test_token_ids_that_are_not_ids_are_refused_at_the_boundary(bad):
+    from specscope.errors import InvalidEvent
+
+    with pytest.raises(InvalidEvent, match="output_ids"):
+        RequestTokens(RUN, 0, "q", (1, 2), bad)
+    with pytest.raises(InvalidEvent, match="prompt_ids is empty"):
+        RequestTokens(RUN, 0, "q", (), (1,))
+
+
 def test_greedy_departures_split_near_ties_from_bugs():
     assert departures([0.0, 0.0], 0.25) == {"departures": 0, "near_ties": 0}
     assert departures([0.0, 0.1, 0.0, 3.0, 0.2], 0.25) == {

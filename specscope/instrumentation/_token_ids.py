@@ -42,7 +42,7 @@ class TokenRecorder:
         """Remember ``prompt`` (token ids; text or None: nothing to replay) of ``request_id``."""
         if self.left <= len(self._prompts) or prompt is None or isinstance(prompt, str):
             return
-        ids = tuple(int(i) for i in prompt)
+        ids = tuple(prompt)
         if 0 < len(ids) < self.max_tokens:
             self._prompts[request_id] = ids
 
@@ -53,6 +53,6 @@ class TokenRecorder:
         if prompt is None or output_ids is None or self.left <= 0:
             return None
         room = self.max_tokens - len(prompt)
-        output = tuple(int(i) for i in islice(output_ids, room + 1))
+        output = tuple(islice(output_ids, room + 1))
         self.left -= 1
         return RequestTokens(self.run_id, rank, request_id, prompt, output[:room], len(output) > room)
