@@ -374,4 +374,4 @@ def test_a_replay_against_the_target_alone_names_the_lossy_runs_and_counts_the_h
             codes = {f.code: f for f in diagnose(store, runs[name][0]).findings}
             assert "REPLAY_DIVERGENCE" not in codes and "REPLAY_AUDITED" in codes, name
         (lossy,) = [f for f in diagnose(store, runs["top-p-ignored"][0]).findings if f.code == "REPLAY_DIVERGENCE"]
-        assert lossy.severity == "error" and lossy.evidence["groups"][0]["failed_tests"] == ["junk"]
+        assert lossy.severity == "error" and "junk" in lossy.evidence["groups"][0]["failed_tests"]

@@ -217,3 +217,18 @@ def test_replay_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_replayed_sampled_tokens_face_the_audits_own_tests(store):
+    """A sampled group whose replayed tokens are junk fails the audit's junk test in ``v_replay_audit``;
+    one scored by a server (no distribution) reads "too few tokens", never passed."""
+    junk = ReplayResult(RUN, "s1", "T=0.8", "folder", 40, 0.25, rare=30, rare_expected=0.1, p_sum=2.0, p2_sum=12.0,
+                        p_var_sum=1.0, epsilon=1e-4, pit=(0, 0, 0, 0, 0, 0, 0, 0, 0, 40))
+    unscored = ReplayResult(RUN, "s2", "T=0.7", "http://server", 40, 0.25)
+    store.write([RunStart(RUN, "e", "0", "t", "d", {}, host="h"), junk, unscored])
+    findings = {f.code: f for f in diagnose(store, RUN).findings}
+    divergence = findings["REPLAY_DIVERGENCE"]
+    assert divergence.severity == "error" and "not the target's distribution (T=0.8)" in divergence.message
+    (group,) = divergence.evidence["groups"]
+    assert "junk" in group["failed_tests"] and group["departures"] == 0
+    assert "T=0.7 40 tokens of 1 requests (too few tokens)" in findings["REPLAY_AUDITED"].message
