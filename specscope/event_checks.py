@@ -129,20 +129,21 @@ def check_request_tokens(e: Any) -> None:
 
 
 def check_replay_result(e: Any) -> None:
-    """``near_ties`` <= ``departures`` <= ``tokens`` and ``rare`` <= ``tokens``, margins and sums finite
-    and >= 0, ``first_departure`` set exactly when something departed, ``pit`` as the audit's."""
-    check_counts("replay result", tokens=e.tokens, departures=e.departures, near_ties=e.near_ties, rare=e.rare)
-    if not e.near_ties <= e.departures <= e.tokens <= MAX_COUNT or e.rare > e.tokens:
+    """``audit`` a :class:`~specscope.events.LosslessAudit` of the same request, ``near_ties`` <=
+    ``departures`` <= its ``tokens``, margins finite and >= 0, ``first_departure`` set exactly when
+    something departed."""
+    audit = e.audit
+    if type(audit).__name__ != "LosslessAudit" or (audit.run_id, audit.request_id) != (e.run_id, e.request_id):
+        raise InvalidEvent(f"replay result: audit must be the LosslessAudit of request {e.request_id!r}, "
+                           f"got {repr(audit)[:80]}")
+    check_counts("replay result", departures=e.departures, near_ties=e.near_ties)
+    if not e.near_ties <= e.departures <= audit.tokens:
         raise InvalidEvent(f"replay result: near_ties {e.near_ties} <= departures {e.departures} <= tokens "
-                           f"{e.tokens} (and rare {e.rare} <= tokens) does not hold")
-    for name in ("near_tie_margin", "first_margin", "max_margin", "rare_expected", "p_sum", "p2_sum", "p_var_sum",
-                 "epsilon"):
+                           f"{audit.tokens} does not hold")
+    for name in ("near_tie_margin", "first_margin", "max_margin"):
         value = getattr(e, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not 0 <= value < math.inf):
             raise InvalidEvent(f"replay result: {name} must be a finite number >= 0, got {value!r}")
     if (e.first_departure is None) != (e.departures == 0):
         raise InvalidEvent("replay result: first_departure is set exactly when there are departures")
-    if not (isinstance(e.pit, tuple) and len(e.pit) in (0, PIT_BINS) and all(is_int(n) and n >= 0 for n in e.pit)
-            and sum(e.pit) <= e.tokens):
-        raise InvalidEvent(f"replay result: pit must be () or {PIT_BINS} counts >= 0, got {e.pit!r}")

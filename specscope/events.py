@@ -20,7 +20,9 @@ from specscope.event_checks import (
     PIT_BINS,
     check_counts,
     check_lossless_audit,
+    check_replay_result,
     check_request_end,
+    check_request_tokens,
     check_verify_group,
     check_verify_step,
     storable_text,
@@ -328,7 +330,6 @@ class LosslessAudit(EventBase):
 @dataclass(frozen=True, slots=True)
 class RequestTokens(EventBase):
     """A request's token ids, for a replay (docs/design.md, "Replay against the target")."""
-
     kind: ClassVar[str] = "request_tokens"
     run_id: str
     rank: int
@@ -339,38 +340,28 @@ class RequestTokens(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        checks.check_request_tokens(self)
+        check_request_tokens(self)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult(EventBase):
     """A request re-scored by the target alone (docs/design.md, "Replay against the target")."""
-
     kind: ClassVar[str] = "replay_result"
     run_id: str
     request_id: str
-    sampling: str
     source: str
-    tokens: int
     near_tie_margin: float
+    audit: LosslessAudit  # the audit's judgement of the replayed tokens
     departures: int = 0
     near_ties: int = 0
     first_departure: int | None = None
     first_margin: float | None = None
     max_margin: float | None = None
-    rare: int = 0
-    rare_expected: float = 0.0
-    p_sum: float = 0.0
-    p2_sum: float = 0.0
-    p_var_sum: float = 0.0
-    epsilon: float = 0.0
-    pit: tuple[int, ...] = ()
-    example: dict[str, Any] | None = None
     rank: int = 0
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        checks.check_replay_result(self)
+        check_replay_result(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -389,13 +389,14 @@ def test_overview_shows_a_replays_divergence(monkeypatch, tmp_path):
     reaches the Overview's banner and the run picker's count like any finding."""
     import _traces as T
 
-    from specscope.events import ReplayResult
+    from specscope.events import LosslessAudit, ReplayResult
     from specscope.readmodel import store_verdict
 
     path = str(tmp_path / "replayed.db")
     with open_store(path) as store:
         T.healthy().write(store)
-        store.write([ReplayResult("healthy", "req-0", "greedy", "/models/target", 24, 0.25, departures=2,
+        audit = LosslessAudit("healthy", 0, "req-0", "greedy", 24, mismatches=2)
+        store.write([ReplayResult("healthy", "req-0", "/models/target", 0.25, audit, departures=2,
                                   first_departure=5, first_margin=3.5, max_margin=4.0)])
         store_verdict(store, "healthy")
     at = app(monkeypatch, path)

@@ -356,7 +356,8 @@ def test_a_replay_stored_after_a_scrape_is_exported_at_the_next(tmp_path) -> Non
         try:
             before = _samples(httpx.get(url).text)
             with open_store(path) as writer:
-                writer.write([ev.ReplayResult("healthy", "req-0", "greedy", "folder", 24, 0.25, departures=1,
+                audit = LosslessAudit("healthy", 0, "req-0", "greedy", 24)
+                writer.write([ev.ReplayResult("healthy", "req-0", "folder", 0.25, audit, departures=1,
                                               near_ties=1, first_departure=4, first_margin=0.01, max_margin=0.01)])
             after = _samples(httpx.get(url).text)
         finally:

@@ -364,7 +364,7 @@ def test_a_replay_against_the_target_alone_names_the_lossy_runs_and_counts_the_h
         for name in ("greedy", "sampled", "sampled seed 1", "top-p-ignored"):
             replayed = replay_run(store, runs[name][0], target)
             assert len(replayed.results) == 2 and not replayed.skipped
-            assert [r.tokens for r in replayed.results] == [len(r.token_ids) for r in runs[name][1]]
+            assert [r.audit.tokens for r in replayed.results] == [len(r.token_ids) for r in runs[name][1]]
         greedy = diagnose(store, runs["greedy"][0])
         replay = [f for f in greedy.findings if f.code.startswith("REPLAY_")]
         assert all(f.severity != "error" for f in replay), [f.message for f in replay]

@@ -316,7 +316,7 @@ def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url
         assert store.query("SELECT COUNT(*) FROM request_tokens")[1] == [(0,)]
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=2, temperature=0.0),
                      ev.RequestTokens("r", 0, "new", (1, 2), (3,)),
-                     ev.ReplayResult("r", "new", "greedy", "folder", 1, 0.25)])
+                     ev.ReplayResult("r", "new", "folder", 0.25, ev.LosslessAudit("r", 0, "new", "greedy", 1))])
         assert store.query("SELECT request_id, prompt_ids, output_ids FROM request_tokens")[1] == [
             ("new", "[1,2]", "[3]")]
         assert store.query("SELECT requests, tokens_audited, departures, verdict FROM v_replay_audit")[1] == [

@@ -16,7 +16,7 @@ import torch
 from _list_sink import ListSink
 
 from specscope.doctor import diagnose
-from specscope.events import RankStart, ReplayResult, RequestStart, RequestTokens, RunConfig, RunStart
+from specscope.events import LosslessAudit, RankStart, ReplayResult, RequestStart, RequestTokens, RunConfig, RunStart
 from specscope.instrumentation import Tracer
 from specscope.replay import ReplayInput, ServerTarget, departures, replay_run, score_logits
 from specscope.storage import open_store
@@ -69,6 +69,17 @@ def test_token_ids_that_are_not_ids_are_refused_at_the_boundary(bad):
         RequestTokens(RUN, 0, "q", (), (1,))
 
 
+def test_a_replay_result_is_refused_with_another_requests_audit_or_inconsistent_counts():
+    from specscope.errors import InvalidEvent
+
+    with pytest.raises(InvalidEvent, match="LosslessAudit of request 'a'"):
+        ReplayResult(RUN, "a", "folder", 0.25, LosslessAudit(RUN, 0, "b", "greedy", 3))
+    with pytest.raises(InvalidEvent, match="departures 4 <= tokens 3"):
+        ReplayResult(RUN, "a", "folder", 0.25, LosslessAudit(RUN, 0, "a", "greedy", 3), departures=4, first_departure=0)
+    with pytest.raises(InvalidEvent, match="first_departure"):
+        _replayed("a", departures=1)
+
+
 def test_greedy_departures_split_near_ties_from_bugs():
     assert departures([0.0, 0.0], 0.25) == {"departures": 0, "near_ties": 0}
     assert departures([0.0, 0.1, 0.0, 3.0, 0.2], 0.25) == {
@@ -87,16 +98,16 @@ LOGITS = torch.tensor([[0.0, 1.0, 3.0, -1.0],    # the emitted 2 is the argmax
 
 def test_score_logits_finds_the_first_departure_and_its_margin():
     result = score_logits(_item(), LOGITS, RUN, "folder")
-    assert (result.tokens, result.departures, result.near_ties) == (3, 2, 1)
+    assert (result.audit.tokens, result.departures, result.near_ties, result.audit.mismatches) == (3, 2, 1, 1)
     assert result.first_departure == 1 and result.first_margin == pytest.approx(0.1, abs=1e-6)
     assert result.max_margin == pytest.approx(3.0)
-    assert result.example == {"position": 1, "emitted_token": 0, "target_argmax": 1,
+    assert result.audit.example == {"position": 1, "emitted_token": 0, "target_argmax": 1,
                               "margin": pytest.approx(0.1, abs=1e-6)}
     sampled = score_logits(_item(0.8), LOGITS, RUN, "folder")
-    assert sampled.departures == 0 and sum(sampled.pit) == 3
+    assert sampled.departures == 0 and sum(sampled.audit.pit) == 3
     probs = (LOGITS / 0.8).softmax(-1)
-    assert sampled.p_sum == pytest.approx(float(probs[0, 2] + probs[1, 0] + probs[2, 1]), rel=1e-5)
-    assert sampled.p2_sum == pytest.approx(float((probs ** 2).sum()), rel=1e-5)
+    assert sampled.audit.p_sum == pytest.approx(float(probs[0, 2] + probs[1, 0] + probs[2, 1]), rel=1e-5)
+    assert sampled.audit.p2_sum == pytest.approx(float((probs ** 2).sum()), rel=1e-5)
 
 
 def _vllm_stand_in(logits: torch.Tensor, prompt_len: int, model: str = "smol"):
@@ -137,19 +148,29 @@ def test_a_server_replay_reads_vllms_prompt_logprobs_as_the_folder_replay_reads_
     assert (result.departures, result.near_ties, result.first_departure) == (2, 1, 1)
     assert result.first_margin == pytest.approx(local.first_margin, abs=1e-5)
     assert result.max_margin == pytest.approx(local.max_margin, abs=1e-5)
-    assert result.example["target_argmax"] == 1
+    assert result.audit.example["target_argmax"] == 1
     assert seen == [{"model": "smol", "prompt": [5, 6, 2, 0, 1], "max_tokens": 1, "temperature": 0,
                      "prompt_logprobs": 1}]
     sampled = server.score(_item(0.8), RUN)  # counted, not scored: top log-probabilities are no distribution
-    assert sampled.tokens == 3 and sampled.pit == () and len(seen) == 1
+    assert sampled.audit.tokens == 3 and sampled.audit.pit == () and len(seen) == 1
+
+
+def _replayed(request_id: str, sampling: str = "greedy", tokens: int = 40, *, source: str = "folder",
+              audit: dict | None = None, **fields) -> ReplayResult:
+    """A replay result as the scoring builds it: the audit's figures of the replayed tokens, greedy
+    departures beyond a near-tie as its mismatches."""
+    mismatches = fields.get("departures", 0) - fields.get("near_ties", 0)
+    return ReplayResult(RUN, request_id, source, 0.25,
+                        LosslessAudit(RUN, 0, request_id, sampling, tokens, mismatches=mismatches, **(audit or {})),
+                        **fields)
 
 
 def _results(kind: str) -> list[ReplayResult]:
-    near = [ReplayResult(RUN, f"g{i}", "greedy", "folder", 40, 0.25, departures=1, near_ties=1, first_departure=7,
-                         first_margin=0.01, max_margin=0.01) for i in range(2)]
-    clean = [ReplayResult(RUN, "g9", "greedy", "folder", 40, 0.25)]
-    bug = [ReplayResult(RUN, "g5", "greedy", "folder", 40, 0.25, departures=3, near_ties=1, first_departure=2,
-                        first_margin=4.0, max_margin=6.5, example={"position": 2, "emitted_token": 9})]
+    near = [_replayed(f"g{i}", departures=1, near_ties=1, first_departure=7, first_margin=0.01, max_margin=0.01)
+            for i in range(2)]
+    clean = [_replayed("g9")]
+    bug = [_replayed("g5", departures=3, near_ties=1, first_departure=2, first_margin=4.0, max_margin=6.5,
+                     audit={"example": {"position": 2, "emitted_token": 9}})]
     return {"clean": clean, "near": near + clean, "bug": near + bug}[kind]
 
 
@@ -178,7 +199,7 @@ def test_the_doctor_grades_a_replay_by_its_margins(store, kind, severity):
 
 def test_replaying_again_keeps_the_latest_figures(store):
     store.write([RunStart(RUN, "e", "0", "t", "d", {}, host="h"), *_results("bug")])
-    store.write([ReplayResult(RUN, "g5", "greedy", "folder", 40, 0.25)])
+    store.write([_replayed("g5")])
     (row,) = store.query("SELECT departures FROM replay_requests WHERE request_id = 'g5'").rows
     assert row == (0,)
 
@@ -222,9 +243,9 @@ def test_replay_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
 def test_replayed_sampled_tokens_face_the_audits_own_tests(store):
     """A sampled group whose replayed tokens are junk fails the audit's junk test in ``v_replay_audit``;
     one scored by a server (no distribution) reads "too few tokens", never passed."""
-    junk = ReplayResult(RUN, "s1", "T=0.8", "folder", 40, 0.25, rare=30, rare_expected=0.1, p_sum=2.0, p2_sum=12.0,
-                        p_var_sum=1.0, epsilon=1e-4, pit=(0, 0, 0, 0, 0, 0, 0, 0, 0, 40))
-    unscored = ReplayResult(RUN, "s2", "T=0.7", "http://server", 40, 0.25)
+    junk = _replayed("s1", "T=0.8", audit=dict(rare=30, rare_expected=0.1, p_sum=2.0, p2_sum=12.0, p_var_sum=1.0,
+                                               epsilon=1e-4, pit=(0, 0, 0, 0, 0, 0, 0, 0, 0, 40)))
+    unscored = _replayed("s2", "T=0.7", source="http://server")
     store.write([RunStart(RUN, "e", "0", "t", "d", {}, host="h"), junk, unscored])
     findings = {f.code: f for f in diagnose(store, RUN).findings}
     divergence = findings["REPLAY_DIVERGENCE"]

@@ -114,4 +114,4 @@ def test_a_replay_reads_real_vllms_prompt_logprobs_as_transformers_reads_the_log
     served, folder = ServerTarget(url).score(item, "r"), local.score(item, "r")
     assert served.first_departure == folder.first_departure == 5
     assert served.first_margin == pytest.approx(folder.first_margin, rel=1e-3) and served.first_margin > 10
-    assert served.example["target_argmax"] == folder.example["target_argmax"] == greedy[5]
+    assert served.audit.example["target_argmax"] == folder.audit.example["target_argmax"] == greedy[5]

@@ -13,7 +13,7 @@ same tests in SQL (``v_replay_audit``) judge the replayed distribution.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,34 +58,39 @@ def departures(margins: Sequence[float], near_tie_margin: float) -> dict:
             "max_margin": float(max(m for _, m in departed))}
 
 
+def _greedy(item: ReplayInput, margins: Sequence[float], argmax: Callable[[int], int], run_id: str, source: str,
+            near_tie_margin: float) -> ReplayResult:
+    """A greedy request's result from its per-position margins; ``argmax(i)``: the target's choice at i."""
+    found = departures(margins, near_tie_margin)
+    example = None
+    if found["departures"]:
+        i = found["first_departure"]
+        example = {"position": i, "emitted_token": item.output_ids[i], "target_argmax": argmax(i),
+                   "margin": found["first_margin"]}
+    audit = LosslessAudit(run_id, 0, item.request_id, item.sampling, len(item.output_ids),
+                          mismatches=found["departures"] - found["near_ties"], example=example)
+    return ReplayResult(run_id, item.request_id, source, near_tie_margin, audit, **found)
+
+
 def score_logits(item: ReplayInput, logits: torch.Tensor, run_id: str, source: str,
                  near_tie_margin: float = NEAR_TIE_MARGIN, seed: int = 0) -> ReplayResult:
-    """Judge ``item`` by the target's ``logits`` (N, V) at its N output positions (row i: the logits
-    that predict output token i, before temperature)."""
+    """Judge ``item`` by the target's ``logits`` (N, V) at its N >= 1 output positions (row i: the
+    logits that predict output token i, before temperature)."""
     logits = logits.float()
     emitted = torch.tensor(item.output_ids, dtype=torch.long, device=logits.device)  # (N,)
-    n = len(item.output_ids)
-    fields: dict = {}
     if item.greedy:
         margins = logits.max(dim=-1).values - logits.gather(-1, emitted[:, None])[:, 0]  # (N,)
-        fields = departures(margins.tolist(), near_tie_margin)
-        if fields["departures"]:
-            i = fields["first_departure"]
-            fields["example"] = {"position": i, "emitted_token": item.output_ids[i],
-                                 "target_argmax": int(logits[i].argmax()), "margin": fields["first_margin"]}
-    elif n:
-        audits: list[LosslessAudit] = []
-        auditor = Auditor(audits.append, run_id, 0, every=1, seed=seed)
-        slots = [AuditSlot(item.request_id, item.sampling, i) for i in range(n)]
-        auditor.submit(logits, emitted, torch.full((n,), item.temperature), slots,
-                       None if item.top_k is None else torch.full((n,), item.top_k),
-                       None if item.top_p is None else torch.full((n,), item.top_p))
-        auditor.drain(wait=True)
-        (audit,) = audits
-        fields = {"rare": audit.rare, "rare_expected": audit.rare_expected, "p_sum": audit.p_sum,
-                  "p2_sum": audit.p2_sum, "p_var_sum": audit.p_var_sum, "epsilon": audit.epsilon,
-                  "pit": audit.pit, "example": audit.example}
-    return ReplayResult(run_id, item.request_id, item.sampling, source, n, near_tie_margin, **fields)
+        return _greedy(item, margins.tolist(), lambda i: int(logits[i].argmax()), run_id, source, near_tie_margin)
+    n = len(item.output_ids)
+    audits: list[LosslessAudit] = []
+    auditor = Auditor(audits.append, run_id, 0, every=1, seed=seed)
+    auditor.submit(logits, emitted, torch.full((n,), item.temperature),
+                   [AuditSlot(item.request_id, item.sampling, i) for i in range(n)],
+                   None if item.top_k is None else torch.full((n,), item.top_k),
+                   None if item.top_p is None else torch.full((n,), item.top_p))
+    auditor.drain(wait=True)
+    (audit,) = audits  # one request, one sampling group: one event
+    return ReplayResult(run_id, item.request_id, source, near_tie_margin, audit)
 
 
 def score_margins(item: ReplayInput, margins: Sequence[float] | None, argmax: Sequence[int], run_id: str,
@@ -93,12 +98,7 @@ def score_margins(item: ReplayInput, margins: Sequence[float] | None, argmax: Se
     """Judge ``item`` by its per-position margins alone (a server's log-probabilities; ``argmax``: the
     target's first choice at each position). Sampled requests are counted, not scored: a server
     returns a few log-probabilities per position, not the distribution the sampled tests need."""
-    fields: dict = {}
     if item.greedy and margins is not None:
-        fields = departures(margins, near_tie_margin)
-        if fields["departures"]:
-            i = fields["first_departure"]
-            fields["example"] = {"position": i, "emitted_token": item.output_ids[i], "target_argmax": argmax[i],
-                                 "margin": fields["first_margin"]}
-    return ReplayResult(run_id, item.request_id, item.sampling, source, len(item.output_ids), near_tie_margin,
-                        **fields)
+        return _greedy(item, margins, argmax.__getitem__, run_id, source, near_tie_margin)
+    audit = LosslessAudit(run_id, 0, item.request_id, item.sampling, len(item.output_ids))
+    return ReplayResult(run_id, item.request_id, source, near_tie_margin, audit)

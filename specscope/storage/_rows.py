@@ -181,13 +181,14 @@ def _request_tokens(e: ev.RequestTokens) -> Row:
 
 
 def _replay_result(e: ev.ReplayResult) -> Row:
-    return {"run_id": e.run_id, "request_id": e.request_id, "rank": e.rank, "sampling": e.sampling,
-            "source": e.source, "tokens": e.tokens, "departures": e.departures, "near_ties": e.near_ties,
-            "mismatches": e.departures - e.near_ties, "first_departure": e.first_departure, "first_margin": e.first_margin,
-            "max_margin": e.max_margin, "near_tie_margin": e.near_tie_margin, "rare": e.rare,
-            "rare_expected": e.rare_expected, "p_sum": e.p_sum, "p2_sum": e.p2_sum, "p_var_sum": e.p_var_sum,
-            "epsilon": e.epsilon, **{f"pit_{b}": n for b, n in enumerate(e.pit or (0,) * ev.PIT_BINS)},
-            "example": None if e.example is None else _json(e.example), "ts_wall": e.ts_wall}
+    a = e.audit  # the audit's figures of the replayed tokens, in lossless_audit's columns
+    return {"run_id": e.run_id, "request_id": e.request_id, "rank": e.rank, "sampling": a.sampling,
+            "source": e.source, "tokens": a.tokens, "departures": e.departures, "near_ties": e.near_ties,
+            "mismatches": a.mismatches, "first_departure": e.first_departure, "first_margin": e.first_margin,
+            "max_margin": e.max_margin, "near_tie_margin": e.near_tie_margin, "rare": a.rare,
+            "rare_expected": a.rare_expected, "p_sum": a.p_sum, "p2_sum": a.p2_sum, "p_var_sum": a.p_var_sum,
+            "epsilon": a.epsilon, **{f"pit_{b}": n for b, n in enumerate(a.pit or (0,) * ev.PIT_BINS)},
+            "example": None if a.example is None else _json(a.example), "ts_wall": e.ts_wall}
 
 
 _FINDINGS = _plain("findings", ("run_id", "source", "code", "severity", "message", "evidence", "fix", "ts_wall"))
