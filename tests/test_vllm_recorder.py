@@ -105,11 +105,14 @@ def test_a_replay_reads_real_vllms_prompt_logprobs_as_transformers_reads_the_log
     from transformers import AutoTokenizer
 
     prompt = tuple(AutoTokenizer.from_pretrained(target_folder())(demo_prompts(1)[0])["input_ids"])
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        greedy = local.model.generate(ids, max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
-        logits = local.model(torch.tensor([[*prompt, *greedy[:5]]])).logits[0, -1]
-    output = (*greedy[:5], int(logits.argmin()), *greedy[6:])  # position 5: the target's least likely token
+    tokens, least = list(prompt), None
+    with torch.no_grad():  # the target's own argmax, 12 tokens, EOS or not; position 5 its least likely token
+        for position in range(12):
+            logits = local.model(torch.tensor([tokens])).logits[0, -1]
+            least = int(logits.argmin()) if position == 5 else least
+            tokens.append(int(logits.argmax()))
+    greedy = tokens[len(prompt):]
+    output = (*greedy[:5], least, *greedy[6:])
     item = ReplayInput("corrupted", "greedy", 0.0, None, None, prompt, output)
     served, folder = ServerTarget(url).score(item, "r"), local.score(item, "r")
     assert served.first_departure == folder.first_departure == 5
