@@ -7,8 +7,10 @@ from benchmarks import (
     hook_overhead,
     inspect_memory,
     pg_ingest,
+    token_ids,
 )
 
-for module in (engine_decode, hook_overhead, collector_ingest, pg_ingest, dashboard_queries, inspect_memory):
+for module in (engine_decode, hook_overhead, token_ids, collector_ingest, pg_ingest, dashboard_queries,
+               inspect_memory):
     print(f"\n=== {module.__name__} ===", flush=True)
     module.main()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from typing import Any
 
 from specscope.errors import InvalidEvent
@@ -110,3 +111,39 @@ def check_lossless_audit(e: Any) -> None:
             and sum(pit) <= e.tokens):
         raise InvalidEvent(f"lossless audit: pit must be () or {PIT_BINS} counts >= 0 summing to at most "
                            f"tokens={e.tokens}, got {pit!r}")
+
+
+def check_request_tokens(e: Any) -> None:
+    """Ids in tuples, each an int in 0..2**32 - 1, and a prompt: one pass in C per tuple (an unsigned
+    32-bit array refuses anything else), since this runs on the engine thread for up to 8192 ids."""
+    for name in ("prompt_ids", "output_ids"):
+        ids = getattr(e, name)
+        try:
+            ok = isinstance(ids, tuple) and array("I", ids) is not None
+        except (TypeError, OverflowError):
+            ok = False
+        if not ok:
+            raise InvalidEvent(f"request tokens: {name} must be a tuple of token ids, got {repr(ids)[:80]}")
+    if not e.prompt_ids:
+        raise InvalidEvent("request tokens: prompt_ids is empty (a replay needs the prompt)")
+
+
+def check_replay_result(e: Any) -> None:
+    """``audit`` a :class:`~specscope.events.LosslessAudit` of the same request, ``near_ties`` <=
+    ``departures`` <= its ``tokens``, margins finite and >= 0, ``first_departure`` set exactly when
+    something departed."""
+    audit = e.audit
+    if type(audit).__name__ != "LosslessAudit" or (audit.run_id, audit.request_id) != (e.run_id, e.request_id):
+        raise InvalidEvent(f"replay result: audit must be the LosslessAudit of request {e.request_id!r}, "
+                           f"got {repr(audit)[:80]}")
+    check_counts("replay result", departures=e.departures, near_ties=e.near_ties)
+    if not e.near_ties <= e.departures <= audit.tokens:
+        raise InvalidEvent(f"replay result: near_ties {e.near_ties} <= departures {e.departures} <= tokens "
+                           f"{audit.tokens} does not hold")
+    for name in ("near_tie_margin", "first_margin", "max_margin"):
+        value = getattr(e, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < math.inf):
+            raise InvalidEvent(f"replay result: {name} must be a finite number >= 0, got {value!r}")
+    if (e.first_departure is None) != (e.departures == 0):
+        raise InvalidEvent("replay result: first_departure is set exactly when there are departures")

@@ -20,7 +20,9 @@ from specscope.event_checks import (
     PIT_BINS,
     check_counts,
     check_lossless_audit,
+    check_replay_result,
     check_request_end,
+    check_request_tokens,
     check_verify_group,
     check_verify_step,
     storable_text,
@@ -30,7 +32,7 @@ from specscope.run_config import UNHOOKED_SOURCES, RunConfig, unhooked
 
 __all__ = ["MAX_COUNT", "MAX_PROPOSED", "PIT_BINS", "SEVERITIES", "UNHOOKED_SOURCES", "Event", "EventBase",
            "Finding", "LoadReport", "LosslessAudit", "ProvenanceEvent", "RankStart", "RankStatus", "RequestEnd",
-           "RequestStart", "RunConfig", "RunStart", "Shape", "Sink", "TensorEvent", "VerifyGroup", "VerifyStep",
+           "ReplayResult", "RequestStart", "RequestTokens", "RunConfig", "RunStart", "Shape", "Sink", "TensorEvent", "VerifyGroup", "VerifyStep",
            "by_severity", "now", "prompt_key", "sampling_label", "storable_text", "unhooked"]
 
 Shape = tuple[int, ...]
@@ -326,6 +328,43 @@ class LosslessAudit(EventBase):
 
 
 @dataclass(frozen=True, slots=True)
+class RequestTokens(EventBase):
+    """A request's token ids, for a replay (docs/design.md, "Replay against the target")."""
+    kind: ClassVar[str] = "request_tokens"
+    run_id: str
+    rank: int
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    output_truncated: bool = False
+    ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        check_request_tokens(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult(EventBase):
+    """A request re-scored by the target alone (docs/design.md, "Replay against the target")."""
+    kind: ClassVar[str] = "replay_result"
+    run_id: str
+    request_id: str
+    source: str
+    near_tie_margin: float
+    audit: LosslessAudit  # the audit's judgement of the replayed tokens
+    departures: int = 0
+    near_ties: int = 0
+    first_departure: int | None = None
+    first_margin: float | None = None
+    max_margin: float | None = None
+    rank: int = 0
+    ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        check_replay_result(self)
+
+
+@dataclass(frozen=True, slots=True)
 class Finding(EventBase):
     """A diagnosis (docs/design.md, "Finding codes"): ``severity`` in :data:`SEVERITIES`, ``evidence``
     observed vs expected. ``source``: ``"doctor"`` or ``"inspect"``; ``run_id`` None for a standalone
@@ -357,4 +396,4 @@ def by_severity(findings) -> list[Finding]:
 
 
 Event = (RunStart | RankStart | RankStatus | RequestStart | RequestEnd | VerifyStep | VerifyGroup | TensorEvent
-         | ProvenanceEvent | LoadReport | LosslessAudit | Finding)
+         | ProvenanceEvent | LoadReport | LosslessAudit | RequestTokens | ReplayResult | Finding)

@@ -49,6 +49,8 @@ _RUNTIME = {
     "ACCEPT_COLLAPSE_SAMPLED": "warning",
     "LOSSLESS_VIOLATION": "error",
     "LOSSLESS_AUDITED": "info",
+    "REPLAY_DIVERGENCE": "error",  # warning when every departure is a near-tie
+    "REPLAY_AUDITED": "info",
     "POSITION0_LOW": "warning",
     "NONFINITE_ACTIVATIONS": "error",
     "RANK_DIVERGENCE": "warning",
@@ -84,9 +86,11 @@ def _build(source: str, code: str, message: str, evidence: dict[str, Any], fix: 
                    run_id=run_id, source=source)
 
 
-def runtime_finding(code: str, run_id: str, message: str, evidence: dict[str, Any], fix: str) -> Finding:
-    """The doctor's finding ``code`` about run ``run_id``, with the code's severity."""
-    return _build("doctor", code, message, evidence, fix, run_id)
+def runtime_finding(code: str, run_id: str, message: str, evidence: dict[str, Any], fix: str, *,
+                    severity: str | None = None) -> Finding:
+    """The doctor's finding ``code`` about run ``run_id``, with the code's severity, or ``severity``
+    where the rule grades it (``REPLAY_DIVERGENCE``: a warning when it is near-ties only)."""
+    return _build("doctor", code, message, evidence, fix, run_id, severity)
 
 
 def checkpoint_finding(code: str, message: str, evidence: dict[str, Any], fix: str, *,

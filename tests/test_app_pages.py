@@ -382,3 +382,24 @@ def test_no_page_script_holds_a_bare_string_streamlit_would_print():
                       if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
                       and isinstance(stmt.value.value, str) and not (documented and i == 0)]
     assert stray == []
+
+
+def test_overview_shows_a_replays_divergence(monkeypatch, tmp_path):
+    """A replay against the target (``specscope replay`` stores the results and the run's verdict again)
+    reaches the Overview's banner and the run picker's count like any finding."""
+    import _traces as T
+
+    from specscope.events import LosslessAudit, ReplayResult
+    from specscope.readmodel import store_verdict
+
+    path = str(tmp_path / "replayed.db")
+    with open_store(path) as store:
+        T.healthy().write(store)
+        audit = LosslessAudit("healthy", 0, "req-0", "greedy", 24, mismatches=2)
+        store.write([ReplayResult("healthy", "req-0", "/models/target", 0.25, audit, departures=2,
+                                  first_departure=5, first_margin=3.5, max_margin=4.0)])
+        store_verdict(store, "healthy")
+    at = app(monkeypatch, path)
+    errors = texts(at, "error")
+    assert _codes(errors) == ["REPLAY_DIVERGENCE"] and "departs from the target served alone" in errors[0]
+    assert "1 error" in at.selectbox(key="run_picker").format_func("healthy")

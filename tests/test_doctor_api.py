@@ -24,6 +24,7 @@ RUNTIME_CODES = {  # docs/design.md "Findings", runtime
     "WEIGHTS_DROPPED": "error", "EVENTS_DROPPED": "warning", "HOOK_ERRORS": "warning",
     "GRAPH_MODE_BLIND": "info", "NOT_OBSERVED": "warning", "CHECKS_SKIPPED": "info",
     "LOSSLESS_VIOLATION": "error", "LOSSLESS_AUDITED": "info", "ACCEPT_COLLAPSE_SAMPLED": "warning",
+    "REPLAY_DIVERGENCE": "error", "REPLAY_AUDITED": "info",
     "RUNNER_NOT_ATTACHED": "warning",
 }
 

@@ -342,3 +342,26 @@ def test_an_endless_view_is_cut_at_the_time_limit(store_url: str) -> None:
     samples = _samples(response.text)
     assert _value(samples, "specscope_exporter_read_errors", part="positions") == 1
     assert _value(samples, "specscope_verify_steps_total", run_id="healthy", rank="all") == 32
+
+
+def test_a_replay_stored_after_a_scrape_is_exported_at_the_next(tmp_path) -> None:
+    """The exporter reads an ended run's verdict once, and again after ``specscope replay`` stored
+    results for it: the replay's finding is a series from the next scrape on."""
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        _traces.healthy().write(store)
+    with open_store(path, create=False, read_only=True) as store:
+        server, _, _ = serve_exporter(store, port=0)
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        try:
+            before = _samples(httpx.get(url).text)
+            with open_store(path) as writer:
+                audit = LosslessAudit("healthy", 0, "req-0", "greedy", 24)
+                writer.write([ev.ReplayResult("healthy", "req-0", "folder", 0.25, audit, departures=1,
+                                              near_ties=1, first_departure=4, first_margin=0.01, max_margin=0.01)])
+            after = _samples(httpx.get(url).text)
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert not [k for k in before if k[0] == "specscope_finding" and ("code", "REPLAY_DIVERGENCE") in k[1]]
+    assert _value(after, "specscope_finding", code="REPLAY_DIVERGENCE", run_id="healthy", severity="warning") == 1

@@ -34,6 +34,10 @@ FORBIDDEN = {
                "storage"},
     # what runs an engine observed: below the CLI, reading verdicts through the read model
     "adapters": {"app", "cli", "compare", "doctor", "exporter"},
+    # re-scores stored runs with the target alone: reads and writes the store, judges with the audit's
+    # per-token rule; verdicts are the doctor's
+    "replay": {"adapters", "app", "cli", "collector", "compare", "doctor", "engine", "exporter", "inspector",
+               "readmodel"},
     "cli": set(),  # the top floor
 }
 

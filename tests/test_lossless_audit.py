@@ -5,6 +5,8 @@ tests/test_vllm.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -327,3 +329,49 @@ def test_counts_past_a_database_integer_are_refused_not_wrapped():
         LosslessAudit("r", 0, "q", "greedy", tokens=2**31)
     with pytest.raises(InvalidEvent, match="step"):
         VerifyStep("r", "q", 0, 2**32 + 1, 4, 1)
+
+
+@pytest.mark.slow
+def test_a_replay_against_the_target_alone_names_the_lossy_runs_and_counts_the_healthy_ones_near_ties(
+        audited_runs, tmp_path):
+    """The same runs re-scored by the target served alone (docs/design.md, "Replay against the
+    target"): teacher-forced from the kept token ids, one transformers forward per request over the
+    target folder; the CLI for the draft-token verifier, the Python API for the rest."""
+    import shutil
+    import subprocess
+    import sys
+
+    from specscope.engine import target_folder
+    from specscope.replay import NEAR_TIE_MARGIN, TransformersTarget, replay_run
+
+    db, runs = audited_runs
+    copy = str(tmp_path / "replayed.db")  # the module's other tests read the store as the engine left it
+    shutil.copy(db, copy)
+    folder = str(target_folder())
+    out = subprocess.run([sys.executable, "-m", "specscope", "replay", "--db", copy, "--run",
+                          runs["emit-draft-token"][0], "--target", folder, "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr
+    (divergence,) = json.loads(out.stdout)["findings"]
+    assert divergence["code"] == "REPLAY_DIVERGENCE" and divergence["severity"] == "error"
+    (group,) = divergence["evidence"]["groups"]
+    assert group["departed_requests"] >= 1 and group["max_margin"] > NEAR_TIE_MARGIN
+    example = divergence["evidence"]["examples"][0]
+    assert example["emitted_token"] != example["target_argmax"] and example["margin"] > 0
+
+    target = TransformersTarget(folder)
+    with open_store(copy) as store:
+        for name in ("greedy", "sampled", "sampled seed 1", "top-p-ignored"):
+            replayed = replay_run(store, runs[name][0], target)
+            assert len(replayed.results) == 2 and not replayed.skipped
+            assert [r.audit.tokens for r in replayed.results] == [len(r.token_ids) for r in runs[name][1]]
+        greedy = diagnose(store, runs["greedy"][0])
+        replay = [f for f in greedy.findings if f.code.startswith("REPLAY_")]
+        assert all(f.severity != "error" for f in replay), [f.message for f in replay]
+        (group,) = [g for f in replay for g in f.evidence["groups"]]
+        assert group["departures"] == group["near_ties"] and group["tokens_replayed"] > 48  # near-ties at most
+        for name in ("sampled", "sampled seed 1"):
+            codes = {f.code: f for f in diagnose(store, runs[name][0]).findings}
+            assert "REPLAY_DIVERGENCE" not in codes and "REPLAY_AUDITED" in codes, name
+        (lossy,) = [f for f in diagnose(store, runs["top-p-ignored"][0]).findings if f.code == "REPLAY_DIVERGENCE"]
+        assert lossy.severity == "error" and "junk" in lossy.evidence["groups"][0]["failed_tests"]

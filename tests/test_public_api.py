@@ -10,7 +10,7 @@ import specscope
 
 PACKAGES = ["specscope.instrumentation", "specscope.collector", "specscope.storage", "specscope.doctor",
             "specscope.readmodel", "specscope.exporter",
-            "specscope.inspector", "specscope.engine"]
+            "specscope.inspector", "specscope.engine", "specscope.replay"]
 
 
 def test_top_level_names_resolve():

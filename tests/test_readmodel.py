@@ -195,3 +195,19 @@ def test_an_ended_runs_verdict_is_computed_once(store, monkeypatch):
     first = reader.findings("no-aux")
     monkeypatch.setattr(readmodel._run_view, "report", pytest.fail)
     assert reader.findings("no-aux") is first
+
+
+def test_an_ended_runs_verdict_is_computed_again_after_a_replay(store):
+    """A replay against the target (``specscope replay``) is the one write that changes an ended run's
+    verdict: a dashboard or exporter that read the run before shows the replay's finding after it."""
+    from specscope.events import LosslessAudit, ReplayResult
+
+    _traces.no_aux_capture().write(store)
+    reader = readmodel.RunReader(store)
+    assert "REPLAY_DIVERGENCE" not in {f.code for f in reader.findings("no-aux")}
+    audit = LosslessAudit("no-aux", 0, "q", "greedy", 8, mismatches=1)
+    store.write([ReplayResult("no-aux", "q", "folder", 0.25, audit, departures=1, first_departure=3,
+                              first_margin=5.0, max_margin=5.0)])
+    again = reader.findings("no-aux")
+    assert "REPLAY_DIVERGENCE" in {f.code for f in again}
+    assert reader.findings("no-aux") is again  # cached again until the next replay

@@ -205,6 +205,39 @@ def test_vllm_verifier_emitting_draft_tokens_keeps_acceptance_and_is_named(runs)
     assert "ACCEPT_COLLAPSE" not in codes  # acceptance looks healthy: only the audit sees it
 
 
+def test_a_replay_against_the_target_alone_finds_the_mixed_batch_corruption_and_counts_healthy_near_ties(
+        runs, tmp_path):
+    """The target served alone (transformers, float32, the folder vLLM serves) re-scores the healthy
+    greedy run and the mixed batch from the token ids the plugin kept (docs/design.md, "Replay against
+    the target"): the greedy requests corrupted by their batch-mates depart by whole logits, an error
+    the replay finds without the audit; the healthy run departs nowhere, or by near-ties only, counted."""
+    import shutil
+
+    from specscope.engine import target_folder
+    from specscope.replay import NEAR_TIE_MARGIN, TransformersTarget, replay_run
+
+    db, done = runs
+    copy = str(tmp_path / "replayed.db")  # the module's other tests read the store as vLLM left it
+    shutil.copy(db, copy)
+    target = TransformersTarget(target_folder())
+    with open_store(copy) as store:
+        for name in (None, "mixed"):
+            replayed = replay_run(store, done[name].run_id, target)
+            assert len(replayed.results) == len(done[name].texts) and not replayed.skipped
+        healthy = {f.code: f for f in diagnose(store, done[None].run_id).findings if f.code.startswith("REPLAY_")}
+        mixed = [f for f in diagnose(store, done["mixed"].run_id).findings if f.code == "REPLAY_DIVERGENCE"]
+    assert all(f.severity != "error" for f in healthy.values()), {c: f.message for c, f in healthy.items()}
+    (group,) = [g for f in healthy.values() for g in f.evidence["groups"]]
+    assert group["sampling"] == "greedy" and group["departures"] == group["near_ties"]
+    assert ("REPLAY_DIVERGENCE" in healthy) == (group["near_ties"] > 0)  # the count, said where there is one
+    print(f"healthy greedy vLLM run replayed: {group['departures']} near-tie departures over "
+          f"{group['tokens_replayed']} tokens, largest margin {group['max_margin']}")
+    (divergence,) = mixed
+    greedy = next(g for g in divergence.evidence["groups"] if g["sampling"] == "greedy")
+    assert divergence.severity == "error" and greedy["verdict"] == "violation"
+    assert greedy["departed_requests"] >= 1 and greedy["max_margin"] > NEAR_TIE_MARGIN
+
+
 @pytest.mark.parametrize(("fault", "code"), [
     ("no-aux-capture", "AUX_CAPTURE_SILENT"),
     ("aux-off-by-one", "AUX_LAYER_MISMATCH"),

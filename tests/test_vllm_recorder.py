@@ -88,3 +88,33 @@ def test_recorded_responses_equal_vllms_own_counters(server, tmp_path) -> None:
     assert tuple(rows[0]) == (truth.steps, 0)  # one row per verify step, none aggregated
     assert first == [(plain["usage"]["prompt_tokens"], plain["usage"]["completion_tokens"], spec["num_spec_steps"])]
     assert json.loads(config)["k"] == K
+
+
+def test_a_replay_reads_real_vllms_prompt_logprobs_as_transformers_reads_the_logits(server) -> None:
+    """``specscope replay --server`` against this real vLLM server's ``/v1/completions``
+    ``prompt_logprobs`` (the server speculates, but prompt log-probabilities come from the target's
+    prefill alone: no draft takes part): on the same ids, a corrupted greedy continuation departs at
+    the same position by the same margin as the folder replay through transformers finds."""
+    import torch
+
+    from specscope.engine import target_folder
+    from specscope.replay import ReplayInput, ServerTarget, TransformersTarget
+
+    url, _ = server
+    local = TransformersTarget(target_folder())
+    from transformers import AutoTokenizer
+
+    prompt = tuple(AutoTokenizer.from_pretrained(target_folder())(demo_prompts(1)[0])["input_ids"])
+    tokens, least = list(prompt), None
+    with torch.no_grad():  # the target's own argmax, 12 tokens, EOS or not; position 5 its least likely token
+        for position in range(12):
+            logits = local.model(torch.tensor([tokens])).logits[0, -1]
+            least = int(logits.argmin()) if position == 5 else least
+            tokens.append(int(logits.argmax()))
+    greedy = tokens[len(prompt):]
+    output = (*greedy[:5], least, *greedy[6:])
+    item = ReplayInput("corrupted", "greedy", 0.0, None, None, prompt, output)
+    served, folder = ServerTarget(url).score(item, "r"), local.score(item, "r")
+    assert served.first_departure == folder.first_departure == 5
+    assert served.first_margin == pytest.approx(folder.first_margin, rel=1e-3) and served.first_margin > 10
+    assert served.audit.example["target_argmax"] == folder.audit.example["target_argmax"] == greedy[5]

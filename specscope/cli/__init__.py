@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "inspect": "check a draft checkpoint (and its target) for silent loader and contract failures",
     "watch": "scrape Prometheus endpoints of running servers into a store",
     "exporter": "serve a store's findings and acceptance as Prometheus metrics",
+    "replay": "re-score a stored run with the target alone (no speculation): where its output departs",
 }
 """Subcommand -> the one line the top-level ``--help`` lists for it."""
 

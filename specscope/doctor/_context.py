@@ -128,6 +128,12 @@ class RunContext:
         return self.rows(q.LOSSLESS_AUDIT)
 
     @cached_property
+    def replay_audit(self) -> list[SimpleNamespace]:
+        """The replay against the target alone per sampling group (``v_replay_audit``); empty when
+        the run was not replayed."""
+        return self.rows(q.REPLAY_AUDIT)
+
+    @cached_property
     def what_if_k(self) -> list[dict[str, Any]]:
         """AL and predicted tokens/s at each k' up to the run's (:func:`specscope.metrics.what_if_k`)."""
         (times,) = self.rows(q.RUN_STEP_TIMES, limit=q.TIMED_STEPS)

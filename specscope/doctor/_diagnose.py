@@ -25,6 +25,7 @@ from specscope.doctor._rules_health import (
 from specscope.doctor._rules_lossless import check_lossless, check_sampled_collapse
 from specscope.doctor._rules_observed import check_not_observed, check_runner, check_skipped
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
+from specscope.doctor._rules_replay import check_replay
 from specscope.doctor._summary import RunSummary
 from specscope.events import Finding, by_severity
 from specscope.storage import Store
@@ -35,7 +36,7 @@ from specscope.storage.runs import resolve_run_id
 Rule = Callable[[RunContext], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
-    check_lossless, check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
+    check_lossless, check_replay, check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
     check_collapse, check_saturated, check_sampled_collapse, check_position0, check_nonfinite, check_rank_acceptance,
     check_rank_shapes, check_weights_dropped, check_events_dropped, check_hook_errors,
     check_graph_mode, check_runner, check_not_observed, check_skipped,

@@ -37,7 +37,8 @@ def _pit(group: SimpleNamespace) -> list[int]:
     return [int(getattr(group, f"pit_{b}") or 0) for b in range(PIT_BINS)]
 
 
-def _evidence(group: SimpleNamespace) -> dict:
+def sampled_evidence(group: SimpleNamespace) -> dict:
+    """The audit's figures of one group (``v_lossless_audit`` or ``v_replay_audit``) as evidence."""
     return {"sampling": group.sampling, "requests": int(group.requests),
             "tokens_audited": int(group.tokens_audited), "greedy_mismatches": int(group.greedy_mismatches),
             "rare_observed": int(group.rare_observed), "rare_expected": _number(group.rare_expected),
@@ -79,7 +80,7 @@ def _reach(group: SimpleNamespace) -> str:
             f"{float(group.detectable_pit_excess):.0%} of tokens in one PIT decile would have been detected")
 
 
-def _sampled_message(g: SimpleNamespace) -> str:
+def sampled_message(g: SimpleNamespace) -> str:
     """Which of the sampled tests failed, with the figures a person can check."""
     said = []
     if g.junk_failed:
@@ -115,13 +116,13 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
                 kept.append({**example, "request_id": row.request_id})
     out = []
     for g in failed:
-        evidence = {**_evidence(g), "examples": examples.get(g.sampling, [])}
+        evidence = {**sampled_evidence(g), "examples": examples.get(g.sampling, [])}
         if g.greedy_mismatches:
             message = (f"output is not the target's: {g.greedy_mismatches} of {g.tokens_audited} audited "
                        "greedy tokens are not the target's argmax")
             fix = _GREEDY_FIX
         else:
-            message, fix = _sampled_message(g), _SAMPLED_FIX
+            message, fix = sampled_message(g), _SAMPLED_FIX
         out.append(runtime_finding("LOSSLESS_VIOLATION", ctx.run_id, message, evidence, fix))
     rest = [g for g in groups if g.verdict != "violation"]
     if rest:
@@ -131,7 +132,7 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
             "LOSSLESS_AUDITED", ctx.run_id,
             f"output audited against the target: {tokens} tokens in {len(rest)} sampling group(s) without "
             f"violation, {len(judged)} judged: {'; '.join(_reach(g) for g in rest)}",
-            {"groups": [{**_evidence(g), "undetectable_below": _undetectable(g)} for g in rest]},
+            {"groups": [{**sampled_evidence(g), "undetectable_below": _undetectable(g)} for g in rest]},
             "Nothing to fix. The audit checks a sample of verify steps (SPECSCOPE_AUDIT_EVERY / "
             "Tracer(audit_every=)); audit every step to check every token."))
     return out

@@ -167,7 +167,8 @@ class Engine:
         result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         result.duration_s = time.perf_counter() - start
         if self.tracer is not None:
-            self.tracer.finish_request(rid, output_tokens=len(result.token_ids), text=result.text)
+            self.tracer.finish_request(rid, output_tokens=len(result.token_ids), text=result.text,
+                                       output_ids=result.token_ids)
         return result
 
     @torch.no_grad()

@@ -25,6 +25,7 @@ from specscope.instrumentation._context import capture_probe, default_device, pr
 from specscope.instrumentation._requests import Requests
 from specscope.instrumentation._sampling import SamplingConfig
 from specscope.instrumentation._state import HookState
+from specscope.instrumentation._token_ids import DEFAULT_TOKEN_REQUESTS, TokenRecorder
 
 CLOSE_FLUSH_TIMEOUT_S = 5.0  # longest Tracer.close() waits for the sink (seconds): a bound on shutdown
 ERROR_CHARS = 2000  # of the error a crashed rank stopped on, kept with its final status
@@ -45,8 +46,10 @@ class Tracer:
     or any of its fields as keywords (not both). ``device``: default the draft's, else the current
     CUDA device, else ``"cpu"``. ``step_sample``: the share of requests (by a hash of the id) whose
     verify steps are stored one row each; the others as per-mask sums. ``audit_every``: audit every
-    n-th verify step (:meth:`record_audit`; 0 = off). ``compiled``: the engine runs the models
-    through torch.compile. Raises ConfigError for a bad value of any of these.
+    n-th verify step (:meth:`record_audit`; 0 = off). ``token_requests``: while the audit is on, the
+    first that many requests keep their token ids for a replay (:mod:`._token_ids`; 0 = none).
+    ``compiled``: the engine runs the models through torch.compile. Raises ConfigError for a bad
+    value of any of these.
     """
 
     def __init__(self, sink: Sink, *, engine: str, engine_version: str, target_model: str,
@@ -57,7 +60,7 @@ class Tracer:
                  status_interval_s: float = 5.0, device: str | None = None,
                  step_sample: float = 1.0, rank: int | None = None,
                  world_size: int | None = None, audit_every: int = DEFAULT_AUDIT_EVERY,
-                 compiled: bool = False) -> None:
+                 compiled: bool = False, token_requests: int = DEFAULT_TOKEN_REQUESTS) -> None:
         if run_id is not None and not isinstance(run_id, str):
             raise ConfigError(f"run_id must be a string, got {type(run_id).__name__}")
         self.sink = sink
@@ -74,6 +77,7 @@ class Tracer:
         self._given_rank = None if rank is None else (int(rank), int(world_size))
         self.hook_state = HookState(sink, self.run_id, 0, self.sampling, capture_probe())
         self.auditor = Auditor(self._emit, self.run_id, 0, audit_every)
+        self.tokens = TokenRecorder(self.run_id, token_requests if audit_every else 0)
         self.compiled = compiled
         self._resolve_context()
         self._started = self._closed = False
@@ -198,12 +202,13 @@ class Tracer:
                       prompt: str | Sequence[int] | None = None) -> None:
         """A request entered the engine: its prompt length in tokens, its sampling as the engine
         applies it (``temperature`` 0 = greedy; None = not known), optionally the prompt (token ids or
-        text; only its :func:`~specscope.events.prompt_key` is stored). Never raises: a bad value
-        drops the call, counted in ``hook_errors``."""
+        text; its :func:`~specscope.events.prompt_key` is stored, its ids kept for a replay within
+        ``token_requests``). Never raises: a bad value drops the call, counted in ``hook_errors``."""
         self.start()
         try:
             request_id = str(request_id)
             self._requests.start(request_id, prompt_tokens, temperature, top_p, top_k, prompt)
+            self.tokens.start(request_id, prompt)
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
             self._hook_failed("start_request", exc)
             return
@@ -261,9 +266,12 @@ class Tracer:
         try:
             request_id = str(request_id)
             self._requests.finish(request_id, output_tokens, text, output_ids)
+            tokens = self.tokens.finish(request_id, self.rank, output_ids)
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
             self._hook_failed("finish_request", exc)
             return
+        if tokens is not None:
+            self._emit(tokens)
         if self.hook_state.request == request_id:
             self.hook_state.request = self.hook_state.step = None
 

@@ -107,12 +107,14 @@ def counts(findings: list[Finding]) -> dict[str, int]:
 
 class RunReader:
     """Verdicts over one open store with the caching policy: a run whose state is in :data:`ENDED`
-    gets its verdict computed once (it can no longer change); any other run's at every call.
-    Thread-safe (the dashboard's sessions and the exporter's scrapes share one)."""
+    gets its verdict computed once, again only after a replay against the target stored results for
+    it (``specscope replay``: the one thing that changes an ended run's verdict; one indexed query to
+    tell); any other run's at every call. Thread-safe (the dashboard's sessions and the exporter's
+    scrapes share one)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._ended: dict[str, list[Finding]] = {}
+        self._ended: dict[str, tuple[tuple, list[Finding]]] = {}
         self._lock = threading.Lock()
 
     def findings(self, run_id: str, state: str | None = None) -> list[Finding]:
@@ -125,15 +127,17 @@ class RunReader:
         """
         with self._lock:
             cached = self._ended.get(run_id)
-        if cached is not None:
-            return cached
+        # read before the verdict: a replay stored while it is computed makes the next call recompute
+        replayed = tuple(self.store.fetch(q.REPLAY_STAMP, run_id=run_id)[0].values())
+        if cached is not None and cached[0] == replayed:
+            return cached[1]
         if state is None:
             row = summary(self.store, run_id)
             state = None if row is None else row["state"]
         found = report(self.store, run_id).findings
         if state in ENDED:
             with self._lock:
-                self._ended[run_id] = found
+                self._ended[run_id] = (replayed, found)
         return found
 
     def counts(self, run_id: str, state: str | None = None) -> dict[str, int]:

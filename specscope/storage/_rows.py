@@ -175,6 +175,22 @@ def _lossless_audit(e: ev.LosslessAudit) -> tuple:
             e.p_var_sum, *(e.pit or (0,) * ev.PIT_BINS))
 
 
+def _request_tokens(e: ev.RequestTokens) -> Row:
+    return {"run_id": e.run_id, "request_id": e.request_id, "rank": e.rank, "prompt_ids": _json(e.prompt_ids),
+            "output_ids": _json(e.output_ids), "output_truncated": e.output_truncated, "ts_wall": e.ts_wall}
+
+
+def _replay_result(e: ev.ReplayResult) -> Row:
+    a = e.audit  # the audit's figures of the replayed tokens, in lossless_audit's columns
+    return {"run_id": e.run_id, "request_id": e.request_id, "rank": e.rank, "sampling": a.sampling,
+            "source": e.source, "tokens": a.tokens, "departures": e.departures, "near_ties": e.near_ties,
+            "mismatches": a.mismatches, "first_departure": e.first_departure, "first_margin": e.first_margin,
+            "max_margin": e.max_margin, "near_tie_margin": e.near_tie_margin, "rare": a.rare,
+            "rare_expected": a.rare_expected, "p_sum": a.p_sum, "p2_sum": a.p2_sum, "p_var_sum": a.p_var_sum,
+            "epsilon": a.epsilon, **{f"pit_{b}": n for b, n in enumerate(a.pit or (0,) * ev.PIT_BINS)},
+            "example": None if a.example is None else _json(a.example), "ts_wall": e.ts_wall}
+
+
 _FINDINGS = _plain("findings", ("run_id", "source", "code", "severity", "message", "evidence", "fix", "ts_wall"))
 
 
@@ -217,6 +233,18 @@ def _request_end_update(insert: Insert) -> sa.Executable:
                                      requests.c.finished_wall.is_(None))
 
 
+def _request_tokens_insert(insert: Insert) -> sa.Executable:
+    # the first ids of a request are the ones kept (a producer finishing it twice stores nothing new)
+    return insert(schema.request_tokens).on_conflict_do_nothing(index_elements=["run_id", "request_id"])
+
+
+def _replay_upsert(insert: Insert) -> sa.Executable:
+    # a request replayed again keeps the latest replay's figures only
+    stmt = insert(schema.replay_requests)
+    return stmt.on_conflict_do_update(index_elements=["run_id", "request_id"], set_={
+        c.name: stmt.excluded[c.name] for c in schema.replay_requests.columns if c.name not in ("run_id", "request_id")})
+
+
 def _counters_upsert(insert: Insert) -> sa.Executable:
     ranks = schema.run_ranks
     stmt = insert(ranks)
@@ -243,6 +271,10 @@ ROUTES: Mapping[type, Route] = {
     ev.ProvenanceEvent: Route(_PROVENANCE, _provenance),
     ev.LoadReport: Route(_LOAD_REPORTS, _load_report),
     ev.LosslessAudit: Route(_LOSSLESS_AUDIT, _lossless_audit),
+    ev.RequestTokens: Route(Statement("request_tokens", schema.request_tokens, build=_request_tokens_insert,
+                                      key=("run_id", "request_id")), _request_tokens),
+    ev.ReplayResult: Route(Statement("replay_requests", schema.replay_requests, build=_replay_upsert,
+                                     key=("run_id", "request_id"), keep_last=True), _replay_result),
     ev.Finding: Route(_FINDINGS, _finding),
 }
 

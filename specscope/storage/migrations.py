@@ -127,6 +127,12 @@ def audit_pit(conn: Connection) -> None:
             conn.exec_driver_sql(f"ALTER TABLE lossless_audit ADD COLUMN {column.name} {kind} NOT NULL DEFAULT 0")
 
 
+def token_ids_and_replay(conn: Connection) -> None:
+    """Version 12: the token ids of audited requests (``request_tokens``) and the replay against the
+    target alone (``replay_requests``); the views are recreated after the step (``v_replay_audit``)."""
+    schema.metadata.create_all(conn, tables=[schema.request_tokens, schema.replay_requests])
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
@@ -139,6 +145,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "sampling_and_audit", sampling_and_audit),
     Migration(10, "lost_runs_view", lost_runs_view),
     Migration(11, "audit_pit", audit_pit),
+    Migration(12, "token_ids_and_replay", token_ids_and_replay),
 )
 
 

@@ -256,6 +256,34 @@ AUDIT_EXAMPLES = Query("audit_examples", """
     WHERE run_id = :run_id AND example IS NOT NULL ORDER BY ts_wall, id LIMIT :limit""")
 """The first violating tokens of a run's audit (``example`` JSON: position, tokens, probability)."""
 
+REPLAY_AUDIT = Query("replay_audit", f"""
+    SELECT sampling, requests, tokens_audited, greedy_mismatches, departures, near_ties, departed_requests,
+           near_tie_requests, max_margin, near_tie_margin, source, rare_observed, rare_expected, rare_threshold,
+           mean_p_emitted, mean_p_expected, epsilon, scored_tokens, p_excess, p_excess_threshold,
+           detectable_p_shift, {", ".join(f"pit_{b}" for b in range(PIT_BINS))}, pit_threshold, pit_worst_bin,
+           detectable_pit_excess, junk_failed, mean_failed, pit_failed, verdict
+    FROM v_replay_audit WHERE run_id = :run_id ORDER BY sampling""")
+"""The replay against the target alone of a run per sampling group (``v_replay_audit``), with the
+audit's verdict over the replayed figures."""
+
+REPLAY_DEPARTURES = Query("replay_departures", """
+    SELECT request_id, sampling, departures, near_ties, first_departure, first_margin, max_margin, example
+    FROM replay_requests WHERE run_id = :run_id AND departures > 0
+    ORDER BY mismatches DESC, max_margin DESC, request_id LIMIT :limit""")
+"""A run's replayed requests that departed from the target's greedy choice, bugs (margins beyond a
+near-tie) first."""
+
+REPLAY_STAMP = Query("replay_stamp", """
+    SELECT COUNT(*) AS replayed, MAX(ts_wall) AS last_wall FROM replay_requests WHERE run_id = :run_id""")
+"""How many of a run's requests were replayed, and when last: an ended run's verdict changes with it."""
+
+REPLAY_INPUTS = Query("replay_inputs", """
+    SELECT t.request_id, t.prompt_ids, t.output_ids, t.output_truncated, q.sampling, q.temperature, q.top_p,
+           q.top_k
+    FROM request_tokens t JOIN requests q ON q.run_id = t.run_id AND q.request_id = t.request_id
+    WHERE t.run_id = :run_id ORDER BY t.ts_wall, t.request_id""")
+"""A run's requests whose token ids were kept, with their sampling settings: what a replay scores."""
+
 # -- findings and checkpoint loading -------------------------------------------------------------
 
 # events.SEVERITIES order (errors first), as events.by_severity sorts in Python

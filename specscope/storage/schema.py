@@ -33,7 +33,7 @@ from sqlalchemy import (
 
 from specscope.events import PIT_BINS
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 metadata = MetaData()
 
@@ -253,6 +253,45 @@ lossless_audit = Table(  # one row per request and audited batch of verify steps
     Column("p_var_sum", Float, nullable=False, server_default="0"),
     *(Column(f"pit_{b}", Integer, nullable=False, server_default="0") for b in range(PIT_BINS)),
     Index("ix_lossless_audit_run", "run_id", "sampling"),
+)
+
+request_tokens = Table(  # one row per request whose token ids were kept (events.RequestTokens; version 12)
+    "request_tokens", metadata,
+    Column("run_id", String(64), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("prompt_ids", Text, nullable=False),  # JSON list of token ids
+    Column("output_ids", Text, nullable=False),  # JSON list of token ids
+    Column("output_truncated", Boolean, nullable=False),
+    Column("ts_wall", Float, nullable=False),
+    PrimaryKeyConstraint("run_id", "request_id"),
+)
+
+replay_requests = Table(  # one row per replayed request, the last replay's (events.ReplayResult; version 12)
+    "replay_requests", metadata,
+    Column("run_id", String(64), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("sampling", String(64), nullable=False),
+    Column("source", Text, nullable=False),
+    Column("tokens", Integer, nullable=False),
+    Column("departures", Integer, nullable=False),
+    Column("near_ties", Integer, nullable=False),
+    Column("mismatches", Integer, nullable=False),  # departures beyond a near-tie (lossless_audit's meaning)
+    Column("first_departure", Integer),
+    Column("first_margin", Float),
+    Column("max_margin", Float),
+    Column("near_tie_margin", Float, nullable=False),
+    Column("rare", Integer, nullable=False),
+    Column("rare_expected", Float, nullable=False),
+    Column("p_sum", Float, nullable=False),
+    Column("p2_sum", Float, nullable=False),
+    Column("p_var_sum", Float, nullable=False),
+    Column("epsilon", Float, nullable=False),
+    *(Column(f"pit_{b}", Integer, nullable=False) for b in range(PIT_BINS)),
+    Column("example", Text),  # JSON object: the first departing or rare token, NULL when none
+    Column("ts_wall", Float, nullable=False),
+    PrimaryKeyConstraint("run_id", "request_id"),
 )
 
 findings = Table(

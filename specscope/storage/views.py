@@ -30,6 +30,7 @@ stores the doctor's verdict when a rank ends: docs/design.md, "Reading a run"); 
 verdict is computed by :mod:`specscope.readmodel`.
 | ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate, p_0 of each sampling group |
 | ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT), bounds, power, verdict |
+| ``v_replay_audit`` | run, sampling group | the same over a replay against the target alone, with departures, near-ties, margins |
 """
 
 from __future__ import annotations
@@ -76,9 +77,12 @@ def _pit_threshold(scored: str) -> str:
     return bernstein_threshold(f"{scored} * {share * (1 - share)!r}", math.log(2 * PIT_BINS / _TEST_ALPHA))
 
 
-def _lossless_audit_view() -> str:
-    """``v_lossless_audit``: per run and sampling group, the greedy check and the sampled tests'
-    figures, thresholds, power and verdict (docs/design.md, "Losslessness audit")."""
+def _audit_verdict(table: str, extra: str = "") -> str:
+    """Per run and sampling group of ``table`` (``lossless_audit`` or ``replay_requests``: the same
+    columns ``tokens``, ``mismatches``, ``rare``, ``rare_expected``, ``p_sum``, ``p2_sum``,
+    ``p_var_sum``, ``epsilon``, ``pit_0..9``), the greedy check and the sampled tests' figures,
+    thresholds, power and verdict (docs/design.md, "Losslessness audit"); ``extra``: more aggregate
+    columns of ``table`` for the innermost grouping."""
     bins = [f"pit_{b}" for b in range(PIT_BINS)]
     row_scored = "(" + " + ".join(bins) + ")"
     pit_off = " OR ".join(f"ABS({b} - scored_tokens * {1 / PIT_BINS!r}) >= pit_threshold" for b in bins)
@@ -114,10 +118,20 @@ FROM (SELECT s.*,
                          SUM({row_scored}) AS scored_tokens,
                          SUM(CASE WHEN {row_scored} > 0 THEN p_sum - p2_sum ELSE 0 END) AS p_excess,
                          SUM(p_var_sum) AS p_variance,
-                         {", ".join(f"SUM({b}) AS {b}" for b in bins)}
-                  FROM lossless_audit
+                         {", ".join(f"SUM({b}) AS {b}" for b in bins)}{extra}
+                  FROM {table}
                   GROUP BY run_id, sampling) a) s) t
 """
+
+
+_REPLAY_COLUMNS = """,
+                         SUM(departures) AS departures, SUM(near_ties) AS near_ties,
+                         SUM(CASE WHEN departures > 0 THEN 1 ELSE 0 END) AS departed_requests,
+                         SUM(CASE WHEN departures > 0 AND mismatches = 0 THEN 1 ELSE 0 END) AS near_tie_requests,
+                         MAX(max_margin) AS max_margin, MAX(near_tie_margin) AS near_tie_margin,
+                         MAX(source) AS source"""
+"""``v_replay_audit``'s own figures: departures from the target's greedy choice, those within a
+near-tie, the requests with any / only near-tie departures, the largest margin."""
 
 
 def mean_acceptance_length(accepted: str, steps: str) -> str:
@@ -266,7 +280,9 @@ FROM verify_steps v
 JOIN requests q ON q.run_id = v.run_id AND q.request_id = v.request_id
 GROUP BY v.run_id, COALESCE(q.sampling, 'unknown')
 """,
-    "v_lossless_audit": _lossless_audit_view(),
+    "v_lossless_audit": _audit_verdict("lossless_audit"),
+    # the same tests over the replay against the target alone (docs/design.md, "Replay against the target")
+    "v_replay_audit": _audit_verdict("replay_requests", _REPLAY_COLUMNS),
     # Runs joined to their acceptance summary rows, grouped by the run's columns.
     "v_run_summary": f"""
 SELECT r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,

@@ -19,7 +19,9 @@ Environment: ``SPECSCOPE_DB`` (required to activate), ``SPECSCOPE_RUN_ID`` (defa
 with the processes vLLM starts), ``SPECSCOPE_PROVENANCE_EVERY`` (default 16: fingerprint every 16th
 fused draft input, one device sync each time; 0 turns it off), ``SPECSCOPE_AUDIT_EVERY`` (default
 4: audit every 4th verify batch's emitted tokens against the target's distribution at vLLM's
-verifier, no device sync; 0 turns it off), ``SPECSCOPE_LABEL`` (a label shown
+verifier, no device sync; 0 turns it off), ``SPECSCOPE_TOKEN_REQUESTS`` (default 256: while the
+audit is on, the scheduler keeps the prompt and output token ids of this many requests for
+``specscope replay``; 0 keeps none), ``SPECSCOPE_LABEL`` (a label shown
 with the run, stored in its ``fault`` column). Supported: vLLM 0.32 (the attach points
 are listed in :mod:`specscope.adapters.vllm._patches`); on another version whatever cannot attach is
 logged once and counted in the run, and vLLM serves as usual.
@@ -30,9 +32,17 @@ from __future__ import annotations
 import logging
 import os
 
-from specscope.adapters.vllm._env import ENV_AUDIT_EVERY, ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
+from specscope.adapters.vllm._env import (
+    ENV_AUDIT_EVERY,
+    ENV_DB,
+    ENV_LABEL,
+    ENV_PROVENANCE_EVERY,
+    ENV_RUN_ID,
+    ENV_TOKEN_REQUESTS,
+)
 
-__all__ = ["ENV_AUDIT_EVERY", "ENV_DB", "ENV_LABEL", "ENV_PROVENANCE_EVERY", "ENV_RUN_ID", "close", "register"]
+__all__ = ["ENV_AUDIT_EVERY", "ENV_DB", "ENV_LABEL", "ENV_PROVENANCE_EVERY", "ENV_RUN_ID", "ENV_TOKEN_REQUESTS", "close",
+           "register"]
 
 logger = logging.getLogger("specscope")
 

@@ -18,7 +18,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from specscope.adapters.vllm._env import ENV_AUDIT_EVERY, ENV_DB, ENV_LABEL, ENV_PROVENANCE_EVERY, ENV_RUN_ID
+from specscope.adapters.vllm._env import (
+    ENV_AUDIT_EVERY,
+    ENV_DB,
+    ENV_LABEL,
+    ENV_PROVENANCE_EVERY,
+    ENV_RUN_ID,
+    ENV_TOKEN_REQUESTS,
+)
 from specscope.conventions import physical_capture_layers
 from specscope.events import Event, RankStart, RankStatus, RunConfig, RunStart
 
@@ -225,8 +232,10 @@ class Session:
         sink = self.collector if owns_run else _SchedulerOnlySink(self.collector)
         spec = vllm_config.speculative_config
         every = int(os.environ.get(ENV_PROVENANCE_EVERY, DEFAULT_PROVENANCE_EVERY))
-        audit = os.environ.get(ENV_AUDIT_EVERY)  # unset: the tracer's default
-        audit_every = {} if audit is None else {"audit_every": int(audit)}
+        # the audit's rate and the token ids kept for a replay; unset: the tracer's defaults
+        audit = {name: int(os.environ[env]) for name, env in (("audit_every", ENV_AUDIT_EVERY),
+                                                              ("token_requests", ENV_TOKEN_REQUESTS))
+                 if os.environ.get(env) is not None}
         rank, world_size = _rank(vllm_config, has_model)
         self.tracer = Tracer(sink, engine=ENGINE, engine_version=vllm.__version__, rank=rank,
                              world_size=world_size,
@@ -234,7 +243,7 @@ class Session:
                              target_model=str(vllm_config.model_config.served_model_name
                                               or vllm_config.model_config.model),
                              draft_model=str(spec.model), config=config,
-                             run_id=self.run_id, provenance_every=every, **audit_every,
+                             run_id=self.run_id, provenance_every=every, **audit,
                              compiled=owns_run and compiled(vllm_config),
                              fault=os.environ.get(ENV_LABEL) or None)
         # under vLLM's own logger tree, so the line appears in the server log at INFO like vLLM's
