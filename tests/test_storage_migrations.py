@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 
 import pytest
@@ -222,7 +223,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
                            "ORDER BY position")[1] == [(0, 7, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
     assert _versions(store_url)[-8:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
                                          (8, "summary_tables"), (9, "sampling_and_audit"), (10, "lost_runs_view"),
-                                         (11, "audit_pit"), (12, "token_ids_and_replay"), (13, "wide_counters")]
+                                         (11, "audit_pit"), (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps")]
 
 
 def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
@@ -257,7 +258,7 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
                            "ORDER BY sampling")[1] == [("greedy", 1, 4), ("unknown", 1, 2)]
         assert store.query("SELECT tokens_audited, verdict FROM v_lossless_audit")[1] == [(5, "passed")]
     assert _versions(store_url)[-5:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit"),
-                                         (12, "token_ids_and_replay"), (13, "wide_counters")]
+                                         (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps")]
 
 
 def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store_url: str, monkeypatch) -> None:
@@ -289,7 +290,7 @@ def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store
                                       p_var_sum=50.0, epsilon=1e-4, pit=(100,) * ev.PIT_BINS)])
         assert store.query("SELECT tokens_audited, scored_tokens, p_excess, verdict FROM v_lossless_audit"
                            )[1] == [(1500, 1000, 0.0, "passed")]
-    assert _versions(store_url)[-3:] == [(11, "audit_pit"), (12, "token_ids_and_replay"), (13, "wide_counters")]
+    assert _versions(store_url)[-3:] == [(11, "audit_pit"), (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps")]
 
 
 def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url: str, monkeypatch) -> None:
@@ -353,4 +354,37 @@ def test_a_version_12_store_with_counters_upgrades_to_wide_counters(store_url: s
         store.write([group], counters={("r", 0): (window, 0)})
         assert store.query("SELECT verify_steps, proposed, events_written FROM v_run_summary")[1] == [
             (2 * window, 2 * window, 2 * window)]
-    assert _versions(store_url)[-1] == (13, "wide_counters")
+    assert _versions(store_url)[-1] == (13, "wide_counters_and_unique_steps")
+
+
+def test_a_version_12_store_with_duplicate_verify_steps_keeps_each_once(store_url: str, monkeypatch) -> None:
+    """A version-12 store that stored a numbered verify step three times (and aggregate rows twice) opens
+    at version 13 with that step once, the aggregates kept, and the summary rebuilt to match."""
+    from specscope import events as ev
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 12)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:12])
+    step = ev.VerifyStep(run_id="r", request_id="q", rank=0, step=0, proposed=4, accepted=4, ts_wall=2.0)
+    window = ev.VerifyGroup(run_id="r", request_id="w", rank=0, accepted_mask="1000", steps=2, proposed=8,
+                            accepted=2, ts_wall=3.0)
+    with open_store(store_url) as store:
+        store.write([ev.RunStart(run_id="r", engine="e", engine_version="0", target_model="t", draft_model="d",
+                                 config={}, ts_wall=1.0), ev.RequestStart("r", "q", 0, prompt_tokens=3),
+                     step, window, window, dataclasses.replace(step, step=1, accepted=0)])
+        engine = _engine(store_url)
+        with engine.begin() as conn:  # what a version-12 write path stored: step 0 twice more
+            for _ in range(2):
+                conn.exec_driver_sql("INSERT INTO verify_steps (run_id, request_id, rank, step, proposed, accepted, "
+                                     "accepted_mask, ts_wall, steps) VALUES ('r', 'q', 0, 0, 4, 4, '1111', 2.0, 1)")
+        engine.dispose()
+        store.rebuild_summaries()
+        assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(8, 16)]
+    monkeypatch.undo()
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION == 13
+        assert store.query("SELECT step, accepted FROM verify_steps WHERE step >= 0 ORDER BY step")[1] == [
+            (0, 4), (1, 0)]
+        assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(2 + 4, 4 + 4)]
+        assert store.query("SELECT verify_steps, accepted FROM v_request_acceptance WHERE request_id = 'q'"
+                           )[1] == [(2, 4)]
+    assert _versions(store_url)[-1] == (13, "wide_counters_and_unique_steps")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from specscope.storage import _summaries, schema
+from specscope.storage import _steps, _summaries, schema
 from specscope.storage.views import VIEWS, create_view_sql
 
 
@@ -138,11 +138,15 @@ WIDE_COUNTERS = {"acceptance_masks": ("steps", "proposed", "accepted"), "tensor_
 """The counters version 13 widened to 64 bits, by table."""
 
 
-def wide_counters(conn: Connection) -> None:
-    """Version 13: the summed counters of :data:`WIDE_COUNTERS` as BIGINT on PostgreSQL, where INTEGER
-    refused every write once a (run, rank, mask) passed 2**31 - 1 proposed tokens (SQLite's INTEGER
-    holds 64 bits already: nothing to do). The views read those columns, so they go first; they are
-    recreated after the step, casting the sums back to BIGINT (PostgreSQL's SUM of BIGINT is NUMERIC)."""
+def wide_counters_and_unique_steps(conn: Connection) -> None:
+    """Version 13: numbered verify steps stored more than once (same run, request, rank and step,
+    ``storage/_steps.py``) kept once, the summaries rebuilt when any went; and the summed counters of
+    :data:`WIDE_COUNTERS` as BIGINT on PostgreSQL, where INTEGER refused every write once a (run,
+    rank, mask) passed 2**31 - 1 proposed tokens (SQLite's INTEGER holds 64 bits already). The views
+    read those columns, so they go first; they are recreated after the step, casting the sums back
+    to BIGINT (PostgreSQL's SUM of BIGINT is NUMERIC)."""
+    if _steps.delete_duplicates(conn):
+        _summaries.rebuild(conn)
     if conn.dialect.name != "postgresql":
         return
     drop_views(conn)
@@ -164,7 +168,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "lost_runs_view", lost_runs_view),
     Migration(11, "audit_pit", audit_pit),
     Migration(12, "token_ids_and_replay", token_ids_and_replay),
-    Migration(13, "wide_counters", wide_counters),
+    Migration(13, "wide_counters_and_unique_steps", wide_counters_and_unique_steps),
 )
 
 
