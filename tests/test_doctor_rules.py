@@ -218,3 +218,46 @@ def test_prefix_rename():
     assert prefix_rename(["layers.0.mlp.up_proj.weight", "extra.bias"],
                          ["midlayer.mlp.up_proj.weight"]) == ("layers.0.", "midlayer.")
     assert prefix_rename(["foo.weight"], ["bar.bias"]) is None
+
+
+def _sampling_run(store, run_id: str, groups: dict[float, list[int]]):
+    """A run of one request per temperature, each verify step proposing 4 drafts and accepting the
+    listed counts (p_0: the share of steps accepting any); diagnosed. No aux-capture contract (a watched
+    server's run): the acceptance rules alone speak."""
+    from specscope import events as ev
+
+    events = [ev.RunStart(run_id=run_id, engine="e", engine_version="0", target_model="t", draft_model="d",
+                          config={}, ts_wall=1.0)]
+    for temperature, accepted in groups.items():
+        request = f"T{temperature:g}"
+        events.append(ev.RequestStart(run_id, request, 0, prompt_tokens=3, temperature=temperature))
+        events += [ev.VerifyStep(run_id, request, 0, step=i, proposed=4, accepted=a, ts_wall=2.0 + i)
+                   for i, a in enumerate(accepted)]
+    store.write(events)
+    return diagnose(store, run_id)
+
+
+def test_position0_is_judged_on_the_greedy_group_beside_a_sampled_one(store):
+    """Greedy p_0 0.1 (AL 1.4, not collapsed) beside T=0.8 p_0 0.6: POSITION0_LOW on the greedy group's figures."""
+    report = _sampling_run(store, "mixed-low", {0.0: [4] * 2 + [0] * 18, 0.8: [1] * 12 + [0] * 8})
+    low = only(report, "POSITION0_LOW")
+    assert low.evidence["judged_on"] == "greedy requests" and "of greedy requests" in low.message
+    assert (low.evidence["position0_acceptance"], low.evidence["verify_steps"]) == (pytest.approx(0.1), 20)
+
+
+def test_a_low_sampled_group_beside_a_healthy_greedy_one_is_not_judged_and_named(store):
+    """Greedy p_0 0.75 beside T=0.8 p_0 0.1 (the whole run's p_0 0.26): no POSITION0_LOW, and
+    CHECKS_SKIPPED names the sampled group."""
+    report = _sampling_run(store, "mixed-ok", {0.0: [2] * 15 + [0] * 5, 0.8: [4] * 6 + [0] * 54})
+    assert "POSITION0_LOW" not in report.codes()
+    skipped = [s for s in only(report, "CHECKS_SKIPPED").evidence["not_checked"] if "POSITION0_LOW" in s["codes"]]
+    assert [s["check"] for s in skipped] == ["acceptance of sampled requests (T=0.8) against greedy thresholds"]
+
+
+def test_a_sampled_only_run_that_accepts_nothing_still_collapses(store):
+    """Sampled requests only at AL 1.0: the collapse is judged on them (a working draft accepts far more
+    at any usual temperature); position 0 and saturation are not (greedy thresholds)."""
+    report = _sampling_run(store, "sampled-collapse", {0.8: [0] * 20})
+    collapse = only(report, "ACCEPT_COLLAPSE")
+    assert collapse.evidence["judged_on"] == "sampled requests" and collapse.evidence["mean_acceptance_length"] == 1.0
+    assert "POSITION0_LOW" not in report.codes() and "ACCEPT_SATURATED" not in report.codes()

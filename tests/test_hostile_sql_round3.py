@@ -288,3 +288,24 @@ def test_sql_page_refuses_a_deep_expression(pg_url: str) -> None:
                           capture_output=True, text=True, timeout=300, env={**os.environ, DB_ENV: pg_url})
     assert proc.returncode == 0, proc.stderr[-500:]
     assert "operators and keywords, more than the 5,000" in proc.stdout and proc.stdout.rstrip().endswith(" 0")
+
+
+def test_a_refused_sqlite_read_leaves_the_folder_as_it_was(tmp_path: Path, capsys) -> None:
+    """A refused statement on a clean store file, through the API and ``specscope query``: no
+    ``-wal`` / ``-shm`` left beside it (SQLite created both for the read-only connection and kept
+    them), and the file's bytes unchanged; a store still open elsewhere keeps its files."""
+    from specscope.cli import main
+
+    url = _sqlite_store(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    content = Path(url).read_bytes()
+    with open_store(url, read_only=True) as store, pytest.raises(ReadOnlyViolation):
+        store.query("DELETE FROM runs")
+    assert main(["query", "--db", url, "DROP TABLE runs"]) == 2
+    assert "not allowed" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and Path(url).read_bytes() == content
+    with open_store(url) as writer:  # a writer still open: its files stay
+        with open_store(url, read_only=True) as store, pytest.raises(ReadOnlyViolation):
+            store.query("DELETE FROM runs")
+        assert {f"{Path(url).name}-wal", f"{Path(url).name}-shm"} <= {p.name for p in tmp_path.iterdir()}
+        assert writer.query("SELECT COUNT(*) FROM runs").rows == [(0,)]

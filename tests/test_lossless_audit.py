@@ -178,6 +178,10 @@ def test_views_split_audit_and_acceptance_by_sampling_group(store):
     (violation,) = [f for f in report.findings if f.code == "LOSSLESS_VIOLATION"]
     assert violation.severity == "error" and violation.evidence["sampling"] == "greedy"
     assert violation.evidence["examples"][0]["target_argmax"] == 7 and report.exit_code == 1
+    # beside it, the group that did not fail is named (not only visible in SQL)
+    (audited,) = [f for f in report.findings if f.code == "LOSSLESS_AUDITED"]
+    assert [g["sampling"] for g in audited.evidence["groups"]] == ["T=0.8 top_p=0.9"]
+    assert "T=0.8 top_p=0.9" in audited.message and "greedy" not in audited.message
 
 
 @pytest.mark.parametrize("tokens, judged", [(11, False), (5000, True)], ids=["few", "many"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 
 import pytest
@@ -209,7 +210,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 12
+        assert store.schema_version == SCHEMA_VERSION == 13
         with store.connect() as conn:
             index = next(ix for ix in sa.inspect(conn).get_indexes("verify_steps")
                          if ix["name"] == "ix_verify_steps_masks")
@@ -220,9 +221,9 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
         assert store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance")[1] == [(8, 32, 10)]
         assert store.query("SELECT position, accepted_steps, verify_steps FROM v_position_acceptance "
                            "ORDER BY position")[1] == [(0, 7, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
-    assert _versions(store_url)[-7:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
+    assert _versions(store_url)[-8:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
                                          (8, "summary_tables"), (9, "sampling_and_audit"), (10, "lost_runs_view"),
-                                         (11, "audit_pit"), (12, "token_ids_and_replay")]
+                                         (11, "audit_pit"), (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps")]
 
 
 def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
@@ -249,15 +250,15 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 12
+        assert store.schema_version == SCHEMA_VERSION == 13
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=3, temperature=0.0),
                      ev.VerifyStep(run_id="r", request_id="new", rank=0, step=0, proposed=4, accepted=4),
                      ev.LosslessAudit(run_id="r", rank=0, request_id="new", sampling="greedy", tokens=5)])
         assert store.query("SELECT sampling, verify_steps, accepted FROM v_sampling_acceptance "
                            "ORDER BY sampling")[1] == [("greedy", 1, 4), ("unknown", 1, 2)]
         assert store.query("SELECT tokens_audited, verdict FROM v_lossless_audit")[1] == [(5, "passed")]
-    assert _versions(store_url)[-4:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit"),
-                                         (12, "token_ids_and_replay")]
+    assert _versions(store_url)[-5:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit"),
+                                         (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps")]
 
 
 def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store_url: str, monkeypatch) -> None:
@@ -282,14 +283,14 @@ def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 12
+        assert store.schema_version == SCHEMA_VERSION == 13
         assert store.query("SELECT tokens_audited, rare_observed, scored_tokens, verdict FROM v_lossless_audit"
                            )[1] == [(500, 1, 0, "too few tokens")]
         store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=1000, p_sum=300.0, p2_sum=300.0,
                                       p_var_sum=50.0, epsilon=1e-4, pit=(100,) * ev.PIT_BINS)])
         assert store.query("SELECT tokens_audited, scored_tokens, p_excess, verdict FROM v_lossless_audit"
                            )[1] == [(1500, 1000, 0.0, "passed")]
-    assert _versions(store_url)[-2:] == [(11, "audit_pit"), (12, "token_ids_and_replay")]
+    assert _versions(store_url)[-3:] == [(11, "audit_pit"), (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps")]
 
 
 def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url: str, monkeypatch) -> None:
@@ -312,7 +313,7 @@ def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 12
+        assert store.schema_version == SCHEMA_VERSION == 13
         assert store.query("SELECT COUNT(*) FROM request_tokens")[1] == [(0,)]
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=2, temperature=0.0),
                      ev.RequestTokens("r", 0, "new", (1, 2), (3,)),
@@ -322,4 +323,68 @@ def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url
         assert store.query("SELECT requests, tokens_audited, departures, verdict FROM v_replay_audit")[1] == [
             (1, 1, 0, "passed")]
         assert store.query("SELECT request_id FROM requests ORDER BY request_id")[1] == [("new",), ("old",)]
-    assert _versions(store_url)[-1] == (12, "token_ids_and_replay")
+    assert _versions(store_url)[-2] == (12, "token_ids_and_replay")
+
+
+def test_a_version_12_store_with_counters_upgrades_to_wide_counters(store_url: str, monkeypatch) -> None:
+    """A version-12 store (INTEGER counters on PostgreSQL) holding a run opens at version 13 with its
+    rows kept, and its summary then takes a (rank, mask) past 2**31 - 1 proposed tokens."""
+    from specscope import events as ev
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 12)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:12])
+    window = 1_500_000_000
+    group = ev.VerifyGroup(run_id="r", request_id="w", rank=0, accepted_mask="1000", steps=window,
+                           proposed=window, accepted=window, ts_wall=2.0)
+    with open_store(store_url) as store:
+        store.write([ev.RunStart(run_id="r", engine="e", engine_version="0", target_model="t", draft_model="d",
+                                 config={}, ts_wall=1.0), group], counters={("r", 0): (window, 0)})
+    engine = _engine(store_url)
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:  # step 1 builds today's tables: take the counters back to INTEGER
+            for name in reversed(VIEWS):
+                conn.exec_driver_sql(f"DROP VIEW {name}")
+            for table, columns in migrations.WIDE_COUNTERS.items():
+                conn.exec_driver_sql(f"ALTER TABLE {table} "
+                                     + ", ".join(f"ALTER COLUMN {c} TYPE INTEGER" for c in columns))
+    engine.dispose()
+    monkeypatch.undo()
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION == 13
+        store.write([group], counters={("r", 0): (window, 0)})
+        assert store.query("SELECT verify_steps, proposed, events_written FROM v_run_summary")[1] == [
+            (2 * window, 2 * window, 2 * window)]
+    assert _versions(store_url)[-1] == (13, "wide_counters_and_unique_steps")
+
+
+def test_a_version_12_store_with_duplicate_verify_steps_keeps_each_once(store_url: str, monkeypatch) -> None:
+    """A version-12 store that stored a numbered verify step three times (and aggregate rows twice) opens
+    at version 13 with that step once, the aggregates kept, and the summary rebuilt to match."""
+    from specscope import events as ev
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 12)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:12])
+    step = ev.VerifyStep(run_id="r", request_id="q", rank=0, step=0, proposed=4, accepted=4, ts_wall=2.0)
+    window = ev.VerifyGroup(run_id="r", request_id="w", rank=0, accepted_mask="1000", steps=2, proposed=8,
+                            accepted=2, ts_wall=3.0)
+    with open_store(store_url) as store:
+        store.write([ev.RunStart(run_id="r", engine="e", engine_version="0", target_model="t", draft_model="d",
+                                 config={}, ts_wall=1.0), ev.RequestStart("r", "q", 0, prompt_tokens=3),
+                     step, window, window, dataclasses.replace(step, step=1, accepted=0)])
+        engine = _engine(store_url)
+        with engine.begin() as conn:  # what a version-12 write path stored: step 0 twice more
+            for _ in range(2):
+                conn.exec_driver_sql("INSERT INTO verify_steps (run_id, request_id, rank, step, proposed, accepted, "
+                                     "accepted_mask, ts_wall, steps) VALUES ('r', 'q', 0, 0, 4, 4, '1111', 2.0, 1)")
+        engine.dispose()
+        store.rebuild_summaries()
+        assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(8, 16)]
+    monkeypatch.undo()
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION == 13
+        assert store.query("SELECT step, accepted FROM verify_steps WHERE step >= 0 ORDER BY step")[1] == [
+            (0, 4), (1, 0)]
+        assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(2 + 4, 4 + 4)]
+        assert store.query("SELECT verify_steps, accepted FROM v_request_acceptance WHERE request_id = 'q'"
+                           )[1] == [(2, 4)]
+    assert _versions(store_url)[-1] == (13, "wide_counters_and_unique_steps")

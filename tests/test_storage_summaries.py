@@ -75,3 +75,53 @@ def test_batched_summaries_equal_a_rebuild(store, events, cuts) -> None:
     positions = store.query("SELECT acceptance FROM v_position_acceptance WHERE run_id = :run_id "
                             "ORDER BY position", where)[1]
     assert [p for (p,) in positions] == pytest.approx(metrics.per_position_acceptance(masks))
+
+
+def test_counters_past_32_bits_are_kept_and_read_as_ints(store) -> None:
+    """A watched server's windows on one (rank, mask) summing past 2**31 - 1 proposed tokens: both
+    are stored (PostgreSQL's INTEGER refused the second with "integer out of range"), and every view
+    and named query reads the sums as Python ints, not PostgreSQL's NUMERIC (Decimal)."""
+    from specscope.storage import queries
+
+    window = 1_500_000_000  # one window fits a verify_steps row; two pass 2**31 - 1 in the summary
+    store.write([ev.RunStart(run_id="big", engine="e", engine_version="0", target_model="t", draft_model="d",
+                             config={}, ts_wall=1.0)])
+    for ts in (2.0, 3.0):
+        store.write([ev.VerifyGroup(run_id="big", request_id="w", rank=0, accepted_mask="1000", steps=window,
+                                    proposed=window, accepted=window, ts_wall=ts)],
+                    counters={("big", 0): (window, window)})
+    total = 2 * window
+    where = {"run_id": "big"}
+    read = [store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance WHERE run_id = :run_id",
+                        where)[1][0],
+            store.query("SELECT verify_steps, proposed, accepted FROM v_rank_acceptance WHERE run_id = :run_id",
+                        where)[1][0],
+            store.query("SELECT verify_steps, events_written, events_dropped FROM v_run_summary "
+                        "WHERE run_id = :run_id", where)[1][0],
+            store.query("SELECT accepted_steps, verify_steps, position FROM v_position_acceptance "
+                        "WHERE run_id = :run_id AND position = 0", where)[1][0][:2],
+            tuple(store.fetch(queries.RUN_MASKS, run_id="big")[0].values())[1:]]
+    assert read == [(total,) * 3] * 3 + [(total, total), (total,)]
+    assert all(type(value) is int for row in read for value in row)
+
+
+def test_a_verify_step_stored_again_counts_once(store) -> None:
+    """The same numbered verify step twice in a batch and again in a later one is stored once, and the
+    summary counts it once (AL 3.0, not inflated); aggregate rows and unnumbered steps (-1) all count."""
+    step = ev.VerifyStep(run_id="dup", request_id="q", rank=0, step=0, proposed=4, accepted=2, ts_wall=2.0)
+    window = ev.VerifyGroup(run_id="dup", request_id="w", rank=0, accepted_mask="1000", steps=2, proposed=8,
+                            accepted=2, ts_wall=3.0)
+    store.write([ev.RunStart(run_id="dup", engine="e", engine_version="0", target_model="t", draft_model="d",
+                             config={}, ts_wall=1.0),
+                 ev.RequestStart("dup", "q", 0, prompt_tokens=3), step, step, window])
+    store.write([step, dataclasses.replace(step, rank=1), dataclasses.replace(step, step=1, accepted=4), window])
+    where = {"run_id": "dup"}
+    assert store.query("SELECT request_id, rank, step, accepted FROM verify_steps WHERE run_id = :run_id AND "
+                       "step >= 0 ORDER BY rank, step", where)[1] == [("q", 0, 0, 2), ("q", 0, 1, 4), ("q", 1, 0, 2)]
+    assert store.query("SELECT verify_steps, accepted, mean_acceptance_length FROM v_request_acceptance "
+                       "WHERE run_id = :run_id AND request_id = 'q'", where)[1] == [(3, 8, pytest.approx(1 + 8 / 3))]
+    assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance WHERE run_id = :run_id",
+                       where)[1] == [(3 + 4, 8 + 4)]
+    kept = [store.query(sql)[1] for sql in SUMMARIES]
+    store.rebuild_summaries()
+    assert [store.query(sql)[1] for sql in SUMMARIES] == kept

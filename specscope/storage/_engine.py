@@ -130,6 +130,38 @@ def _set_wal(connection: sqlite3.Connection, busy_timeout_s: float) -> None:
             time.sleep(0.01)
 
 
+def sqlite_side_files(path: Path) -> tuple[Path, Path]:
+    """The ``-wal`` and ``-shm`` files SQLite keeps beside a WAL database while a connection has it open."""
+    return path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")
+
+
+def sqlite_untouched(path: Path) -> bool:
+    """No ``-wal`` nor ``-shm`` beside ``path``: the last connection to it closed, it is clean."""
+    return not any(side.exists() for side in sqlite_side_files(path))
+
+
+def tidy_sqlite(path: Path) -> None:
+    """Remove the ``-wal`` / ``-shm`` files a read-only store's connections created beside a clean file.
+
+    SQLite creates both for any reader of a WAL database, and only a connection that may write
+    removes them, when it closes as the last connection to the file (a checkpoint first); a ``mode=ro``
+    connection leaves them behind. So one plain connection reads the schema version and closes: SQLite's
+    own last-connection check decides, and a store another connection still has open keeps its files.
+    Only when the WAL is empty (nothing was written since), so that close writes no page.
+    """
+    wal, _ = sqlite_side_files(path)
+    try:
+        if not wal.exists() or wal.stat().st_size:
+            return
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA schema_version").fetchone()
+        finally:
+            conn.close()
+    except (OSError, sqlite3.Error):
+        pass  # the files are harmless and the next writer reuses them: tidying must not fail a read
+
+
 def _postgres_engine(url: sa.URL, *, read_only: bool) -> Engine:
     connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": 5}
     if not read_only:

@@ -12,7 +12,15 @@ from sqlalchemy.engine import Engine
 from specscope.errors import SchemaVersionError, StoreError
 from specscope.storage import _bulk, migrations, schema
 from specscope.storage._dialect import DIALECTS
-from specscope.storage._engine import DEFAULT_BUSY_TIMEOUT_S, Target, create_engine, parse_target, trace_statements
+from specscope.storage._engine import (
+    DEFAULT_BUSY_TIMEOUT_S,
+    Target,
+    create_engine,
+    parse_target,
+    sqlite_untouched,
+    tidy_sqlite,
+    trace_statements,
+)
 from specscope.storage._errors import translate
 from specscope.storage.store import Store
 
@@ -50,6 +58,8 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
     create = create and not read_only
     if target.sqlite_path is not None:
         _check_sqlite_path(target, create)
+    # a read-only store on a clean SQLite file leaves it clean when it closes (SQLite would not)
+    tidy = read_only and target.sqlite_path is not None and sqlite_untouched(target.sqlite_path)
     read_engine = create_engine(target, read_only=True, busy_timeout_s=busy_timeout_s)
     write_engine = None if read_only else create_engine(target, read_only=False,
                                                         busy_timeout_s=busy_timeout_s)
@@ -65,8 +75,10 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
         for engine in (read_engine, write_engine):
             if engine is not None:
                 engine.dispose()
+        if tidy:
+            tidy_sqlite(target.sqlite_path)
         raise
-    return Store(target, write_engine, read_engine, version, bulk, tracer)
+    return Store(target, write_engine, read_engine, version, bulk, tracer, tidy=tidy)
 
 
 def store_file(url_or_path: str) -> Path | None:

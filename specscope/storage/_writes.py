@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from specscope.errors import EventRejected, ReadOnlyViolation, StoreError
 from specscope.events import Event, Finding
-from specscope.storage import _summaries, schema
+from specscope.storage import _steps, _summaries, schema
 from specscope.storage._dialect import Dialect
 from specscope.storage._errors import translate
 from specscope.storage._rows import STATEMENTS, Counters, bad_value, counter_rows, group_rows, summary_rows
@@ -64,6 +64,12 @@ class StoreWrites:
         statements, inserts = self._dialect.statements, self._dialect.inserts
         try:
             with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
+                steps = grouped.get("verify_steps")
+                if steps:  # a numbered verify step stored again would count twice (storage/_steps.py)
+                    kept = _steps.unstored(conn, steps)
+                    if len(kept) < len(steps):
+                        grouped["verify_steps"] = kept
+                        summaries = summary_rows(grouped)
                 for statement in STATEMENTS:
                     rows = grouped.get(statement.name)
                     if not rows:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from specscope.storage import _summaries, schema
+from specscope.storage import _steps, _summaries, schema
 from specscope.storage.views import VIEWS, create_view_sql
 
 
@@ -133,6 +133,28 @@ def token_ids_and_replay(conn: Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.request_tokens, schema.replay_requests])
 
 
+WIDE_COUNTERS = {"acceptance_masks": ("steps", "proposed", "accepted"), "tensor_shapes": ("events", "nonfinite"),
+                 "run_ranks": ("events_written", "events_dropped", "hook_calls", "hook_errors")}
+"""The counters version 13 widened to 64 bits, by table."""
+
+
+def wide_counters_and_unique_steps(conn: Connection) -> None:
+    """Version 13: numbered verify steps stored more than once (same run, request, rank and step,
+    ``storage/_steps.py``) kept once, the summaries rebuilt when any went; and the summed counters of
+    :data:`WIDE_COUNTERS` as BIGINT on PostgreSQL, where INTEGER refused every write once a (run,
+    rank, mask) passed 2**31 - 1 proposed tokens (SQLite's INTEGER holds 64 bits already). The views
+    read those columns, so they go first; they are recreated after the step, casting the sums back
+    to BIGINT (PostgreSQL's SUM of BIGINT is NUMERIC)."""
+    if _steps.delete_duplicates(conn):
+        _summaries.rebuild(conn)
+    if conn.dialect.name != "postgresql":
+        return
+    drop_views(conn)
+    for table, columns in WIDE_COUNTERS.items():
+        alters = ", ".join(f"ALTER COLUMN {column} TYPE BIGINT" for column in columns)
+        conn.exec_driver_sql(f"ALTER TABLE {table} {alters}")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create_tables", create_tables),
     Migration(2, "add_tensor_contract_index", add_tensor_contract_index),
@@ -146,6 +168,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "lost_runs_view", lost_runs_view),
     Migration(11, "audit_pit", audit_pit),
     Migration(12, "token_ids_and_replay", token_ids_and_replay),
+    Migration(13, "wide_counters_and_unique_steps", wide_counters_and_unique_steps),
 )
 
 
@@ -188,9 +211,14 @@ def upgrade(conn: Connection, from_version: int) -> list[Migration]:
     return steps
 
 
-def refresh_views(conn: Connection) -> None:
-    """Drop and recreate every view of ``VIEWS`` (reverse order first: later views use earlier ones)."""
+def drop_views(conn: Connection) -> None:
+    """Drop every view of ``VIEWS`` there is (reverse order: later views use earlier ones)."""
     for name in reversed(VIEWS):
         conn.exec_driver_sql(f"DROP VIEW IF EXISTS {name}")
+
+
+def refresh_views(conn: Connection) -> None:
+    """Drop and recreate every view of ``VIEWS``."""
+    drop_views(conn)
     for name in VIEWS:
         conn.exec_driver_sql(create_view_sql(name, conn.dialect.name))

@@ -18,6 +18,7 @@ Shapes are stored as text ``"1x5x1728"`` plus the last dimension as an integer `
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -33,7 +34,7 @@ from sqlalchemy import (
 
 from specscope.events import PIT_BINS
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 metadata = MetaData()
 
@@ -69,10 +70,10 @@ run_ranks = Table(
     Column("started_wall", Float, nullable=False),
     Column("last_seen_wall", Float, nullable=False),
     Column("ended_wall", Float),
-    Column("events_written", Integer, nullable=False, default=0),
-    Column("events_dropped", Integer, nullable=False, default=0),
-    Column("hook_calls", Integer, nullable=False, default=0),
-    Column("hook_errors", Integer, nullable=False, default=0),
+    Column("events_written", BigInteger, nullable=False, default=0),
+    Column("events_dropped", BigInteger, nullable=False, default=0),
+    Column("hook_calls", BigInteger, nullable=False, default=0),
+    Column("hook_errors", BigInteger, nullable=False, default=0),
     Column("graph_mode", String(16), nullable=False, default="eager"),
     Column("error", Text),  # the error the rank stopped on (set with ended_wall: it crashed)
 )
@@ -164,9 +165,10 @@ acceptance_masks = Table(
     Column("run_id", String(64), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("accepted_mask", String(64), nullable=False),
-    Column("steps", Integer, nullable=False),  # verify steps with this mask (sum of verify_steps.steps)
-    Column("proposed", Integer, nullable=False),
-    Column("accepted", Integer, nullable=False),
+    # BigInteger (version 13): a watched server's counters pass 2**31 - 1 for one mask within days
+    Column("steps", BigInteger, nullable=False),  # verify steps with this mask (sum of verify_steps.steps)
+    Column("proposed", BigInteger, nullable=False),
+    Column("accepted", BigInteger, nullable=False),
     Column("first_wall", Float, nullable=False),
     Column("last_wall", Float, nullable=False),
     Column("step_detail", Integer, nullable=False),  # 1: some row is a per-step row (step >= 0)
@@ -186,12 +188,12 @@ tensor_shapes = Table(
     Column("graph_phase", String(16), nullable=False),
     Column("width", Integer),
     Column("expected_width", Integer),
-    Column("events", Integer, nullable=False),
+    Column("events", BigInteger, nullable=False),  # BigInteger: sums over a run's lifetime (version 13)
     Column("first_call", Integer, nullable=False),
     Column("last_call", Integer, nullable=False),
     Column("first_wall", Float, nullable=False),
     Column("last_wall", Float, nullable=False),
-    Column("nonfinite", Integer, nullable=False),  # sum of tensor_events.nonfinite (NULL as 0)
+    Column("nonfinite", BigInteger, nullable=False),  # sum of tensor_events.nonfinite (NULL as 0)
     PrimaryKeyConstraint("run_id", "rank", "hook_point", "shape", "dtype", "device", "expected_shape",
                          "graph_phase"),
 )

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from specscope.storage import _bulk
 from specscope.storage._dialect import DIALECTS
-from specscope.storage._engine import Target
+from specscope.storage._engine import Target, tidy_sqlite
 from specscope.storage._errors import translate
 from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S
 from specscope.storage._time_limit import bounded
@@ -36,7 +36,7 @@ class Store(StoreWrites):
 
     def __init__(self, target: Target, write_engine: Engine | None, read_engine: Engine,
                  schema_version: int, bulk: str | None = None,
-                 tracer: Callable[[str, Any, float], None] | None = None) -> None:
+                 tracer: Callable[[str, Any, float], None] | None = None, *, tidy: bool = False) -> None:
         self.url = target.display
         self.dialect = target.dialect
         self.read_only = write_engine is None
@@ -49,6 +49,7 @@ class Store(StoreWrites):
         self._sqlite_path = target.sqlite_path
         self._file_id = file_id(target.sqlite_path) if target.sqlite_path is not None else None
         self._target = target
+        self._tidy = tidy  # read-only on a clean SQLite file: remove the -wal / -shm its reads created
 
     @functools.cached_property
     def location(self) -> str:
@@ -68,10 +69,13 @@ class Store(StoreWrites):
         self.close()
 
     def close(self) -> None:
-        """Close every pooled connection (SQLite checkpoints its WAL when the last one closes)."""
+        """Close every pooled connection (SQLite checkpoints its WAL when the last one closes; a
+        read-only store opened on a clean file leaves it clean, ``_engine.tidy_sqlite``)."""
         for engine in (self._write_engine, self._read_engine):
             if engine is not None:
                 engine.dispose()
+        if self._tidy:
+            tidy_sqlite(self._sqlite_path)
 
     def after_fork(self) -> None:
         """In a forked child: forget the parent's pooled connections without closing them (SQLAlchemy

@@ -163,9 +163,15 @@ def _acceptance_columns(steps: str, proposed: str, accepted: str, first_wall: st
     {detail} AS step_detail"""
 
 
+def _total(expression: str) -> str:
+    """SUM of a BIGINT counter as BIGINT: PostgreSQL sums BIGINT to NUMERIC, which its driver reads as
+    Decimal (SQLite's sum is an integer already)."""
+    return f"CAST(SUM({expression}) AS BIGINT)"
+
+
 def _summed(alias: str = "") -> str:
     """:func:`_acceptance_columns` over ``acceptance_masks`` rows (``alias``: its alias with the dot)."""
-    return _acceptance_columns(f"SUM({alias}steps)", f"SUM({alias}proposed)", f"SUM({alias}accepted)",
+    return _acceptance_columns(_total(f"{alias}steps"), _total(f"{alias}proposed"), _total(f"{alias}accepted"),
                                f"MIN({alias}first_wall)", f"MAX({alias}last_wall)", f"MAX({alias}step_detail)")
 
 
@@ -198,9 +204,9 @@ def _positions(source: str, keys: str) -> str:
 SELECT {keys}, position, accepted_steps, verify_steps,
        CASE WHEN verify_steps > 0 THEN CAST(accepted_steps AS DOUBLE PRECISION) / verify_steps END AS acceptance
 FROM (SELECT DISTINCT {", ".join(f"t.{k}" for k in columns)}, p.pos AS position, t.verify_steps,
-             (SELECT SUM(CASE WHEN {_POSITION_HIT.format(alias='g', position='p.pos')} THEN g.steps ELSE 0 END)
+             (SELECT {_total(f"CASE WHEN {_POSITION_HIT.format(alias='g', position='p.pos')} THEN g.steps ELSE 0 END")}
               FROM {source} g WHERE {match}) AS accepted_steps
-      FROM (SELECT {keys}, SUM(CASE WHEN accepted_mask <> '' OR proposed = 0 THEN steps ELSE 0 END) AS verify_steps,
+      FROM (SELECT {keys}, {_total("CASE WHEN accepted_mask <> '' OR proposed = 0 THEN steps ELSE 0 END")} AS verify_steps,
                    MAX(LENGTH(accepted_mask)) AS max_proposed
             FROM {source} GROUP BY {keys}) t
       JOIN positions p ON p.pos < t.max_proposed) x
@@ -302,8 +308,8 @@ FROM runs r
 LEFT JOIN acceptance_masks m ON m.run_id = r.run_id
 LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
                   COUNT(error) AS ranks_crashed, MAX(error) AS error,
-                  MAX(last_seen_wall) AS last_seen_wall, SUM(events_written) AS events_written,
-                  SUM(events_dropped) AS events_dropped, SUM(hook_errors) AS hook_errors,
+                  MAX(last_seen_wall) AS last_seen_wall, {_total("events_written")} AS events_written,
+                  {_total("events_dropped")} AS events_dropped, {_total("hook_errors")} AS hook_errors,
                   {RUN_GRAPH_MODE} AS graph_mode
            FROM run_ranks GROUP BY run_id) k ON k.run_id = r.run_id
 GROUP BY r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
