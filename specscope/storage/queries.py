@@ -21,7 +21,13 @@ from sqlalchemy.engine import Connection
 
 from specscope import points
 from specscope.events import PIT_BINS, SEVERITIES
-from specscope.storage.views import mean_acceptance_length
+from specscope.storage._distribution_views import (
+    by_output_position_sql,
+    histogram_sql,
+    request_distribution_sql,
+    windows_sql,
+)
+from specscope.storage._formulas import floor_sql, mean_acceptance_length
 
 
 @dataclass(frozen=True)
@@ -100,10 +106,7 @@ ROLLING_STEPS = 10
 """Slices in :data:`ACCEPTANCE_OVER_TIME`'s rolling acceptance length (this one and 9 before)."""
 
 # The run's lifetime (first rank start to last time a rank was heard from) cut into :buckets slices.
-# The slice index is floor((t - t0) / dt) written portably: PostgreSQL's CAST rounds to nearest and
-# SQLite's truncates (FLOOR is missing from some SQLite builds); one below a rounded-up CAST is floor.
-_SLICE = ("CASE WHEN CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) > (v.ts_wall - b.t0) / b.dt "
-          "THEN CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) - 1 ELSE CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) END")
+_SLICE = floor_sql("(v.ts_wall - b.t0) / b.dt")
 
 
 def _sliced(table: str, columns: str, where: str = "") -> str:
@@ -187,6 +190,30 @@ REQUEST_POSITIONS = Query("request_positions", """
     SELECT position, accepted_steps, verify_steps, acceptance FROM v_request_position_acceptance
     WHERE run_id = :run_id AND request_id = :request_id ORDER BY position""")
 """Per-position acceptance p_i of one request (denominator: its verify steps)."""
+
+REQUEST_SERIES = Query("request_series", """
+    SELECT v.request_id, COALESCE(r.sampling, 'unknown') AS sampling, v.prompt_tokens, v.started_wall,
+           v.verify_steps, v.proposed, v.accepted, v.mean_acceptance_length, v.acceptance_rate
+    FROM v_request_acceptance v JOIN requests r ON r.run_id = v.run_id AND r.request_id = v.request_id
+    WHERE v.run_id = :run_id AND v.verify_steps > 0 ORDER BY v.started_wall, v.request_id""")
+"""The requests of a run with verify steps, oldest first, without their text: the units the drift and
+outlier rules judge (``sampling``: the group label, ``'unknown'`` when not reported)."""
+
+REQUEST_TEXTS = Query("request_texts", "SELECT request_id, text FROM requests WHERE run_id = :run_id "
+                                       "AND request_id IN :request_ids", expanding=("request_ids",))
+"""The generated text of some requests of a run (NULL: not recorded)."""
+
+# -- acceptance as a distribution (storage/_distribution_views.py, one run) -----------------------
+
+ACCEPTANCE_HISTOGRAM = Query("acceptance_histogram", histogram_sql(":run_id") + "ORDER BY sampling, accepted_drafts")
+"""``v_acceptance_histogram`` of a run: per sampling group and accepted drafts 0..k, verify steps, share."""
+REQUEST_DISTRIBUTION = Query("request_distribution", request_distribution_sql(":run_id") + "\nORDER BY sampling")
+"""``v_request_acceptance_distribution`` of a run: per sampling group and ``'all'``, per-request AL percentiles."""
+ACCEPTANCE_WINDOWS = Query("acceptance_windows", windows_sql(":run_id") + "ORDER BY rank, window_index")
+"""``v_acceptance_windows`` of a run: per rank and window with verify steps, its start, steps and AL."""
+OUTPUT_POSITION_ACCEPTANCE = Query("output_position_acceptance",
+                                   by_output_position_sql(":run_id") + "ORDER BY output_position")
+"""``v_acceptance_by_output_position`` of a run: AL per bucket of tokens generated before the step."""
 
 # -- ranks ---------------------------------------------------------------------------------------
 
