@@ -50,6 +50,8 @@ _RUNTIME = {
     "LOSSLESS_VIOLATION": "error",
     "LOSSLESS_AUDITED": "info",
     "POSITION0_LOW": "warning",
+    "ACCEPT_DRIFT": "warning",
+    "REQUEST_ACCEPT_OUTLIER": "warning",
     "NONFINITE_ACTIVATIONS": "error",
     "RANK_DIVERGENCE": "warning",
     "WEIGHTS_DROPPED": "error",

@@ -15,6 +15,7 @@ from specscope.doctor._rules_capture import (
     check_layer_mismatch,
     check_not_fused,
 )
+from specscope.doctor._rules_drift import check_drift
 from specscope.doctor._rules_health import (
     check_events_dropped,
     check_graph_mode,
@@ -24,6 +25,7 @@ from specscope.doctor._rules_health import (
 )
 from specscope.doctor._rules_lossless import check_lossless, check_sampled_collapse
 from specscope.doctor._rules_observed import check_not_observed, check_runner, check_skipped
+from specscope.doctor._rules_outlier import check_request_outliers
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
 from specscope.doctor._summary import RunSummary
 from specscope.events import Finding, by_severity
@@ -36,7 +38,8 @@ Rule = Callable[[RunContext], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
     check_lossless, check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
-    check_collapse, check_saturated, check_sampled_collapse, check_position0, check_nonfinite, check_rank_acceptance,
+    check_collapse, check_saturated, check_sampled_collapse, check_position0, check_drift, check_request_outliers,
+    check_nonfinite, check_rank_acceptance,
     check_rank_shapes, check_weights_dropped, check_events_dropped, check_hook_errors,
     check_graph_mode, check_runner, check_not_observed, check_skipped,
 )
