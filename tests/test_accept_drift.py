@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from _acceptance_runs import K, Req, write_run
 
-from specscope.doctor import diagnose
-from specscope.doctor._rules_drift import DRIFT_ALPHA, group_drift
+from specscope.doctor import DRIFT_ALPHA, diagnose, group_drift
 
 ALPHA = 0.05  # the simulations judge at a large alpha so that its bound is measurable in 200 runs
 RUNS = 200

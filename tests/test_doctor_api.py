@@ -24,7 +24,7 @@ RUNTIME_CODES = {  # docs/design.md "Findings", runtime
     "WEIGHTS_DROPPED": "error", "EVENTS_DROPPED": "warning", "HOOK_ERRORS": "warning",
     "GRAPH_MODE_BLIND": "info", "NOT_OBSERVED": "warning", "CHECKS_SKIPPED": "info",
     "LOSSLESS_VIOLATION": "error", "LOSSLESS_AUDITED": "info", "ACCEPT_COLLAPSE_SAMPLED": "warning",
-    "RUNNER_NOT_ATTACHED": "warning",
+    "RUNNER_NOT_ATTACHED": "warning", "ACCEPT_DRIFT": "warning", "REQUEST_ACCEPT_OUTLIER": "warning",
 }
 
 
@@ -109,13 +109,21 @@ def test_to_dict_is_the_design_schema(store):
     T.off_by_one().write(store)
     data = json.loads(json.dumps(diagnose(store).to_dict()))
     assert set(data) == {"runs", "findings"}
+    run = data["runs"][0]
+    # the trace's 32 steps accept 1 draft in a quarter of them, none in the rest (k = 4: five buckets)
+    assert [(r["sampling"], r["accepted_drafts"], r["verify_steps"]) for r in run.pop("acceptance_histogram")] == [
+        ("unknown", 0, 24), ("unknown", 1, 8), ("unknown", 2, 0), ("unknown", 3, 0), ("unknown", 4, 0)]
+    assert {r["sampling"]: (r["requests"], r["p50_al"]) for r in run.pop("request_acceptance")} == {
+        "all": (4, 1.25), "unknown": (4, 1.25)}
+    assert sum(r["verify_steps"] for r in run.pop("acceptance_windows")) == 32
+    assert sum(r["verify_steps"] for r in run.pop("acceptance_by_output_position")) == 32
     assert data["runs"] == [{
         "run_id": "off-by-one", "engine": "specscope-reference", "fault": "aux-off-by-one",
         "requests": 4, "verify_steps": 32, "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625,
         "per_position_acceptance": [0.25, 0.0, 0.0, 0.0],
         # recorded without sampling settings and not audited: one 'unknown' group, no audit
         "sampling": [{"sampling": "unknown", "requests": 4, "verify_steps": 32, "proposed": 128, "accepted": 8,
-                      "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625}],
+                      "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625, "position0_acceptance": 0.25}],
         "lossless_audit": [],
         # the trace's steps: 4 drafts in 0.004 s, verify 0.011 s; only position 0 ever accepted
         "what_if_k": [{"k": k, "mean_acceptance_length": 1.25,

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from _acceptance_runs import Req, write_run
 
-from specscope.doctor import diagnose
-from specscope.doctor._rules_outlier import repeats
+from specscope.doctor import diagnose, text_repeats
 
 PROSE = ("Speculative decoding drafts several tokens cheaply and lets the target verify them in one "
          "forward pass, keeping every token the target would have chosen.")
@@ -41,5 +40,5 @@ def test_requests_that_merely_differ_are_not_outliers(store):
 
 
 def test_repetition_is_told_from_prose():
-    assert repeats(LOOP) and repeats("ab" * 40)
-    assert not repeats(PROSE) and not repeats(None) and not repeats("ab" * 10)
+    assert text_repeats(LOOP) and text_repeats("ab" * 40)
+    assert not text_repeats(PROSE) and not text_repeats(None) and not text_repeats("ab" * 10)

@@ -91,4 +91,4 @@ def _summary(ctx: RunContext) -> RunSummary:
     return RunSummary(ctx.run_id, ctx.engine, ctx.fault, acc.requests, acc.verify_steps,
                       acc.mean_acceptance_length, acc.acceptance_rate, ctx.per_position,
                       [vars(g) for g in ctx.sampling_acceptance], [vars(g) for g in ctx.lossless_audit],
-                      ctx.what_if_k)
+                      ctx.what_if_k, ctx.distributions)

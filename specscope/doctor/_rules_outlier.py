@@ -42,7 +42,7 @@ EXCERPT_CHARS = 120
 _LISTED = 10  # requests named per finding; the count says how many there were
 
 
-def repeats(text: str | None) -> bool:
+def text_repeats(text: str | None) -> bool:
     """Whether ``text`` is dominated by repetition (:data:`REPEAT_RATIO`)."""
     if not text or len(text) < MIN_REPEAT_CHARS:
         return False
@@ -76,7 +76,7 @@ def check_request_outliers(ctx: RunContext) -> list[Finding]:
             high += [r for r in rows if r.accepted == r.proposed]
     ids = [r.request_id for r in low + high]
     texts = {row.request_id: row.text for row in ctx.rows(q.REQUEST_TEXTS, request_ids=ids)} if ids else {}
-    high = [r for r in high if repeats(texts.get(r.request_id))]
+    high = [r for r in high if text_repeats(texts.get(r.request_id))]
     if not low and not high:
         return []
     parts = []

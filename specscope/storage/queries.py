@@ -214,6 +214,9 @@ ACCEPTANCE_WINDOWS = Query("acceptance_windows", windows_sql(":run_id") + "ORDER
 OUTPUT_POSITION_ACCEPTANCE = Query("output_position_acceptance",
                                    by_output_position_sql(":run_id") + "ORDER BY output_position")
 """``v_acceptance_by_output_position`` of a run: AL per bucket of tokens generated before the step."""
+DISTRIBUTIONS = {"acceptance_histogram": ACCEPTANCE_HISTOGRAM, "request_acceptance": REQUEST_DISTRIBUTION,
+                 "acceptance_windows": ACCEPTANCE_WINDOWS, "acceptance_by_output_position": OUTPUT_POSITION_ACCEPTANCE}
+"""A run's acceptance distributions by the name readers give them (``doctor --json``, the dashboard)."""
 
 # -- ranks ---------------------------------------------------------------------------------------
 
