@@ -2,6 +2,8 @@
 written once (docs/design.md, "Reading a run").
 
 - :func:`summaries` / :func:`summary`: a run's row of ``v_run_summary`` with its :func:`run_state`.
+- :func:`distributions`: a run's acceptance histogram, per-request AL percentiles, windows over time
+  and AL by output position.
 - :func:`report` / :func:`store_verdict`: the verdict (the doctor's runtime findings plus the stored
   checkpoint findings as :func:`specscope.doctor.checkpoint_findings` reads them), and storing it
   when a run ends (the collector's ``on_run_end``), so ``v_run_summary`` counts it.
@@ -15,6 +17,7 @@ from specscope.readmodel._run_view import (
     STATES,
     RunReader,
     counts,
+    distributions,
     report,
     run_state,
     store_verdict,
@@ -23,5 +26,5 @@ from specscope.readmodel._run_view import (
 )
 from specscope.storage.views import LOST_AFTER_S
 
-__all__ = ["ENDED", "LOST_AFTER_S", "STALE_AFTER_S", "STATES", "RunReader", "counts", "report", "run_state",
+__all__ = ["ENDED", "LOST_AFTER_S", "STALE_AFTER_S", "STATES", "RunReader", "counts", "distributions", "report", "run_state",
            "store_verdict", "summaries", "summary"]

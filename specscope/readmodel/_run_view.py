@@ -63,6 +63,16 @@ def summary(store: Store, run_id: str, now: float | None = None) -> Row | None:
     return rows[0] if rows else None
 
 
+def distributions(store: Store, run_id: str) -> dict[str, list[Row]]:
+    """A run's acceptance as distributions, by name (:data:`specscope.storage.queries.DISTRIBUTIONS`,
+    as ``doctor --json`` gives them): ``acceptance_histogram`` (per sampling group, verify steps by
+    accepted drafts 0..k), ``request_acceptance`` (per-request AL percentiles per group and ``'all'``),
+    ``acceptance_windows`` (per rank and time window), ``acceptance_by_output_position``. Each query
+    reads the run's rows through an index; an unknown run gives empty lists."""
+    with store.connect() as conn:
+        return {name: q.fetch(conn, query, run_id=run_id) for name, query in q.DISTRIBUTIONS.items()}
+
+
 def report(store: Store, run_id: str | None = None) -> DoctorReport:
     """The verdict on one run (``run_id``, or a unique prefix of it) or every run: the doctor's
     runtime findings plus each run's stored checkpoint findings as
