@@ -10,6 +10,8 @@ import statistics
 import zlib
 from types import SimpleNamespace
 
+from scipy import stats
+
 from specscope.doctor._context import RunContext
 from specscope.events import Finding
 from specscope.findings import runtime_finding
@@ -25,9 +27,12 @@ MIN_REQUESTS = 4
 NEAR_ZERO_RATE = 0.05
 """A request accepting at most 5% of its drafts accepts "next to nothing" ..."""
 
-HEALTHY_MEDIAN_RATE = 0.25
-"""... when its group's median request accepts at least 25% (5x more): below that the whole run is the
-problem (ACCEPT_COLLAPSE, POSITION0_LOW), not one request."""
+OUTLIER_ALPHA = 1e-3
+"""... and is an outlier when so few accepted drafts are that unlikely at its group's median request
+rate: the binomial tail at most this, Bonferroni over the group's judged requests. Drafts of one chain
+are not independent, so this is a yardstick of "far below", not an exact false-alarm rate; where the
+whole group accepts next to nothing the tail is large and the run itself is the finding
+(ACCEPT_COLLAPSE)."""
 
 REPEAT_RATIO = 0.35
 """A text "repeats" when zlib compresses it to at most 35% of its length: a loop of one phrase does,
@@ -59,8 +64,8 @@ def _named(rows: list[SimpleNamespace], texts: dict[str, str | None]) -> list[di
 def check_request_outliers(ctx: RunContext) -> list[Finding]:
     """REQUEST_ACCEPT_OUTLIER [warning]: within a sampling group of at least :data:`MIN_REQUESTS` judged
     requests (:data:`MIN_STEPS` verify steps each), the requests accepting at most :data:`NEAR_ZERO_RATE`
-    of their drafts while the group's median accepts :data:`HEALTHY_MEDIAN_RATE` or more, and those
-    accepting every draft with a repeating text while the group's median does not."""
+    of their drafts, that few being improbable at the group's median rate (:data:`OUTLIER_ALPHA`), and
+    those accepting every draft with a repeating text while the group's median does not."""
     groups: dict[str, list[SimpleNamespace]] = {}
     for row in ctx.rows(q.REQUEST_SERIES):
         if row.verify_steps >= MIN_STEPS and row.proposed:
@@ -70,8 +75,8 @@ def check_request_outliers(ctx: RunContext) -> list[Finding]:
         if len(rows) < MIN_REQUESTS:
             continue
         medians[sampling] = median = statistics.median(r.acceptance_rate for r in rows)
-        if median >= HEALTHY_MEDIAN_RATE:
-            low += [r for r in rows if r.acceptance_rate <= NEAR_ZERO_RATE]
+        low += [r for r in rows if r.acceptance_rate <= NEAR_ZERO_RATE
+                and stats.binom.cdf(r.accepted, r.proposed, median) <= OUTLIER_ALPHA / len(rows)]
         if median < 1.0:
             high += [r for r in rows if r.accepted == r.proposed]
     ids = [r.request_id for r in low + high]
@@ -91,7 +96,7 @@ def check_request_outliers(ctx: RunContext) -> list[Finding]:
         f"requests far outside the run's acceptance: {'; '.join(parts)}",
         {"near_zero": _named(low, texts), "near_zero_count": len(low), "repeating": _named(high, texts),
          "repeating_count": len(high), "group_median_rate": medians, "near_zero_rate": NEAR_ZERO_RATE,
-         "healthy_median_rate": HEALTHY_MEDIAN_RATE},
+         "outlier_alpha": OUTLIER_ALPHA},
         "Open the named requests (Requests page): near-zero acceptance beside healthy neighbours points at "
         "per-request state fed to the draft (a reused slot, a preempted request's features, garbled text "
         "in the output); a repetition loop accepted in full is the target repeating itself, where the "

@@ -127,6 +127,22 @@ GROUP BY run_id, output_position
 """
 
 
+REQUEST_AL_BUCKETS = (1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
+"""Upper bounds of the per-request AL histogram the exporter serves (``le``; +Inf implied): fine near
+1, where a collapsed request sits, coarser up to k + 1 of the usual k <= 7."""
+
+
+def request_al_buckets_sql(runs: str) -> str:
+    """Per run of ``runs`` (SQL of a list), its requests with verify steps: ``requests``, ``al_sum``
+    and ``le_<i>``, the requests whose AL is at most :data:`REQUEST_AL_BUCKETS` [i] (cumulative, as
+    Prometheus histograms count)."""
+    buckets = ", ".join(f"SUM(CASE WHEN mean_acceptance_length <= {le!r} THEN 1 ELSE 0 END) AS le_{i}"
+                        for i, le in enumerate(REQUEST_AL_BUCKETS))
+    return f"""
+SELECT run_id, COUNT(*) AS requests, SUM(mean_acceptance_length) AS al_sum, {buckets}
+FROM v_request_acceptance WHERE run_id IN {runs} AND verify_steps > 0 GROUP BY run_id"""
+
+
 DISTRIBUTION_VIEWS: dict[str, str] = {
     "v_acceptance_histogram": histogram_sql(),
     "v_request_acceptance_distribution": request_distribution_sql(),

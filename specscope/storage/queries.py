@@ -21,9 +21,11 @@ from sqlalchemy.engine import Connection
 
 from specscope import points
 from specscope.events import PIT_BINS, SEVERITIES
+from specscope.storage._distribution_views import REQUEST_AL_BUCKETS as REQUEST_AL_BUCKETS  # the exporter's
 from specscope.storage._distribution_views import (
     by_output_position_sql,
     histogram_sql,
+    request_al_buckets_sql,
     request_distribution_sql,
     windows_sql,
 )
@@ -348,6 +350,8 @@ RUNS_POSITIONS = Query("runs_positions", "SELECT run_id, position, acceptance FR
                        "WHERE run_id IN :runs", expanding=("runs",))
 RUNS_RANK_HEALTH = Query("runs_rank_health", "SELECT run_id, rank, events_dropped, hook_errors FROM run_ranks "
                          "WHERE run_id IN :runs", expanding=("runs",))
+RUNS_REQUEST_AL = Query("runs_request_al", request_al_buckets_sql(":runs"), expanding=("runs",))
+"""Per run, its requests' AL as cumulative histogram buckets (``storage/_distribution_views.py``)."""
 # every draft input with a width contract (vLLM: the fc input), as a range: '/' sorts right after '.'
 RUNS_DRAFT_CONTRACT = Query("runs_draft_contract", "SELECT run_id, rank, hook_point, expected_width, width, "
                             "calls FROM v_tensor_contract WHERE run_id IN :runs "
