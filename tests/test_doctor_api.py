@@ -107,7 +107,8 @@ def test_two_writers_replacing_one_runs_findings_at_once_leave_one_set(store_url
 
 def test_to_dict_is_the_design_schema(store):
     T.off_by_one().write(store)
-    data = json.loads(json.dumps(diagnose(store).to_dict()))
+    assert "acceptance_histogram" not in diagnose(store).to_dict()["runs"][0]  # a verdict reads no distribution
+    data = json.loads(json.dumps(diagnose(store, distributions=True).to_dict()))
     assert set(data) == {"runs", "findings"}
     run = data["runs"][0]
     # the trace's 32 steps accept 1 draft in a quarter of them, none in the rest (k = 4: five buckets)

@@ -73,16 +73,17 @@ def distributions(store: Store, run_id: str) -> dict[str, list[Row]]:
         return {name: q.fetch(conn, query, run_id=run_id) for name, query in q.DISTRIBUTIONS.items()}
 
 
-def report(store: Store, run_id: str | None = None) -> DoctorReport:
+def report(store: Store, run_id: str | None = None, *, distributions: bool = False) -> DoctorReport:
     """The verdict on one run (``run_id``, or a unique prefix of it) or every run: the doctor's
     runtime findings plus each run's stored checkpoint findings as
-    :func:`specscope.doctor.checkpoint_findings` reads them, errors first.
+    :func:`specscope.doctor.checkpoint_findings` reads them, errors first; ``distributions``: the run
+    summaries carry the acceptance distributions (:func:`specscope.doctor.diagnose`).
 
     Raises:
         ConfigError: unknown or ambiguous ``run_id``.
         StoreError: the store cannot be read.
     """
-    runtime = diagnose(store, run_id)
+    runtime = diagnose(store, run_id, distributions=distributions)
     return runtime.with_checkpoint([f for run in runtime.runs for f in checkpoint_findings(store, run.run_id)])
 
 
