@@ -198,6 +198,7 @@ def pages(store: Store, run_id: str) -> dict[str, list[tuple[str, Callable[[], o
               ("run_summary", lambda: queries.run_summary(store, run_id))]
     return {
         "Overview": common + [("acceptance_over_time", lambda: queries.acceptance_over_time(store, run_id)),
+                              ("distributions", lambda: queries.distributions(store, run_id)),
                               ("position_acceptance", lambda: queries.position_acceptance(store, run_id))],
         "Requests": common + [("requests", lambda: queries.requests(store, run_id)),
                               ("request_steps", lambda: queries.request_steps(store, run_id, request_id)),

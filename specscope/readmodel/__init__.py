@@ -4,9 +4,10 @@ written once (docs/design.md, "Reading a run").
 - :func:`summaries` / :func:`summary`: a run's row of ``v_run_summary`` with its :func:`run_state`.
 - :func:`distributions`: a run's acceptance histogram, per-request AL percentiles, windows over time
   and AL by output position.
-- :func:`report` (with `distributions=True`, the runs carry them too) / :func:`store_verdict`: the verdict (the doctor's runtime findings plus the stored
-  checkpoint findings as :func:`specscope.doctor.checkpoint_findings` reads them), and storing it
-  when a run ends (the collector's ``on_run_end``), so ``v_run_summary`` counts it.
+- :func:`report` / :func:`store_verdict`: the verdict (the doctor's runtime findings plus the stored
+  checkpoint findings as :func:`specscope.doctor.checkpoint_findings` reads them; with
+  ``distributions=True`` the runs carry their distributions too), and storing it when a run ends (the
+  collector's ``on_run_end``), so ``v_run_summary`` counts it.
 - :class:`RunReader`: verdicts and their error / warning :func:`counts` with the caching policy: a
   run that has ended (:data:`ENDED`) gets its verdict computed once per reader.
 """
