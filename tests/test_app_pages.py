@@ -384,14 +384,18 @@ def test_no_page_script_holds_a_bare_string_streamlit_would_print():
     assert stray == []
 
 
-def test_overview_shows_acceptance_per_window_and_its_histogram(monkeypatch, two_runs):
+def _charts(at: AppTest) -> dict[str, dict]:
+    return {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
+            for c in at.get("plotly_chart")}
+
+
+def test_overview_shows_acceptance_per_window_and_rank_requests_its_histogram(monkeypatch, two_runs):
     at = app(monkeypatch, two_runs)
     at.selectbox(key="run_picker").set_value("healthy-run").run()
-    charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
-              for c in at.get("plotly_chart")}
-    windows = charts["Acceptance length per window and rank"]
+    windows = _charts(at)["Acceptance length per window and rank"]
     assert {trace["name"] for trace in windows["data"]} == {"rank 0", "rank 1"}  # the run has two ranks
-    histogram = charts["Accepted drafts per verify step"]
+    visit(at, "requests")
+    histogram = _charts(at)["Accepted drafts per verify step"]
     (bars,) = histogram["data"]
     assert list(bars["x"]) == [0, 1, 2, 3, 4] and abs(sum(bars["y"]) - 1) < 1e-9
     assert any(c.value.startswith("Per-request acceptance length over ") for c in at.caption)

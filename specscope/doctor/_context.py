@@ -123,6 +123,12 @@ class RunContext:
         return self.rows(q.SAMPLING_ACCEPTANCE)
 
     @cached_property
+    def request_series(self) -> list[SimpleNamespace]:
+        """The run's requests with verify steps, oldest first (``queries.REQUEST_SERIES``): what the
+        drift and outlier rules judge."""
+        return self.rows(q.REQUEST_SERIES)
+
+    @cached_property
     def distributions(self) -> dict[str, list[dict[str, Any]]]:
         """The run's acceptance distributions (:data:`specscope.storage.queries.DISTRIBUTIONS`), rows
         without their ``run_id``."""

@@ -23,7 +23,6 @@ from scipy import stats
 from specscope.doctor._context import RunContext
 from specscope.events import Finding
 from specscope.findings import runtime_finding
-from specscope.storage import queries as q
 
 DRIFT_ALPHA = 1e-3
 """Bound on the chance that ACCEPT_DRIFT is raised on a run without drift (per run: Bonferroni over
@@ -108,7 +107,7 @@ def check_drift(ctx: RunContext) -> list[Finding]:
     """ACCEPT_DRIFT [warning]: AL fell over the run within a sampling group (:func:`group_drift` at
     :data:`DRIFT_ALPHA` shared by the groups judged)."""
     groups: dict[str, list[SimpleNamespace]] = {}
-    for row in ctx.rows(q.REQUEST_SERIES):
+    for row in ctx.request_series:
         groups.setdefault(row.sampling, []).append(row)
     judged = [g for g in groups.values() if len(g) >= MIN_REQUESTS]
     findings = []

@@ -67,7 +67,7 @@ def check_request_outliers(ctx: RunContext) -> list[Finding]:
     of their drafts, that few being improbable at the group's median rate (:data:`OUTLIER_ALPHA`), and
     those accepting every draft with a repeating text while the group's median does not."""
     groups: dict[str, list[SimpleNamespace]] = {}
-    for row in ctx.rows(q.REQUEST_SERIES):
+    for row in ctx.request_series:
         if row.verify_steps >= MIN_STEPS and row.proposed:
             groups.setdefault(row.sampling, []).append(row)
     low, high, medians = [], [], {}

@@ -63,14 +63,15 @@ def summary(store: Store, run_id: str, now: float | None = None) -> Row | None:
     return rows[0] if rows else None
 
 
-def distributions(store: Store, run_id: str) -> dict[str, list[Row]]:
+def distributions(store: Store, run_id: str, names: tuple[str, ...] = tuple(q.DISTRIBUTIONS)) -> dict[str, list[Row]]:
     """A run's acceptance as distributions, by name (:data:`specscope.storage.queries.DISTRIBUTIONS`,
     as ``doctor --json`` gives them): ``acceptance_histogram`` (per sampling group, verify steps by
     accepted drafts 0..k), ``request_acceptance`` (per-request AL percentiles per group and ``'all'``),
-    ``acceptance_windows`` (per rank and time window), ``acceptance_by_output_position``. Each query
-    reads the run's rows through an index; an unknown run gives empty lists."""
+    ``acceptance_windows`` (per rank and time window), ``acceptance_by_output_position``; only
+    ``names`` (each reads the run's verify steps once, through an index: a page asks for what it
+    shows). An unknown run gives empty lists."""
     with store.connect() as conn:
-        return {name: q.fetch(conn, query, run_id=run_id) for name, query in q.DISTRIBUTIONS.items()}
+        return {name: q.fetch(conn, q.DISTRIBUTIONS[name], run_id=run_id) for name in names}
 
 
 def report(store: Store, run_id: str | None = None, *, distributions: bool = False) -> DoctorReport:

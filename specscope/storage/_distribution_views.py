@@ -36,7 +36,8 @@ def _run_filter(alias: str, run: str | None) -> str:
 
 def histogram_sql(run: str | None = None) -> str:
     """Per run, sampling group and accepted drafts 0..k (k: the most drafts a step of the group
-    proposed): verify steps; zero buckets included. One pass over the run's steps (``b``), the group
+    proposed): verify steps; zero buckets included. One pass over the run's steps, grouped per request
+    before the requests' sampling labels are joined (a lookup per request, not per step), the group
     totals by window functions over it, the buckets by the ``positions`` table. ``run``: None for
     the view over every run, or the SQL of one run id (a named query's parameter), applied where it
     reaches the index (SQLite does not push a view's filter through window functions)."""
@@ -46,11 +47,14 @@ SELECT c.run_id, c.sampling, p.pos AS accepted_drafts, c.k,
        CAST(SUM(CASE WHEN c.accepted_drafts = p.pos THEN c.steps ELSE 0 END) AS DOUBLE PRECISION)
            / MAX(c.group_steps) AS share
 FROM (SELECT b.*, MAX(b.drafts) OVER g AS k, SUM(b.steps) OVER g AS group_steps
-      FROM (SELECT v.run_id, {_SAMPLING} AS sampling, v.accepted / v.steps AS accepted_drafts,
-                   MAX(v.proposed / v.steps) AS drafts, SUM(v.steps) AS steps
-            FROM verify_steps v JOIN requests q ON q.run_id = v.run_id AND q.request_id = v.request_id
-            WHERE {_KNOWN_MASK}{_run_filter('v', run)}
-            GROUP BY v.run_id, {_SAMPLING}, v.accepted / v.steps) b
+      FROM (SELECT r.run_id, {_SAMPLING} AS sampling, r.accepted_drafts, MAX(r.drafts) AS drafts,
+                   SUM(r.steps) AS steps
+            FROM (SELECT v.run_id, v.request_id, v.accepted / v.steps AS accepted_drafts,
+                         MAX(v.proposed / v.steps) AS drafts, SUM(v.steps) AS steps
+                  FROM verify_steps v WHERE {_KNOWN_MASK}{_run_filter('v', run)}
+                  GROUP BY v.run_id, v.request_id, v.accepted / v.steps) r
+            JOIN requests q ON q.run_id = r.run_id AND q.request_id = r.request_id
+            GROUP BY r.run_id, {_SAMPLING}, r.accepted_drafts) b
       WINDOW g AS (PARTITION BY b.run_id, b.sampling)) c
 JOIN positions p ON p.pos <= c.k
 GROUP BY c.run_id, c.sampling, p.pos, c.k

@@ -1,6 +1,5 @@
 """Overview: the selected run's findings first, then its acceptance figures, acceptance length over
-time (all ranks, and per window and rank), the histogram of accepted drafts per verify step, the
-per-request AL spread, per position and for each smaller k; optionally against a second run (the verdict of
+time (all ranks, and per window and rank), per position and for each smaller k; optionally against a second run (the verdict of
 ``specscope compare``, the open run as the candidate, then both side by side); all runs below."""
 
 import streamlit as st
@@ -61,16 +60,8 @@ def panel(rid: str, narrow: bool) -> None:
             col.metric(label, value, help=help_text, border=True)
     st.plotly_chart(charts.acceptance_over_time(widgets.query(queries.acceptance_over_time, rid), config.get("k")),
                     key=f"al-{rid}")
-    dist = widgets.query(queries.distributions, rid)
-    windows, histogram = (st.container(), st.container()) if narrow else st.columns(2)
-    windows.plotly_chart(charts.acceptance_windows(dist["acceptance_windows"], config.get("k")), key=f"win-{rid}")
-    histogram.plotly_chart(charts.acceptance_histogram(dist["acceptance_histogram"]), key=f"hist-{rid}")
-    spread = next((r for r in dist["request_acceptance"] if r["sampling"] == "all"), None)
-    if spread is not None:
-        st.caption(f"Per-request acceptance length over {spread['requests']} requests: p10 "
-                   f"{widgets.fmt(spread['p10_al'])}, median {widgets.fmt(spread['p50_al'])}, p90 "
-                   f"{widgets.fmt(spread['p90_al'])}, p99 {widgets.fmt(spread['p99_al'])}; token-weighted "
-                   f"{widgets.fmt(spread['token_weighted_al'])}.")
+    windows = widgets.query(queries.distributions, rid, ("acceptance_windows",))["acceptance_windows"]
+    st.plotly_chart(charts.acceptance_windows(windows, config.get("k")), key=f"win-{rid}")
     st.plotly_chart(charts.positions(widgets.query(queries.position_acceptance, rid)), key=f"pos-{rid}")
     what_if = widgets.query(queries.what_if_k, rid)
     st.plotly_chart(charts.what_if_k(what_if), key=f"k-{rid}")
