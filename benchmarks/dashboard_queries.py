@@ -198,8 +198,12 @@ def pages(store: Store, run_id: str) -> dict[str, list[tuple[str, Callable[[], o
               ("run_summary", lambda: queries.run_summary(store, run_id))]
     return {
         "Overview": common + [("acceptance_over_time", lambda: queries.acceptance_over_time(store, run_id)),
+                              ("acceptance_windows",
+                               lambda: queries.distributions(store, run_id, ("acceptance_windows",))),
                               ("position_acceptance", lambda: queries.position_acceptance(store, run_id))],
         "Requests": common + [("requests", lambda: queries.requests(store, run_id)),
+                              ("histogram, request spread", lambda: queries.distributions(
+                                  store, run_id, ("acceptance_histogram", "request_acceptance"))),
                               ("request_steps", lambda: queries.request_steps(store, run_id, request_id)),
                               ("request_positions", lambda: queries.request_positions(store, run_id, request_id))],
         "GPUs": common + [("ranks", lambda: queries.ranks(store, run_id)),

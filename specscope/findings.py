@@ -52,6 +52,8 @@ _RUNTIME = {
     "REPLAY_DIVERGENCE": "error",  # warning when every departure is a near-tie
     "REPLAY_AUDITED": "info",
     "POSITION0_LOW": "warning",
+    "ACCEPT_DRIFT": "warning",
+    "REQUEST_ACCEPT_OUTLIER": "warning",
     "NONFINITE_ACTIVATIONS": "error",
     "RANK_DIVERGENCE": "warning",
     "WEIGHTS_DROPPED": "error",

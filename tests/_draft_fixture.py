@@ -69,13 +69,15 @@ def _aux(hidden_states: tuple, capture: str) -> torch.Tensor:
 
 @torch.no_grad()
 def run_engine(target, draft, tracer=None, *, capture: str = "ok", requests: int = 2, steps: int = 3,
-               prompt_len: int = 6, seed: int = 0, draft_kwargs: dict | None = None) -> list[torch.Tensor]:
-    """Chain drafting with greedy verification; returns every draft and target output in order."""
+               prompt_len: int = 6, seed: int = 0, draft_kwargs: dict | None = None,
+               first_request: int = 0) -> list[torch.Tensor]:
+    """Chain drafting with greedy verification over requests ``req-{first_request}`` on; returns every
+    draft and target output in order."""
     generator = torch.Generator().manual_seed(seed)
     outputs: list[torch.Tensor] = []
     extra = draft_kwargs or {}
     for r in range(requests):
-        request_id = f"req-{r}"
+        request_id = f"req-{first_request + r}"
         ids = torch.randint(0, VOCAB, (1, prompt_len), generator=generator)  # (1, T)
         if tracer is not None:
             tracer.start_request(request_id, prompt_len)

@@ -212,8 +212,9 @@ def test_snippet_is_the_readme_one_and_runs_against_real_modules(tmp_path, monke
              "checkpoint": checkpoint, "prompt_len": 6, "accepted": 2, "step_texts": ["a", "b", "c"],
              "output_len": 3, "text": "abc"}
     exec(SNIPPET[:cut], names)
-    run_engine(target_model, draft_model, names["tracer"], requests=2, steps=8)  # real forwards
-    exec(SNIPPET[cut:], names)  # one more step on req-0, then close
+    # real forwards on req-1 and req-2: a request id names one request of a run (a step stored again is a duplicate)
+    run_engine(target_model, draft_model, names["tracer"], requests=2, steps=8, first_request=1)
+    exec(SNIPPET[cut:], names)  # req-0: one step, then close
     with open_store(str(tmp_path / "specscope.db"), create=False, read_only=True) as store:
         runs = store.fetch(RUNS)
         assert [(r["engine"], r["verify_steps"], r["status"]) for r in runs] == [("my-engine", 17, "finished")]
@@ -403,3 +404,20 @@ def test_overview_shows_a_replays_divergence(monkeypatch, tmp_path):
     errors = texts(at, "error")
     assert _codes(errors) == ["REPLAY_DIVERGENCE"] and "departs from the target served alone" in errors[0]
     assert "1 error" in at.selectbox(key="run_picker").format_func("healthy")
+
+
+def _charts(at: AppTest) -> dict[str, dict]:
+    return {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
+            for c in at.get("plotly_chart")}
+
+
+def test_overview_shows_acceptance_per_window_and_rank_requests_its_histogram(monkeypatch, two_runs):
+    at = app(monkeypatch, two_runs)
+    at.selectbox(key="run_picker").set_value("healthy-run").run()
+    windows = _charts(at)["Acceptance length per window and rank"]
+    assert {trace["name"] for trace in windows["data"]} == {"rank 0", "rank 1"}  # the run has two ranks
+    visit(at, "requests")
+    histogram = _charts(at)["Accepted drafts per verify step"]
+    (bars,) = histogram["data"]
+    assert list(bars["x"]) == [0, 1, 2, 3, 4] and abs(sum(bars["y"]) - 1) < 1e-9
+    assert any(c.value.startswith("Per-request acceptance length over ") for c in at.caption)

@@ -423,3 +423,25 @@ def test_a_candidate_that_fails_its_losslessness_audit_is_lossy_whatever_its_acc
     assert not at.exception
     (box,) = [e.value for e in at.error if e.value.startswith("**lossy**")]
     assert "fails its losslessness audit" in box and violation in box
+
+
+def test_a_change_in_the_tail_is_reported_beside_the_mean(tmp_path, capsys):
+    """A quarter of the candidate's requests accept nothing: p10 of per-request AL falls from 3 to 1 and
+    is named changed; p90 does not move. The p10 / p90 read are the view's (nearest rank)."""
+    from _acceptance_runs import Req, write_run
+
+    db = str(tmp_path / "tail.db")
+    base = [Req([2, 1, 3, 2] if i % 2 else [2, 2, 2, 2], start=i) for i in range(40)]
+    cand = [Req([0, 0, 0, 0] if i % 4 == 3 else r.accepted, start=i) for i, r in enumerate(base)]
+    with open_store(db) as store:
+        write_run(store, "base", base)
+        write_run(store, "cand", cand)
+        sql = {r["run_id"]: r for run in ("base", "cand") for r in store.fetch(q.REQUEST_DISTRIBUTION, run_id=run)
+               if r["sampling"] == "all"}
+    assert main(["compare", "--base-db", db, "--base-run", "base", "--db", db, "--run", "cand", "--json"]) == 1
+    tail = json.loads(capsys.readouterr().out)["tail"]
+    assert (tail["p10"]["base"], tail["p10"]["candidate"]) == (sql["base"]["p10_al"], sql["cand"]["p10_al"]) == (3.0, 1.0)
+    assert tail["p10"]["changed"] and tail["p10"]["ci95"][1] < 0
+    assert tail["p90"]["base"] == sql["base"]["p90_al"] and not tail["p90"]["changed"]
+    main(["compare", "--base-db", db, "--base-run", "base", "--db", db, "--run", "cand"])
+    assert "per-request AL, all requests: p10 3.00 -> 1.00 (-2.00" in capsys.readouterr().out

@@ -25,7 +25,7 @@ RUNTIME_CODES = {  # docs/design.md "Findings", runtime
     "GRAPH_MODE_BLIND": "info", "NOT_OBSERVED": "warning", "CHECKS_SKIPPED": "info",
     "LOSSLESS_VIOLATION": "error", "LOSSLESS_AUDITED": "info", "ACCEPT_COLLAPSE_SAMPLED": "warning",
     "REPLAY_DIVERGENCE": "error", "REPLAY_AUDITED": "info",
-    "RUNNER_NOT_ATTACHED": "warning",
+    "RUNNER_NOT_ATTACHED": "warning", "ACCEPT_DRIFT": "warning", "REQUEST_ACCEPT_OUTLIER": "warning",
 }
 
 
@@ -108,8 +108,17 @@ def test_two_writers_replacing_one_runs_findings_at_once_leave_one_set(store_url
 
 def test_to_dict_is_the_design_schema(store):
     T.off_by_one().write(store)
-    data = json.loads(json.dumps(diagnose(store).to_dict()))
+    assert "acceptance_histogram" not in diagnose(store).to_dict()["runs"][0]  # a verdict reads no distribution
+    data = json.loads(json.dumps(diagnose(store, distributions=True).to_dict()))
     assert set(data) == {"runs", "findings"}
+    run = data["runs"][0]
+    # the trace's 32 steps accept 1 draft in a quarter of them, none in the rest (k = 4: five buckets)
+    assert [(r["sampling"], r["accepted_drafts"], r["verify_steps"]) for r in run.pop("acceptance_histogram")] == [
+        ("unknown", 0, 24), ("unknown", 1, 8), ("unknown", 2, 0), ("unknown", 3, 0), ("unknown", 4, 0)]
+    assert {r["sampling"]: (r["requests"], r["p50_al"]) for r in run.pop("request_acceptance")} == {
+        "all": (4, 1.25), "unknown": (4, 1.25)}
+    assert sum(r["verify_steps"] for r in run.pop("acceptance_windows")) == 32
+    assert sum(r["verify_steps"] for r in run.pop("acceptance_by_output_position")) == 32
     assert data["runs"] == [{
         "run_id": "off-by-one", "engine": "specscope-reference", "fault": "aux-off-by-one",
         "requests": 4, "verify_steps": 32, "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625,

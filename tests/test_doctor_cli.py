@@ -34,7 +34,8 @@ def test_json_matches_the_design_schema(db, capsys):
     for run in data["runs"]:
         assert set(run) == {"run_id", "engine", "fault", "requests", "verify_steps",
                             "mean_acceptance_length", "acceptance_rate", "per_position_acceptance",
-                            "sampling", "lossless_audit", "what_if_k"}
+                            "sampling", "lossless_audit", "what_if_k", "acceptance_histogram",
+                            "request_acceptance", "acceptance_windows", "acceptance_by_output_position"}
     assert {r["run_id"] for r in data["runs"]} == {"healthy", "no-aux"}
     assert [f["code"] for f in data["findings"]] == ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT",
                                                      "ACCEPT_COLLAPSE"]

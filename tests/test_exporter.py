@@ -365,3 +365,27 @@ def test_a_replay_stored_after_a_scrape_is_exported_at_the_next(tmp_path) -> Non
             server.server_close()
     assert not [k for k in before if k[0] == "specscope_finding" and ("code", "REPLAY_DIVERGENCE") in k[1]]
     assert _value(after, "specscope_finding", code="REPLAY_DIVERGENCE", run_id="healthy", severity="warning") == 1
+
+
+def test_per_request_acceptance_length_is_a_histogram(tmp_path) -> None:
+    """Requests of AL 1.0, 2.0, 2.0 and 5.0 (k = 4): cumulative buckets, their sum and count."""
+    from _acceptance_runs import Req, write_run
+    from prometheus_client import CollectorRegistry
+
+    from specscope.exporter import StoreCollector
+
+    path = str(tmp_path / "s.db")
+    with open_store(path) as store:
+        write_run(store, "spread", [Req([0] * 8), Req([1] * 8), Req([2, 0] * 4), Req([4] * 8)])
+    with open_store(path, create=False, read_only=True) as store:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StoreCollector(store))
+        samples = _samples(generate_latest(registry).decode())
+    name = "specscope_request_acceptance_length"
+    assert _value(samples, f"{name}_bucket", run_id="spread", le="1.0") == 1
+    assert _value(samples, f"{name}_bucket", run_id="spread", le="1.75") == 1
+    assert _value(samples, f"{name}_bucket", run_id="spread", le="2.0") == 3
+    assert _value(samples, f"{name}_bucket", run_id="spread", le="4.0") == 3
+    assert _value(samples, f"{name}_bucket", run_id="spread", le="+Inf") == 4
+    assert _value(samples, f"{name}_count", run_id="spread") == 4
+    assert _value(samples, f"{name}_sum", run_id="spread") == pytest.approx(10.0)

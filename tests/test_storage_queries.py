@@ -11,7 +11,7 @@ from specscope.storage import queries as q
 
 RUN = "r"
 PARAMS = {"run_id": RUN, "request_id": "q", "limit": 10, "buckets": 4, "order": "duration", "source": "doctor",
-          "pattern": "r%", "runs": [RUN, "other"]}
+          "pattern": "r%", "runs": [RUN, "other"], "request_ids": ["q", "other"]}
 
 
 def test_the_registry_holds_every_named_query():
@@ -33,7 +33,9 @@ def test_every_named_query_runs(store, query):
     rows = store.fetch(query, **{name: PARAMS[name] for name in query.params})
     assert isinstance(rows, list) and all(isinstance(row, dict) for row in rows)
     if query in (q.RUNS, q.RUN, q.RUN_META, q.POSITION_ACCEPTANCE, q.REQUESTS, q.REQUEST_STEPS,
-                 q.TENSOR_CONTRACT, q.NONFINITE, q.RUNS_ACCEPTANCE, q.RUNS_DRAFT_CONTRACT):
+                 q.TENSOR_CONTRACT, q.NONFINITE, q.RUNS_ACCEPTANCE, q.RUNS_DRAFT_CONTRACT, q.REQUEST_SERIES,
+                 q.REQUEST_TEXTS, q.ACCEPTANCE_HISTOGRAM, q.REQUEST_DISTRIBUTION, q.ACCEPTANCE_WINDOWS,
+                 q.OUTPUT_POSITION_ACCEPTANCE, q.RUNS_REQUEST_AL):
         assert rows, f"{query.name} found nothing in a store holding run {RUN}"
 
 

@@ -47,6 +47,39 @@ def acceptance_over_time(rows: list[Row], k: int | None) -> go.Figure:
     return _layout(fig, "Acceptance length over time", "seconds since run start", "tokens / verify step")
 
 
+def acceptance_windows(rows: list[Row], k: int | None) -> go.Figure:
+    """AL per time window and rank (``acceptance_windows`` of :func:`queries.distributions`): one line
+    per rank over seconds since the run's first verify step, so a slow fall shows on its rank."""
+    fig = go.Figure()
+    t0 = min((r["window_start_wall"] for r in rows), default=0.0)
+    for rank in sorted({r["rank"] for r in rows}):
+        mine = [r for r in rows if r["rank"] == rank]
+        fig.add_trace(go.Scatter(x=[r["window_start_wall"] - t0 for r in mine],
+                                 y=[r["mean_acceptance_length"] for r in mine], mode="lines+markers",
+                                 name=f"rank {rank}", customdata=[r["verify_steps"] for r in mine],
+                                 hovertemplate="t=%{x:.1f}s AL=%{y:.2f} (%{customdata} steps)<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color=BAD, dash="dot"))
+    if k:
+        fig.update_yaxes(range=[0.8, k + 1.3])
+    return _layout(fig, "Acceptance length per window and rank", "seconds since the first verify step",
+                   "tokens / verify step", height=260)
+
+
+def acceptance_histogram(rows: list[Row]) -> go.Figure:
+    """Share of verify steps by accepted drafts 0..k, one bar series per sampling group
+    (``acceptance_histogram`` of :func:`queries.distributions`)."""
+    fig = go.Figure()
+    for group in sorted({r["sampling"] for r in rows}):
+        mine = [r for r in rows if r["sampling"] == group]
+        fig.add_trace(go.Bar(x=[r["accepted_drafts"] for r in mine], y=[r["share"] for r in mine], name=group,
+                             customdata=[r["verify_steps"] for r in mine],
+                             hovertemplate="%{x} accepted: %{y:.1%} (%{customdata} steps)<extra></extra>"))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(tickmode="linear", dtick=1)
+    fig.update_yaxes(tickformat=".0%")
+    return _layout(fig, "Accepted drafts per verify step", "drafts accepted", "share of verify steps", height=260)
+
+
 def positions(rows: list[Row], title: str = "Per-position acceptance") -> go.Figure:
     """p_i per draft position (:func:`queries.position_acceptance` rows)."""
     fig = go.Figure(go.Bar(x=[f"pos {r['position']}" for r in rows], y=[r["acceptance"] for r in rows],

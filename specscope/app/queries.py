@@ -23,6 +23,7 @@ Row = dict[str, Any]
 
 runs = readmodel.summaries  # the run picker's rows: one per run, newest first, with its state
 run_summary = readmodel.summary  # one run as in ``runs``; None when it does not exist
+distributions = readmodel.distributions  # histogram, per-request AL percentiles, windows, by output position
 
 
 def acceptance_over_time(store: Store, run_id: str, buckets: int = 120) -> list[Row]:

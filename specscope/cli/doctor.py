@@ -34,6 +34,6 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; returns 0 / 1 (StoreError, ConfigError: exit 2 via the CLI shell)."""
     with open_store(args.db, create=False, read_only=True) as store:
         # the verdict the dashboard and the exporter show: a stored checkpoint error fails the run too
-        report = verdict(store, args.run)
+        report = verdict(store, args.run, distributions=args.json)
     print(to_json(report.to_dict()) if args.json else render_text(report))
     return report.exit_code

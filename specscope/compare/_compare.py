@@ -8,7 +8,7 @@ from typing import Any
 
 from specscope import readmodel
 from specscope.compare._runs import Side, read_side
-from specscope.compare._stats import MIN_REQUESTS, Difference, difference, moved, split_groups
+from specscope.compare._stats import MIN_REQUESTS, Difference, difference, moved, split_groups, tail
 from specscope.errors import ConfigError
 from specscope.storage import Store
 
@@ -26,7 +26,9 @@ class Comparison:
     """``candidate`` against ``base``: ``overall`` over every request; ``groups`` per sampling group
     that both runs served (only when some request reported its sampling settings); ``moved``: the
     paired requests whose AL changed most; ``doctor``: each side's error / warning counts; ``lossy``:
-    the messages of the candidate's LOSSLESS_VIOLATION findings."""
+    the messages of the candidate's LOSSLESS_VIOLATION findings; ``tail``: the per-request AL
+    percentiles of both sides over all requests and their differences (:func:`~specscope.compare.
+    _stats.tail`), reported beside the verdict, which judges the mean."""
 
     base: Side
     candidate: Side
@@ -35,6 +37,7 @@ class Comparison:
     moved: list[dict[str, Any]] = field(default_factory=list)
     doctor: dict[str, dict[str, int]] = field(default_factory=dict)
     lossy: tuple[str, ...] = ()
+    tail: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def acceptance_verdict(self) -> str:
@@ -77,12 +80,13 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         """``base`` / ``candidate`` (run, acceptance), ``delta``, ``ci95``, ``paired`` and the rest of
         :meth:`Difference.to_dict` over all requests, ``verdict``, ``decided_by``,
-        ``acceptance_verdict``, ``lossless_violations``, ``rule``, ``groups``, ``moved``, ``doctor``."""
+        ``acceptance_verdict``, ``lossless_violations``, ``rule``, ``groups``, ``moved``, ``doctor``,
+        ``tail``."""
         return {"base": self.base.to_dict(), "candidate": self.candidate.to_dict(), **self.overall.to_dict(),
                 "verdict": self.verdict, "decided_by": self.decided_by, "acceptance_verdict": self.acceptance_verdict,
                 "lossless_violations": list(self.lossy), "rule": self.rule,
                 "groups": {name: diff.to_dict() for name, diff in self.groups.items()}, "moved": self.moved,
-                "doctor": self.doctor}
+                "doctor": self.doctor, "tail": self.tail}
 
 
 def compare(base_store: Store, candidate_store: Store, base_run: str | None = None,
@@ -120,7 +124,8 @@ def compare(base_store: Store, candidate_store: Store, base_run: str | None = No
                 for name, store, side in (("base", base_store, base), ("candidate", candidate_store, candidate))}
     return Comparison(base, candidate, overall, groups, moved(base.requests, candidate.requests),
                       {name: readmodel.counts(found) for name, found in findings.items()},
-                      tuple(f.message for f in findings["candidate"] if f.code == LOSSY))
+                      tuple(f.message for f in findings["candidate"] if f.code == LOSSY),
+                      tail(base.requests, candidate.requests, seed=seed))
 
 
 def _al(value: float | None) -> str:
@@ -158,6 +163,10 @@ def render_text(comparison: Comparison) -> str:
     pooled = "not judged (each sampling group is)" if c.groups else None
     lines.append(_difference_line(ALL_REQUESTS, c.overall, pooled))
     lines += [_difference_line(f"  {name}", diff) for name, diff in c.groups.items()]
+    if c.tail:
+        lines.append("per-request AL, all requests: " + "; ".join(
+            f"{name} {t['base']:.2f} -> {t['candidate']:.2f} ({t['delta']:+.2f}, 95% CI {t['ci95'][0]:+.2f} .. "
+            f"{t['ci95'][1]:+.2f}{', changed' if t['changed'] else ''})" for name, t in c.tail.items()))
     if c.moved:
         lines.append("requests that moved most (AL base -> candidate):")
         lines += [f"  {m['candidate_request_id']}: {m['base_acceptance_length']:.2f} -> "

@@ -186,6 +186,35 @@ def verdict(delta: float, low: float, high: float, floor: float, margin: float) 
     return "inconclusive"
 
 
+TAIL_PERCENTILES = (10, 50, 90)
+"""Percentiles of per-request AL a comparison reports beside the mean: a draft that fails on some
+requests only moves p10 long before the mean, one that loops on others moves p90."""
+
+
+def tail(base: Requests, candidate: Requests, *, resamples: int = RESAMPLES, seed: int | None = 0) -> dict[str, Any]:
+    """Per percentile of :data:`TAIL_PERCENTILES` (``"p10"``, ...): both sides' per-request AL at it
+    (nearest rank, numpy's ``inverted_cdf``: ``v_request_acceptance_distribution``'s definition), the
+    ``delta`` and its 95% percentile-bootstrap interval over requests (each side resampled on its own),
+    ``changed`` when that interval is clear of 0."""
+    rng = np.random.default_rng(seed)
+    ours, theirs = base.per_request(), candidate.per_request()
+
+    def at(values: np.ndarray, draws: np.ndarray | None = None) -> np.ndarray:
+        picked = values if draws is None else values[draws]
+        return np.percentile(picked, TAIL_PERCENTILES, axis=-1, method="inverted_cdf")
+
+    boot = [np.concatenate([at(side, d) for d in _draws(len(side), resamples, rng)], axis=-1)
+            for side in (ours, theirs)]
+    moves = boot[1] - boot[0]  # (percentiles, resamples)
+    low, high = np.percentile(moves, [50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)], axis=-1)
+    result = {}
+    for i, p in enumerate(TAIL_PERCENTILES):
+        b, c = float(at(ours)[i]), float(at(theirs)[i])
+        result[f"p{p}"] = {"base": b, "candidate": c, "delta": c - b, "ci95": [float(low[i]), float(high[i])],
+                           "changed": bool(low[i] > 0 or high[i] < 0)}
+    return result
+
+
 def moved(base: Requests, candidate: Requests, limit: int = 10) -> list[dict[str, Any]]:
     """The paired requests whose AL changed most (largest absolute difference first): ``key``, both
     request ids, both ALs and ``delta``. Empty when no request has a partner."""

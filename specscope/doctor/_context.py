@@ -123,6 +123,19 @@ class RunContext:
         return self.rows(q.SAMPLING_ACCEPTANCE)
 
     @cached_property
+    def request_series(self) -> list[SimpleNamespace]:
+        """The run's requests with verify steps, oldest first (``queries.REQUEST_SERIES``): what the
+        drift and outlier rules judge."""
+        return self.rows(q.REQUEST_SERIES)
+
+    @cached_property
+    def distributions(self) -> dict[str, list[dict[str, Any]]]:
+        """The run's acceptance distributions (:data:`specscope.storage.queries.DISTRIBUTIONS`), rows
+        without their ``run_id``."""
+        return {name: [{k: v for k, v in vars(row).items() if k != "run_id"} for row in self.rows(query)]
+                for name, query in q.DISTRIBUTIONS.items()}
+
+    @cached_property
     def lossless_audit(self) -> list[SimpleNamespace]:
         """The losslessness audit per sampling group (``v_lossless_audit``); empty when not audited."""
         return self.rows(q.LOSSLESS_AUDIT)

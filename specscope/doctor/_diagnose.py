@@ -15,6 +15,7 @@ from specscope.doctor._rules_capture import (
     check_layer_mismatch,
     check_not_fused,
 )
+from specscope.doctor._rules_drift import check_drift
 from specscope.doctor._rules_health import (
     check_events_dropped,
     check_graph_mode,
@@ -24,6 +25,7 @@ from specscope.doctor._rules_health import (
 )
 from specscope.doctor._rules_lossless import check_lossless, check_sampled_collapse
 from specscope.doctor._rules_observed import check_not_observed, check_runner, check_skipped
+from specscope.doctor._rules_outlier import check_request_outliers
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
 from specscope.doctor._rules_replay import check_replay
 from specscope.doctor._summary import RunSummary
@@ -37,19 +39,22 @@ Rule = Callable[[RunContext], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
     check_lossless, check_replay, check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
-    check_collapse, check_saturated, check_sampled_collapse, check_position0, check_nonfinite, check_rank_acceptance,
+    check_collapse, check_saturated, check_sampled_collapse, check_position0, check_drift, check_request_outliers,
+    check_nonfinite, check_rank_acceptance,
     check_rank_shapes, check_weights_dropped, check_events_dropped, check_hook_errors,
     check_graph_mode, check_runner, check_not_observed, check_skipped,
 )
 """Every runtime rule, in report order within a severity. Each reads one :class:`RunContext`."""
 
-def diagnose(store: Store, run_id: str | None = None) -> DoctorReport:
+def diagnose(store: Store, run_id: str | None = None, *, distributions: bool = False) -> DoctorReport:
     """Run every rule of :data:`RULES` over one run (``run_id``) or all runs of ``store``.
 
     Read-only (one read-only connection, nothing written); every aggregate is computed in SQL with
     per-run filters, so the cost grows with a run's recorded events, not with the store.
 
     ``run_id`` may be a unique prefix of a stored run id (as the dashboard shows them, 12 characters).
+    ``distributions``: each :class:`RunSummary` also carries the run's acceptance distributions (four
+    more reads of its verify steps: ``doctor --json`` gives them, a verdict needs none).
 
     Raises:
         ConfigError: ``run_id`` is not in the store nor a prefix of a run id (the message names the
@@ -63,7 +68,7 @@ def diagnose(store: Store, run_id: str | None = None) -> DoctorReport:
             contexts = [run_context(conn, run_id, store.url)]
         runs, findings = [], []
         for ctx in contexts:
-            runs.append(_summary(ctx))
+            runs.append(_summary(ctx, distributions))
             for rule in RULES:
                 findings.extend(rule(ctx))
     return DoctorReport(runs, by_severity(findings))
@@ -84,9 +89,9 @@ def _context(conn: sa.Connection, row: dict) -> RunContext:
     return RunContext(conn, row["run_id"], row["engine"], row["fault"], config)
 
 
-def _summary(ctx: RunContext) -> RunSummary:
+def _summary(ctx: RunContext, distributions: bool) -> RunSummary:
     acc = ctx.acceptance
     return RunSummary(ctx.run_id, ctx.engine, ctx.fault, acc.requests, acc.verify_steps,
                       acc.mean_acceptance_length, acc.acceptance_rate, ctx.per_position,
                       [vars(g) for g in ctx.sampling_acceptance], [vars(g) for g in ctx.lossless_audit],
-                      ctx.what_if_k)
+                      ctx.what_if_k, ctx.distributions if distributions else {})

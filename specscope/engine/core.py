@@ -37,6 +37,21 @@ from specscope.errors import ConfigError
 from specscope.events import RunConfig, sampling_label
 from specscope.instrumentation import AuditSlot, truncate
 
+NOISE_SCALE = 4.0
+"""Size of the noise the ``request-aux-noise`` and ``aux-decay`` faults add to the draft's target
+features, in standard deviations of the features: enough to leave the draft guessing."""
+
+DECAY_NOISE_SCALE = 0.3
+"""The ``aux-decay`` fault's noise after :data:`DECAY_STEPS` verify steps (feature standard deviations):
+under 0.27-0.65 deviations (the second request of a ramp to 4) the shipped head accepted 1.7% of its
+drafts, so this ramp stays below that for most of a run."""
+
+DECAY_STEPS = 600
+"""Verify steps the engine serves before the ``aux-decay`` fault's noise reaches :data:`DECAY_NOISE_SCALE`."""
+
+NOISY_EVERY = 3
+"""Under ``request-aux-noise`` every third request (index 2, 5, ... of a ``generate`` call) is noisy."""
+
 ENGINE_NAME = "specscope-reference"
 ENGINE_VERSION = "0.1.0"
 
@@ -95,6 +110,7 @@ class Engine:
         # Physical capture points: "hidden state entering layer i" = HF hidden_states[i].
         self.capture_ids = tuple(i + shift for i in cfg.aux_layer_ids)
         self.eos_id = self.tokenizer.eos_token_id
+        self.steps_served = 0  # verify steps over the engine's lifetime: the aux-decay fault's clock
 
     def run_config(self) -> RunConfig:
         """The target/draft contract for instrumentation (widths in elements)."""
@@ -121,6 +137,15 @@ class Engine:
             return hidden_states[-1]
         return torch.cat([hidden_states[i] for i in self.capture_ids], dim=-1)
 
+    def noise_scale(self, index: int) -> float:
+        """Noise over the draft's features for request ``index`` of a call, in feature standard deviations
+        (0 unless a noise fault is on)."""
+        if self.fault == "request-aux-noise":
+            return NOISE_SCALE if index % NOISY_EVERY == NOISY_EVERY - 1 else 0.0
+        if self.fault == "aux-decay":
+            return DECAY_NOISE_SCALE * min(1.0, self.steps_served / DECAY_STEPS)
+        return 0.0
+
     @torch.no_grad()
     def generate(self, prompts: list[str], max_new_tokens: int = 64, request_ids: list[str] | None = None,
                  temperature: float = 0.0, seed: int = 0, top_p: float = 1.0, top_k: int = 0) -> list[RequestResult]:
@@ -138,17 +163,17 @@ class Engine:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
         if not 0 < top_p <= 1 or not isinstance(top_k, int) or top_k < 0:
             raise ConfigError(f"top_p must be in (0, 1] and top_k an int >= 0 (0 = all), got {top_p!r}, {top_k!r}")
-        return [self._serve(rid, p, max_new_tokens, _Sampler(temperature, seed + i, top_p, top_k, self.fault))
+        return [self._serve(rid, p, max_new_tokens, _Sampler(temperature, seed + i, top_p, top_k, self.fault), i)
                 for i, (rid, p) in enumerate(zip(ids, prompts))]
 
-    def _serve(self, rid: str, prompt: str, max_new_tokens: int, sampler: _Sampler) -> RequestResult:
+    def _serve(self, rid: str, prompt: str, max_new_tokens: int, sampler: _Sampler, index: int) -> RequestResult:
         start = time.perf_counter()
         prompt_ids = self.encode(prompt)
         if self.tracer is not None:
             self.tracer.start_request(rid, prompt_tokens=prompt_ids.shape[1], temperature=sampler.temperature,
                                       top_p=sampler.top_p, top_k=sampler.top_k, prompt=prompt_ids[0].tolist())
         result = RequestResult(rid, prompt, prompt_ids.shape[1], [], "")
-        state = _State(self, prompt_ids, sampler, rid)
+        state = _State(self, prompt_ids, sampler, rid, index)
         out = state.tokens[-1:]
         while len(out) < max_new_tokens and out[-1] != self.eos_id:
             t0 = time.perf_counter()
@@ -160,6 +185,7 @@ class Engine:
             out += new
             result.accepted.append(accepted)
             result.proposed.append(len(drafts))
+            self.steps_served += 1
             if self.tracer is not None:
                 self.tracer.record_verify(rid, proposed=len(drafts), accepted=accepted, draft_s=t1 - t0,
                                           verify_s=t2 - t1, emitted=[self.tokenizer.decode([t]) for t in new])
@@ -255,14 +281,25 @@ class _State:
     """Caches and positions of one request. ``tokens`` holds every token so far; the target cache
     covers all but the last one; the draft cache holds one target-fed entry per position 1..n."""
 
-    def __init__(self, engine: Engine, prompt_ids: torch.Tensor, sampler: _Sampler, request_id: str) -> None:
+    def __init__(self, engine: Engine, prompt_ids: torch.Tensor, sampler: _Sampler, request_id: str,
+                 index: int) -> None:
         self.engine, self.target, self.draft = engine, engine.target, engine.draft
-        self.sampler, self.request_id = sampler, request_id
+        self.sampler, self.request_id, self.index = sampler, request_id, index
+        self.noise = torch.Generator().manual_seed(index)  # the noise faults' draws, reproducible per request
         self.cache = DynamicCache(config=self.target.config)
         self.dcache = DraftCache()
         out = self.target(prompt_ids, past_key_values=self.cache, use_cache=True, output_hidden_states=True)
         self.tokens = prompt_ids[0].tolist() + [sampler.choose(out.logits[0, -1])]
-        self._extend(self.tokens[1:], start=1, aux=engine._aux(out.hidden_states))
+        self._extend(self.tokens[1:], start=1, aux=self._features(out.hidden_states))
+
+    def _features(self, hidden_states) -> torch.Tensor:
+        """The draft's target-fed input (1, T, W) as the engine's fault leaves it: a noise fault adds
+        Gaussian noise of :meth:`Engine.noise_scale` feature standard deviations."""
+        aux = self.engine._aux(hidden_states)
+        scale = self.engine.noise_scale(self.index)
+        if scale:
+            aux = aux + scale * aux.std() * torch.randn(aux.shape, generator=self.noise, dtype=aux.dtype)
+        return aux
 
     def _extend(self, new_tokens: list[int], start: int, aux: torch.Tensor) -> None:
         """Target-fed draft call: tokens at positions start.. with the target's features (1, T, W)."""
@@ -301,7 +338,7 @@ class _State:
         if k - m:
             self.cache.crop(-(k - m))  # transformers 5: a negative count of tokens to drop
         self.dcache.crop(n)  # drop the chained entries; the accepted tokens are re-run target-fed
-        aux = self.engine._aux(out.hidden_states)[:, : m + 1]  # (1, m+1, W): positions n..n+m
+        aux = self._features(out.hidden_states)[:, : m + 1]  # (1, m+1, W): positions n..n+m
         self.tokens += new
         self._extend(new, start=n + 1, aux=aux)
         return m, new

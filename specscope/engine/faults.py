@@ -25,6 +25,12 @@ FAULTS: dict[str, str] = {
     "temperature-twice": "the sampled verify step divides the logits by the temperature twice",
     "top-p-ignored": "the sampled verify step samples from the untruncated distribution (top-p lost)",
     "top-k-ignored": "the sampled verify step samples from the distribution before top-k",
+    "request-aux-noise": "every third request (the 3rd, 6th, ...) feeds the draft noise over the target's "
+                         "features, as a per-request state mix-up would: those requests accept next to "
+                         "nothing, the others are healthy, the output stays the target's",
+    "aux-decay": "noise over the draft's target features grows with every verify step the engine serves "
+                 "(state that degrades while a server stays up): acceptance falls slowly over the run, "
+                 "the output stays the target's",
     "recovered-from-p": "a rejected draft position draws the recovered token from p, where max(p - q, 0) "
                         "normalised belongs (for an argmax draft: p without the draft's token)",
 }

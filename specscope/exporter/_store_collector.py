@@ -15,6 +15,7 @@ target model, ``position`` = the draft position, 0 first):
 | ``specscope_acceptance_rate`` | gauge (ratio) | run_id, rank, model_name, engine_name |
 | ``specscope_verify_steps_total`` / ``_draft_tokens_total`` / ``_accepted_tokens_total`` | counter | run_id, rank, model_name, engine_name |
 | ``specscope_position_acceptance`` | gauge (ratio p_i) | run_id, position, model_name |
+| ``specscope_request_acceptance_length`` | histogram (per-request AL, tokens per verify step) | run_id, model_name, engine_name |
 | ``specscope_events_dropped_total`` / ``specscope_hook_errors_total`` | counter | run_id, rank |
 | ``specscope_run_running`` | gauge (1 running, 0 ended or lost) | run_id, model_name, engine_name |
 | ``specscope_exporter_read_errors`` | gauge (reads of this scrape that failed) | part |
@@ -30,7 +31,7 @@ once): "open" means the run's current verdict, so a fixed and rerun engine clear
 new run. ``specscope_run_findings`` counts them per severity, as ``specscope doctor`` and the
 dashboard do.
 
-A scrape answers what it can: each of its reads (the runs, five per-run view queries, the verdicts)
+A scrape answers what it can: each of its reads (the runs, six per-run view queries, the verdicts)
 stops after ``timeout_s`` (:func:`specscope.storage.read_time_limit`); one that fails (a corrupt
 page, a view that never ends, a value the views do not expect) is left out and counted in
 ``specscope_exporter_read_errors`` (logged once per part), never an HTTP 500 or a hang.
@@ -44,7 +45,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from prometheus_client import start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from specscope.doctor import named_ranks
@@ -54,14 +55,15 @@ from specscope.storage import queries as q
 
 logger = logging.getLogger("specscope")
 T = TypeVar("T")
-READ_TIMEOUT_S = 1.4  # each of a scrape's 7 reads: together under Prometheus' default scrape_timeout, 10 s
+READ_TIMEOUT_S = 1.2  # each of a scrape's 8 reads: together under Prometheus' default scrape_timeout, 10 s
 
 ALL = "all"
 _RUN = ["run_id", "rank", "model_name", "engine_name"]
 _CONTRACT = ["run_id", "rank", "hook_point", "expected_width"]
 
 _PER_RUNS = {"run_acceptance": q.RUNS_ACCEPTANCE, "rank_acceptance": q.RUNS_RANK_ACCEPTANCE,
-             "positions": q.RUNS_POSITIONS, "ranks": q.RUNS_RANK_HEALTH, "contract": q.RUNS_DRAFT_CONTRACT}
+             "positions": q.RUNS_POSITIONS, "ranks": q.RUNS_RANK_HEALTH, "contract": q.RUNS_DRAFT_CONTRACT,
+             "request_al": q.RUNS_REQUEST_AL}
 
 
 class StoreCollector(Collector):
@@ -154,6 +156,14 @@ class StoreCollector(Collector):
             positions.add_metric([_label(row.run_id), _label(row.position), meta(row.run_id)[0]],
                                  float(row.acceptance))
         yield positions
+        requests = HistogramMetricFamily("specscope_request_acceptance_length", "Mean acceptance length of "
+                                         "each request with verify steps (tokens per verify step).",
+                                         labels=["run_id", "model_name", "engine_name"])
+        for row in rows["request_al"]:
+            buckets = [(repr(le), float(getattr(row, f"le_{i}"))) for i, le in enumerate(q.REQUEST_AL_BUCKETS)]
+            requests.add_metric([_label(row.run_id), *meta(row.run_id)], [*buckets, ("+Inf", float(row.requests))],
+                                float(row.al_sum))
+        yield requests
 
     @staticmethod
     def _contract(rows: list) -> Iterator[Metric]:

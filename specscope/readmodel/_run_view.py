@@ -63,16 +63,28 @@ def summary(store: Store, run_id: str, now: float | None = None) -> Row | None:
     return rows[0] if rows else None
 
 
-def report(store: Store, run_id: str | None = None) -> DoctorReport:
+def distributions(store: Store, run_id: str, names: tuple[str, ...] = tuple(q.DISTRIBUTIONS)) -> dict[str, list[Row]]:
+    """A run's acceptance as distributions, by name (:data:`specscope.storage.queries.DISTRIBUTIONS`,
+    as ``doctor --json`` gives them): ``acceptance_histogram`` (per sampling group, verify steps by
+    accepted drafts 0..k), ``request_acceptance`` (per-request AL percentiles per group and ``'all'``),
+    ``acceptance_windows`` (per rank and time window), ``acceptance_by_output_position``; only
+    ``names`` (each reads the run's verify steps once, through an index: a page asks for what it
+    shows). An unknown run gives empty lists."""
+    with store.connect() as conn:
+        return {name: q.fetch(conn, q.DISTRIBUTIONS[name], run_id=run_id) for name in names}
+
+
+def report(store: Store, run_id: str | None = None, *, distributions: bool = False) -> DoctorReport:
     """The verdict on one run (``run_id``, or a unique prefix of it) or every run: the doctor's
     runtime findings plus each run's stored checkpoint findings as
-    :func:`specscope.doctor.checkpoint_findings` reads them, errors first.
+    :func:`specscope.doctor.checkpoint_findings` reads them, errors first; ``distributions``: the run
+    summaries carry the acceptance distributions (:func:`specscope.doctor.diagnose`).
 
     Raises:
         ConfigError: unknown or ambiguous ``run_id``.
         StoreError: the store cannot be read.
     """
-    runtime = diagnose(store, run_id)
+    runtime = diagnose(store, run_id, distributions=distributions)
     return runtime.with_checkpoint([f for run in runtime.runs for f in checkpoint_findings(store, run.run_id)])
 
 

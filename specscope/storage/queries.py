@@ -10,71 +10,20 @@ or the summary tables; results are small. Time columns are wall-clock seconds si
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from decimal import Decimal
-from functools import cached_property
-from types import SimpleNamespace
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection
-
 from specscope import points
 from specscope.events import PIT_BINS, SEVERITIES
-from specscope.storage.views import mean_acceptance_length
-
-
-@dataclass(frozen=True)
-class Query:
-    """A named read statement: ``sql`` is portable SQLite / PostgreSQL text with ``:name``
-    parameters; ``expanding`` names the list-valued ones (``IN :runs``)."""
-
-    name: str
-    sql: str
-    expanding: tuple[str, ...] = ()
-
-    @cached_property
-    def statement(self) -> sa.TextClause:
-        """The compiled ``sqlalchemy.text`` statement."""
-        return sa.text(self.sql).bindparams(*(sa.bindparam(name, expanding=True) for name in self.expanding))
-
-    @cached_property
-    def params(self) -> frozenset[str]:
-        """Names of the parameters the statement takes."""
-        return frozenset(self.statement.compile().params)
-
-
-def _number(value: Any) -> Any:
-    # PostgreSQL returns NUMERIC (Decimal) for SUM of integers and some ratios
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    return value
-
-
-def fetch(conn: Connection, query: Query, **params: Any) -> list[dict[str, Any]]:
-    """Rows of ``query`` over ``conn`` as dicts; NUMERIC values as int (integral) or float.
-
-    Raises:
-        TypeError: ``query`` is not a :class:`Query` (for SQL of your own, use ``Store.query``).
-        ValueError: ``params`` miss a parameter of the query or name one it does not take.
-        sqlalchemy.exc.SQLAlchemyError: the database refused it (a Store's connection turns this
-            into :class:`~specscope.errors.StoreError`).
-    """
-    if not isinstance(query, Query):
-        raise TypeError(f"fetch takes a named query of specscope.storage.queries, not {type(query).__name__}; "
-                        "for SQL of your own use Store.query(sql)")
-    missing, unknown = query.params - params.keys(), params.keys() - query.params
-    if missing or unknown:
-        raise ValueError(f"query {query.name}: missing parameters {sorted(missing)}, "
-                         f"unknown parameters {sorted(unknown)}")
-    return [{key: _number(value) for key, value in row.items()}
-            for row in conn.execute(query.statement, params).mappings()]
-
-
-def records(conn: Connection, query: Query, **params: Any) -> list[SimpleNamespace]:
-    """:func:`fetch`, each row's columns as attributes (``row.run_id``). Same errors."""
-    return [SimpleNamespace(**row) for row in fetch(conn, query, **params)]
-
+from specscope.storage._distribution_views import REQUEST_AL_BUCKETS as REQUEST_AL_BUCKETS  # the exporter's
+from specscope.storage._distribution_views import (
+    by_output_position_sql,
+    histogram_sql,
+    request_al_buckets_sql,
+    request_distribution_sql,
+    windows_sql,
+)
+from specscope.storage._fetch import Query as Query
+from specscope.storage._fetch import fetch as fetch
+from specscope.storage._fetch import records as records
+from specscope.storage._formulas import floor_sql, mean_acceptance_length
 
 # -- runs ----------------------------------------------------------------------------------------
 
@@ -100,10 +49,7 @@ ROLLING_STEPS = 10
 """Slices in :data:`ACCEPTANCE_OVER_TIME`'s rolling acceptance length (this one and 9 before)."""
 
 # The run's lifetime (first rank start to last time a rank was heard from) cut into :buckets slices.
-# The slice index is floor((t - t0) / dt) written portably: PostgreSQL's CAST rounds to nearest and
-# SQLite's truncates (FLOOR is missing from some SQLite builds); one below a rounded-up CAST is floor.
-_SLICE = ("CASE WHEN CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) > (v.ts_wall - b.t0) / b.dt "
-          "THEN CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) - 1 ELSE CAST((v.ts_wall - b.t0) / b.dt AS INTEGER) END")
+_SLICE = floor_sql("(v.ts_wall - b.t0) / b.dt")
 
 
 def _sliced(table: str, columns: str, where: str = "") -> str:
@@ -187,6 +133,33 @@ REQUEST_POSITIONS = Query("request_positions", """
     SELECT position, accepted_steps, verify_steps, acceptance FROM v_request_position_acceptance
     WHERE run_id = :run_id AND request_id = :request_id ORDER BY position""")
 """Per-position acceptance p_i of one request (denominator: its verify steps)."""
+
+REQUEST_SERIES = Query("request_series", """
+    SELECT v.request_id, COALESCE(r.sampling, 'unknown') AS sampling, v.prompt_tokens, v.started_wall,
+           v.verify_steps, v.proposed, v.accepted, v.mean_acceptance_length, v.acceptance_rate
+    FROM v_request_acceptance v JOIN requests r ON r.run_id = v.run_id AND r.request_id = v.request_id
+    WHERE v.run_id = :run_id AND v.verify_steps > 0 ORDER BY v.started_wall, v.request_id""")
+"""The requests of a run with verify steps, oldest first, without their text: the units the drift and
+outlier rules judge (``sampling``: the group label, ``'unknown'`` when not reported)."""
+
+REQUEST_TEXTS = Query("request_texts", "SELECT request_id, text FROM requests WHERE run_id = :run_id "
+                                       "AND request_id IN :request_ids", expanding=("request_ids",))
+"""The generated text of some requests of a run (NULL: not recorded)."""
+
+# -- acceptance as a distribution (storage/_distribution_views.py, one run) -----------------------
+
+ACCEPTANCE_HISTOGRAM = Query("acceptance_histogram", histogram_sql(":run_id") + "ORDER BY sampling, accepted_drafts")
+"""``v_acceptance_histogram`` of a run: per sampling group and accepted drafts 0..k, verify steps, share."""
+REQUEST_DISTRIBUTION = Query("request_distribution", request_distribution_sql(":run_id") + "\nORDER BY sampling")
+"""``v_request_acceptance_distribution`` of a run: per sampling group and ``'all'``, per-request AL percentiles."""
+ACCEPTANCE_WINDOWS = Query("acceptance_windows", windows_sql(":run_id") + "ORDER BY rank, window_index")
+"""``v_acceptance_windows`` of a run: per rank and window with verify steps, its start, steps and AL."""
+OUTPUT_POSITION_ACCEPTANCE = Query("output_position_acceptance",
+                                   by_output_position_sql(":run_id") + "ORDER BY output_position")
+"""``v_acceptance_by_output_position`` of a run: AL per bucket of tokens generated before the step."""
+DISTRIBUTIONS = {"acceptance_histogram": ACCEPTANCE_HISTOGRAM, "request_acceptance": REQUEST_DISTRIBUTION,
+                 "acceptance_windows": ACCEPTANCE_WINDOWS, "acceptance_by_output_position": OUTPUT_POSITION_ACCEPTANCE}
+"""A run's acceptance distributions by the name readers give them (``doctor --json``, the dashboard)."""
 
 # -- ranks ---------------------------------------------------------------------------------------
 
@@ -346,6 +319,8 @@ RUNS_POSITIONS = Query("runs_positions", "SELECT run_id, position, acceptance FR
                        "WHERE run_id IN :runs", expanding=("runs",))
 RUNS_RANK_HEALTH = Query("runs_rank_health", "SELECT run_id, rank, events_dropped, hook_errors FROM run_ranks "
                          "WHERE run_id IN :runs", expanding=("runs",))
+RUNS_REQUEST_AL = Query("runs_request_al", request_al_buckets_sql(":runs"), expanding=("runs",))
+"""Per run, its requests' AL as cumulative histogram buckets (``storage/_distribution_views.py``)."""
 # every draft input with a width contract (vLLM: the fc input), as a range: '/' sorts right after '.'
 RUNS_DRAFT_CONTRACT = Query("runs_draft_contract", "SELECT run_id, rank, hook_point, expected_width, width, "
                             "calls FROM v_tensor_contract WHERE run_id IN :runs "

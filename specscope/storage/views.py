@@ -31,6 +31,15 @@ verdict is computed by :mod:`specscope.readmodel`.
 | ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate, p_0 of each sampling group |
 | ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT), bounds, power, verdict |
 | ``v_replay_audit`` | run, sampling group | the same over a replay against the target alone, with departures, near-ties, margins |
+
+Acceptance as a distribution (:mod:`specscope.storage._distribution_views`):
+
+| view | one row per | what |
+|---|---|---|
+| ``v_acceptance_histogram`` | run, sampling group, accepted drafts 0..k | verify steps, share |
+| ``v_request_acceptance_distribution`` | run, sampling group (and ``'all'``) | per-request AL p10/p50/p90/p99, mean, token-weighted |
+| ``v_acceptance_windows`` | run, rank, window | window start, verify steps, AL |
+| ``v_acceptance_by_output_position`` | run, bucket of generated tokens | verify steps, AL |
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ from __future__ import annotations
 import math
 
 from specscope.events import PIT_BINS
+from specscope.storage._distribution_views import DISTRIBUTION_VIEWS
+from specscope.storage._formulas import mean_acceptance_length
 
 LOSSLESS_ALPHA = 1e-3
 """False-alarm bound of the sampled losslessness audit, per run and sampling group, shared equally by
@@ -132,13 +143,6 @@ _REPLAY_COLUMNS = """,
                          MAX(source) AS source"""
 """``v_replay_audit``'s own figures: departures from the target's greedy choice, those within a
 near-tie, the requests with any / only near-tie departures, the largest margin."""
-
-
-def mean_acceptance_length(accepted: str, steps: str) -> str:
-    """SQL of AL = 1 + accepted / verify steps over the SQL expressions ``accepted`` and ``steps``
-    (docs/design.md, "Acceptance figures"; :func:`specscope.metrics.mean_acceptance_length`); NULL
-    without a verify step."""
-    return f"CASE WHEN {steps} > 0 THEN 1.0 + CAST({accepted} AS DOUBLE PRECISION) / {steps} END"
 
 
 def _acceptance_columns(steps: str, proposed: str, accepted: str, first_wall: str, last_wall: str,
@@ -317,4 +321,5 @@ GROUP BY r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.
          k.last_seen_wall,
          k.events_written, k.events_dropped, k.hook_errors, k.graph_mode
 """,
+    **DISTRIBUTION_VIEWS,
 }

@@ -1,5 +1,5 @@
 """Overview: the selected run's findings first, then its acceptance figures, acceptance length over
-time, per position and for each smaller k; optionally against a second run (the verdict of
+time (all ranks, and per window and rank), per position and for each smaller k; optionally against a second run (the verdict of
 ``specscope compare``, the open run as the candidate, then both side by side); all runs below."""
 
 import streamlit as st
@@ -60,6 +60,8 @@ def panel(rid: str, narrow: bool) -> None:
             col.metric(label, value, help=help_text, border=True)
     st.plotly_chart(charts.acceptance_over_time(widgets.query(queries.acceptance_over_time, rid), config.get("k")),
                     key=f"al-{rid}")
+    windows = widgets.query(queries.distributions, rid, ("acceptance_windows",))["acceptance_windows"]
+    st.plotly_chart(charts.acceptance_windows(windows, config.get("k")), key=f"win-{rid}")
     st.plotly_chart(charts.positions(widgets.query(queries.position_acceptance, rid)), key=f"pos-{rid}")
     what_if = widgets.query(queries.what_if_k, rid)
     st.plotly_chart(charts.what_if_k(what_if), key=f"k-{rid}")

@@ -1,4 +1,5 @@
-"""Requests: per-request acceptance, and one request in detail (accepted per step, per-position
+"""Requests: per-request acceptance (the histogram of accepted drafts per verify step and the spread of
+per-request AL), and one request in detail (accepted per step, per-position
 acceptance, the generated text with each token marked draft-accepted or target-produced)."""
 
 import streamlit as st
@@ -28,6 +29,14 @@ def body() -> None:
                      hide_index=True, column_config={
                          "acceptance length": st.column_config.NumberColumn(format="%.2f"),
                          "acceptance rate": st.column_config.NumberColumn(format="percent")})
+    dist = widgets.query(queries.distributions, run_id, ("acceptance_histogram", "request_acceptance"))
+    st.plotly_chart(charts.acceptance_histogram(dist["acceptance_histogram"]), key="hist")
+    spread = next((r for r in dist["request_acceptance"] if r["sampling"] == "all"), None)
+    if spread is not None:
+        st.caption(f"Per-request acceptance length over {spread['requests']} requests: p10 "
+                   f"{widgets.fmt(spread['p10_al'])}, median {widgets.fmt(spread['p50_al'])}, p90 "
+                   f"{widgets.fmt(spread['p90_al'])}, p99 {widgets.fmt(spread['p99_al'])}; token-weighted "
+                   f"{widgets.fmt(spread['token_weighted_al'])}.")
     st.caption(f"{summary['requests']:,} requests; showing {len(rows)}")
     st.dataframe([{"request": r["request_id"], "rank": r["rank"], "sampling": r["sampling"],
                    "prompt tokens": r["prompt_tokens"],
