@@ -24,9 +24,8 @@ _SAMPLED_FIX = ("The emitted tokens are not draws from the target's distribution
                 "settings. Likely causes: the draft and target sample with different settings (a draft "
                 "sampler that ignores temperature, or one request's settings applied to the whole "
                 "batch), a wrong recovered-token distribution (must be max(p - q, 0) normalised, q the "
-                "draft's probabilities, one-hot for an argmax draft), or uniform draws reused across "
-                "requests. Compare the same requests served without speculative decoding; until fixed, "
-                "serve sampled traffic without it.")
+                "draft's probabilities, one-hot for an argmax draft). Compare the same requests served "
+                "without speculative decoding; until fixed, serve sampled traffic without it.")
 
 
 def _number(value: object) -> float | None:

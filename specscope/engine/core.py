@@ -111,6 +111,7 @@ class Engine:
         self.capture_ids = tuple(i + shift for i in cfg.aux_layer_ids)
         self.eos_id = self.tokenizer.eos_token_id
         self.steps_served = 0  # verify steps over the engine's lifetime: the aux-decay fault's clock
+        self._served: tuple[float, float, int] | None = None  # the last request's settings (a fault reads them)
 
     def run_config(self) -> RunConfig:
         """The target/draft contract for instrumentation (widths in elements)."""
@@ -163,8 +164,16 @@ class Engine:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
         if not 0 < top_p <= 1 or not isinstance(top_k, int) or top_k < 0:
             raise ConfigError(f"top_p must be in (0, 1] and top_k an int >= 0 (0 = all), got {top_p!r}, {top_k!r}")
-        return [self._serve(rid, p, max_new_tokens, _Sampler(temperature, seed + i, top_p, top_k, self.fault), i)
+        return [self._serve(rid, p, max_new_tokens, self._sampler(temperature, seed, i, top_p, top_k), i)
                 for i, (rid, p) in enumerate(zip(ids, prompts))]
+
+    def _sampler(self, temperature: float, seed: int, index: int, top_p: float, top_k: int) -> _Sampler:
+        """The sampler of request ``index``, built when it is served (the faults that cross requests act here)."""
+        shared = self.fault == "shared-uniforms"  # one seed for all: every request draws the same uniforms
+        sampler = _Sampler(temperature, seed if shared else seed + index, top_p, top_k, self.fault)
+        if self.fault == "sampling-of-previous-request":  # a stale slot: the previous request's settings
+            sampler.verify_settings, self._served = self._served or sampler.verify_settings, sampler.verify_settings
+        return sampler
 
     def _serve(self, rid: str, prompt: str, max_new_tokens: int, sampler: _Sampler, index: int) -> RequestResult:
         start = time.perf_counter()
@@ -214,7 +223,8 @@ class _Sampler:
     """One request's token choice from the target's logits: argmax at temperature 0, else a draw from
     the target's processed distribution (temperature, top-k, top-p) with a generator of its own
     (reproducible per request). ``fault``: the engine's fault switch; the lossy sampled ones break
-    :meth:`verify` only, the first token is always drawn right."""
+    :meth:`verify` only, the first token is always drawn right. ``verify_settings``: the
+    ``(temperature, top_p, top_k)`` the verify step applies, the request's own unless a fault swaps them."""
 
     def __init__(self, temperature: float, seed: int, top_p: float = 1.0, top_k: int = 0,
                  fault: str | None = None) -> None:
@@ -222,6 +232,7 @@ class _Sampler:
         self.label = sampling_label(self.temperature, self.top_p, self.top_k)
         self.generator = torch.Generator().manual_seed(seed)
         self.fault = fault
+        self.verify_settings = (self.temperature, self.top_p, self.top_k)
 
     def probs(self, logits: torch.Tensor, temperature: float | None = None, top_p: float | None = None,
               top_k: int | None = None) -> torch.Tensor:
@@ -236,13 +247,14 @@ class _Sampler:
 
     def _verify_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution the verify step samples from: the request's, unless a fault bends it."""
+        temperature, top_p, top_k = self.verify_settings
         if self.fault == "temperature-twice":
-            return self.probs(logits, temperature=self.temperature ** 2)
+            temperature = temperature ** 2
         if self.fault == "top-p-ignored":
-            return self.probs(logits, top_p=1.0)
+            top_p = 1.0
         if self.fault == "top-k-ignored":
-            return self.probs(logits, top_k=0)
-        return self.probs(logits)
+            top_k = 0
+        return self.probs(logits, temperature, top_p, top_k)
 
     def draw(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs, 1, generator=self.generator))
@@ -256,7 +268,7 @@ class _Sampler:
         target's (k+1, V) logits: the greedy prefix rule, or speculative sampling with a deterministic
         draft (accept d_i with probability p_i(d_i); on rejection draw from p_i without d_i)."""
         k = len(drafts)
-        if self.temperature == 0 or self.fault == "temperature-ignored":
+        if self.verify_settings[0] == 0 or self.fault == "temperature-ignored":
             greedy = logits.argmax(-1).tolist()  # (k+1,) the target's choice after each prefix
             m = 0
             while m < k and drafts[m] == greedy[m]:

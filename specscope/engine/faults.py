@@ -1,5 +1,5 @@
 """Fault switches: each reproduces a publicly reported speculative-decoding serving failure. All but
-but the lossy ones change only the plumbing between target and draft: verification stays lossless (the
+the lossy ones change only the plumbing between target and draft: verification stays lossless (the
 output text is unchanged) and acceptance is what suffers, silently. The lossy ones (:data:`LOSSY_FAULTS`)
 break the verifier itself the ways real verifiers break: the text is no longer the target's (greedy) or
 no longer drawn from the target's distribution (sampled), while acceptance looks healthy or better.
@@ -33,16 +33,25 @@ FAULTS: dict[str, str] = {
                  "the output stays the target's",
     "recovered-from-p": "a rejected draft position draws the recovered token from p, where max(p - q, 0) "
                         "normalised belongs (for an argmax draft: p without the draft's token)",
+    "sampling-of-previous-request": "the verify step reads the sampling settings (temperature, top-k, top-p) "
+                                    "of the request served before this one, as a per-slot settings cache "
+                                    "not refreshed when the slot is reused; the first token is drawn right",
+    "shared-uniforms": "every request's generator is seeded alike (not per request), so all requests draw "
+                       "the same uniforms: each request's tokens are still draws from the target, but "
+                       "requests with the same prompt and settings return the same text",
 }
 
 
 LOSSY_FAULTS = ("emit-draft-token", "temperature-ignored", "temperature-twice", "top-p-ignored", "top-k-ignored",
-                "recovered-from-p")
-"""The faults under which the output is no longer the target's (the others change acceptance only)."""
+                "recovered-from-p", "sampling-of-previous-request", "shared-uniforms")
+"""The faults under which the output is no longer the target's (the others change acceptance only);
+under ``shared-uniforms`` each request's marginal is still the target's, only the joint law across
+requests is not."""
 
 
 SAMPLED_PATH_FAULTS = LOSSY_FAULTS[1:]
-"""The faults of the sampled verify step: a greedy request never reaches them."""
+"""The faults that change nothing where every request is greedy (``sampling-of-previous-request``
+breaks a greedy request served after a sampled one)."""
 
 
 def check_fault(name: str | None, greedy: bool = False) -> str | None:
