@@ -17,23 +17,13 @@ import argparse
 import statistics
 import time
 
+from benchmarks.hook_overhead import DiscardSink
 from specscope.events import RunConfig
 from specscope.instrumentation import Tracer
 
 
-class _Discard:
-    def emit(self, event) -> None:
-        pass
-
-    def flush(self, timeout_s: float | None = None) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
-
-
 def _batch(keep: bool, prompt: list[int], output: list[int], requests: int) -> float:
-    tracer = Tracer(_Discard(), engine="bench", engine_version="0", target_model="t", draft_model="d",
+    tracer = Tracer(DiscardSink(), engine="bench", engine_version="0", target_model="t", draft_model="d",
                     config=RunConfig(aux_layer_ids_resolved=(2,), target_hidden_size=8, expected_fused_width=8, k=4,
                                      num_target_layers=4),
                     token_requests=requests if keep else 0)
