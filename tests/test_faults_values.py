@@ -51,16 +51,17 @@ def _start(request_id: str, **changes) -> ev.RequestStart:
                                      ts_wall=999.0), **changes})
 
 
-# name -> a bad event of that kind (each alone must be set aside)
+# name -> a bad event of that kind (each alone must be set aside); bad steps are numbered past the good
+# ones, since a step stored again under its (run, request, rank, step) is a duplicate and dropped as one
 BAD = {
     "lone surrogate in request_id": lambda: _start("q\udcff"),
     "lone surrogate in text": lambda: ev.RequestEnd(run_id=RUN, request_id="q1", rank=0, output_tokens=3,
                                                     verify_steps=1, text="bad \ud800 text"),
     "NUL in request_id": lambda: _start("q\x00"),
     "int >= 2**64": lambda: _bypass(_step(1), step=2**64),
-    "emitted nested past the recursion limit": lambda: _bypass(_step(2), emitted=_nested(5_000)),
-    "draft_s as a list": lambda: _step(3, draft_s=[0.1, 0.2]),
-    "verify_s as a string": lambda: _step(4, verify_s="0.02"),
+    "emitted nested past the recursion limit": lambda: _bypass(_step(GOOD + 2), emitted=_nested(5_000)),
+    "draft_s as a list": lambda: _step(GOOD + 3, draft_s=[0.1, 0.2]),
+    "verify_s as a string": lambda: _step(GOOD + 4, verify_s="0.02"),
 }
 
 
