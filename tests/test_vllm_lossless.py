@@ -4,7 +4,8 @@ without a violation, and each distribution shift injected into vLLM's verifier n
 ``LOSSLESS_VIOLATION`` by the doctor on its run.
 
 Every run serves the same batch of greedy, T=0.8 and T=0.8 top-p 0.9 requests, verified together and
-audited at every verify step. Skipped where vLLM is not installed, unless ``SPECSCOPE_REQUIRE_VLLM=1``.
+audited at every verify step; the corrected batch also in vLLM's default compiled mode. Skipped where
+vLLM is not installed, unless ``SPECSCOPE_REQUIRE_VLLM=1``.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ NAMED = {"temperature-ignored": {"T=0.8", "T=0.8 top_p=0.9"}, "temperature-twice
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[str, dict]:
-    """One store: the corrected vLLM serving the batch (``None``) and one run per shift of
-    :data:`SHIFTS` on top of the correction: ``(store path, {shift or None: VllmRun})``."""
+    """One store: the corrected vLLM serving the batch (``None``), one run per shift of :data:`SHIFTS`
+    on top of the correction, and the corrected vLLM compiled (``"compiled"``: the verifier runs outside
+    the graph, the target's logits it audits come out of it): ``(store path, {name or None: VllmRun})``."""
     from specscope.adapters import vllm_demo
     from specscope.adapters.vllm import ENV_AUDIT_EVERY
 
@@ -58,6 +60,8 @@ def runs(tmp_path_factory) -> tuple[str, dict]:
                 with shifted(shift) if shift else nullcontext():
                     done[shift] = vllm_demo.run(db, prompts=PROMPTS, max_new_tokens=128, workdir=folder / f"work-{shift}",
                                                **BATCH)
+            done["compiled"] = vllm_demo.run(db, prompts=PROMPTS, max_new_tokens=128, compiled=True,
+                                             workdir=folder / "work-compiled", **BATCH)
     finally:
         del os.environ[ENV_AUDIT_EVERY]
     return db, done
@@ -72,6 +76,13 @@ def _audit(db: str, run_id: str) -> tuple[dict[str, dict], set[str], set[str]]:
     return groups, named, set(report.codes())
 
 
+def _ranks(db: str, run_id: str) -> set[tuple[str, int]]:
+    """``{(graph mode, hook errors)}`` of the run's ranks."""
+    with open_store(db, read_only=True) as store:
+        return {tuple(row) for row in store.query("SELECT graph_mode, hook_errors FROM run_ranks WHERE run_id = :r",
+                                                  {"r": run_id})[1]}
+
+
 def _prose(text: str) -> bool:
     """Written language: long enough, and letters, digits, spaces and ordinary punctuation only."""
     plain = sum(ch.isalnum() or ch.isspace() or unicodedata.category(ch) in ("Po", "Pd", "Ps", "Pe", "Pi", "Pf")
@@ -79,10 +90,11 @@ def _prose(text: str) -> bool:
     return len(text) >= 150 and plain / len(text) >= 0.95
 
 
-@pytest.mark.timeout(1200)  # the first test waits for the module's vLLM runs
-def test_corrected_vllm_serves_sampled_and_greedy_requests_losslessly(runs):
+@pytest.mark.timeout(1800)  # the first test waits for the module's vLLM runs
+@pytest.mark.parametrize("mode", [None, "compiled"], ids=["eager", "compiled"])
+def test_corrected_vllm_serves_sampled_and_greedy_requests_losslessly(runs, mode):
     db, done = runs
-    run = done[None]
+    run = done[mode]
     assert run.error is None and len(run.texts) == len(PROMPTS)
     groups, named, codes = _audit(db, run.run_id)
     assert set(groups) == GROUPS and not named and "LOSSLESS_AUDITED" in codes
@@ -91,6 +103,8 @@ def test_corrected_vllm_serves_sampled_and_greedy_requests_losslessly(runs):
     assert groups["greedy"]["greedy_mismatches"] == 0 and groups["greedy"]["tokens_audited"] >= 200
     assert all(groups[name]["scored_tokens"] >= 200 for name in GROUPS - {"greedy"})
     assert all(_prose(text) for text in run.texts), run.texts
+    # vLLM's warm-up (compiled here, every start on a GPU) verifies dummy requests: not audited, no error
+    assert _ranks(db, run.run_id) == {(mode or "eager", 0)}
 
 
 @pytest.mark.parametrize("shift", SHIFTS)
@@ -113,5 +127,5 @@ def test_doctor_cli_names_each_shifted_run_and_not_the_corrected_one(runs):
     for finding in json.loads(out.stdout)["findings"]:
         if finding["code"] == "LOSSLESS_VIOLATION":
             named.setdefault(finding["run_id"], set()).add(finding["evidence"]["sampling"])
-    assert done[None].run_id not in named
+    assert done[None].run_id not in named and done["compiled"].run_id not in named
     assert all(NAMED[shift] <= named.get(done[shift].run_id, set()) for shift in SHIFTS), named

@@ -39,7 +39,7 @@ def attach(runner: Any, tracer: Tracer) -> Callable[[], None]:
     def forward(metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
         audit = None
         try:
-            if tracer.audit_due() and _plain_sampling(sampling_metadata):
+            if not _warm_up(runner, metadata) and tracer.audit_due() and _plain_sampling(sampling_metadata):
                 audit = _gather(runner, metadata, logits, sampling_metadata)
         except Exception as exc:  # noqa: BLE001 - observing must not change what vLLM does
             tracer.hook_state.failed("vllm verifier audit", exc)
@@ -56,6 +56,12 @@ def attach(runner: Any, tracer: Tracer) -> Callable[[], None]:
             del verifier.forward
 
     return remove
+
+
+def _warm_up(runner: Any, metadata: Any) -> bool:
+    """vLLM's warm-up verifies dummy drafts of requests that do not exist (``_dummy_sampler_run``, run by
+    every GPU worker at start and by the CPU runner after compiling): nothing is served, nothing to audit."""
+    return len(runner.input_batch.req_ids) < len(metadata.num_draft_tokens)
 
 
 def _plain_sampling(sampling_metadata: Any) -> bool:
