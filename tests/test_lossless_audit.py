@@ -45,18 +45,22 @@ def test_sampled_slots_measure_rare_tokens_against_the_mass_below_epsilon():
     assert stats[:, 2].tolist() == [0, 0]  # sampled slots are never greedy mismatches
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(1, 12), st.floats(0.05, 1.0))
-def test_truncation_keeps_what_vllm_keeps(seed, k, p):
-    """The audit's top-k / top-p rule equals vLLM's own sampler's (``apply_top_k_top_p``)."""
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 60), st.floats(0.05, 1.0), st.floats(0.2, 6.0),
+       st.sampled_from([4, 16, 256]))
+def test_truncation_keeps_what_vllm_keeps(seed, k, p, scale, candidates):
+    """The audit's top-k / top-p rule equals vLLM's own sampler's (``apply_top_k_top_p``), whether each
+    row's cut lies among its ``candidates`` largest logits or past them (the rows sorted instead)."""
     topk_topp = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
-    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(seed)) * 3
-    top_p = torch.tensor([1.0, p, p])
-    ours = torch.isfinite(truncate(logits, torch.tensor([k, 0, k]), top_p))
+    vocab = 200
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+    top_k, top_p = torch.tensor([k, 0, k, 0]), torch.tensor([1.0, p, p, 1.0])
+    ours = torch.isfinite(truncate(logits, top_k, top_p, candidates))
     # vLLM's batch spells "no top-k" as the vocabulary size (gpu_input_batch.py), specscope as 0
-    theirs = torch.isfinite(topk_topp.apply_top_k_top_p(logits.clone(), torch.tensor([k, 40, k]), top_p.clone()))
+    theirs = torch.isfinite(topk_topp.apply_top_k_top_p(logits.clone(), torch.where(top_k > 0, top_k, vocab),
+                                                         top_p.clone()))
     assert torch.equal(ours, theirs)
-    assert ours[0].sum() == k
+    assert ours[0].sum() == k and ours[3].all()
 
 
 def test_sampling_labels():

@@ -26,6 +26,7 @@ import torch
 
 from specscope.errors import ConfigError
 from specscope.events import PIT_BINS, LosslessAudit
+from specscope.instrumentation._truncate import truncate
 
 DEFAULT_AUDIT_EVERY = 4
 """Audit every n-th verify step (or verify batch) by default: 0 turns the audit off."""
@@ -34,32 +35,6 @@ DEFAULT_EPSILON = 1e-4
 
 # Columns of token_stats' result.
 _VALID, _GREEDY, _MISMATCH, _P, _RARE, _RARE_MASS, _P2, _EMITTED, _TARGET, _VARIANCE, _PIT = range(11)
-
-
-def truncate(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """``logits`` (N, V) with the tokens outside each row's top-k and top-p set to -inf.
-
-    ``top_k`` (N,): tokens whose logit is below the k-th largest are dropped (ties with it kept), 0 or
-    less for none; then ``top_p`` (N,): over an ascending sort of the remaining distribution, tokens
-    whose cumulative mass is at most 1 - p are dropped, the most probable token always kept. The
-    rule, and its arithmetic order, of vLLM's own sampler (``apply_top_k_top_p``), so the audit judges
-    by the distribution the engine samples from.
-    """
-    if top_k is None and top_p is None:
-        return logits
-    ordered, order = logits.sort(dim=-1, descending=False)  # (N, V) ascending
-    vocab = ordered.shape[-1]
-    if top_k is not None:
-        k = top_k.to(logits.device).long()
-        k = torch.where(k > 0, k.clamp(max=vocab), torch.full_like(k, vocab))
-        kth = ordered.gather(-1, (vocab - k)[:, None])  # (N, 1)
-        ordered = ordered.masked_fill(ordered < kth, float("-inf"))
-    if top_p is not None:
-        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative <= 1 - top_p.to(logits.device).float()[:, None]
-        drop[:, -1] = False
-        ordered = ordered.masked_fill(drop, float("-inf"))
-    return logits.scatter(-1, order, ordered)
 
 
 def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
