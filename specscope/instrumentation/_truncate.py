@@ -33,21 +33,42 @@ def truncate(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tens
     """
     if top_k is None and top_p is None:
         return logits
-    vocab = logits.shape[-1]
-    k = torch.full(logits.shape[:1], vocab, device=logits.device) if top_k is None else top_k.to(logits.device).long()
-    k = torch.where((k > 0) & (k < vocab), k, torch.full_like(k, vocab))
-    p = torch.ones(logits.shape[:1], device=logits.device) if top_p is None else top_p.to(logits.device).float()
-    if logits.device.type != "cpu" or candidates >= vocab:
+    k, p = _settings(logits, top_k, top_p)
+    cut = _cut(logits, k, p, candidates)
+    if cut is None:
         return _sorted(logits, k, p)
-    # on the CPU the host reads settings for free: a row whose top-k is on needs its k + 1 largest
-    # logits only (the one more shows a tie with the k-th)
-    candidates = min(vocab, int(torch.where(k < vocab, k + 1, candidates).max()))
-    threshold, covered = _cut_among_candidates(logits, k, p, candidates)
-    out = logits.masked_fill(logits < threshold, float("-inf"))
+    values, _, threshold, covered, _ = cut
+    out = torch.where(logits < threshold, float("-inf"), logits)
     if not bool(covered.all()):  # a CPU tensor: read on the host, no device to wait for
         rows = (~covered).nonzero()[:, 0]
         out[rows] = _sorted(logits[rows], k[rows], p[rows])
     return out
+
+
+def truncated_support(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                      rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`truncate`'s result in as few columns as it can: ``(kept (N, C), ids (N, C))``, each
+    row's candidates with -inf where cut, when every row of ``rows`` (N,) bool is cut among its
+    candidates (the other rows' columns are not meant to be read); else ``(truncate(...) (N, V), None)``.
+    A truncated distribution then costs the audit C columns per row instead of the vocabulary."""
+    if top_k is None and top_p is None:
+        return logits, None
+    k, p = _settings(logits, top_k, top_p)
+    cut = _cut(logits, k, p, TRUNCATE_CANDIDATES)
+    if cut is None or not bool((cut[4] | ~rows.to(logits.device)).all()):  # CPU tensors, read on the host
+        return truncate(logits, top_k, top_p), None
+    values, ids, threshold, _, _ = cut
+    return torch.where(values < threshold, float("-inf"), values), ids
+
+
+def _settings(logits: torch.Tensor, top_k: torch.Tensor | None,
+              top_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k, p)`` (N,) on the logits' device, k = V where top-k is off and p = 1 where top-p is."""
+    vocab = logits.shape[-1]
+    k = torch.full(logits.shape[:1], vocab, device=logits.device) if top_k is None else top_k.to(logits.device).long()
+    k = torch.where((k > 0) & (k < vocab), k, torch.full_like(k, vocab))
+    p = torch.ones(logits.shape[:1], device=logits.device) if top_p is None else top_p.to(logits.device).float()
+    return k, p
 
 
 def _sorted(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -63,12 +84,21 @@ def _sorted(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Ten
     return logits.scatter(-1, order, ordered)
 
 
-def _cut_among_candidates(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
-                          candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(threshold (N, 1), covered (N,))``: each row keeps its logits >= threshold (-inf where
-    nothing is cut); ``covered`` False where the cut may lie beyond the row's ``candidates`` largest."""
-    values = logits.topk(candidates, dim=-1).values  # (N, C) descending
-    k_on, p_on = k < logits.shape[-1], p < 1
+def _cut(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor, candidates: int) -> tuple | None:
+    """``(values, ids (N, C) descending, threshold (N, 1), covered (N,), inside (N,))``: each row keeps
+    its logits >= threshold (-inf where nothing is cut); ``covered`` False where the cut may lie past
+    the row's C largest logits, ``inside`` where the row is cut and keeps only candidates. None on an
+    accelerator (where reading ``covered`` would wait for the device) or where C would be the vocabulary."""
+    vocab = logits.shape[-1]
+    if logits.device.type != "cpu":
+        return None
+    # on the CPU the host reads settings for free: a row whose top-k is on needs its k + 1 largest
+    # logits only (the one more shows a tie with the k-th)
+    candidates = int(torch.where(k < vocab, k + 1, candidates).max())
+    if candidates >= vocab:
+        return None
+    values, ids = logits.topk(candidates, dim=-1)  # (N, C) descending
+    k_on, p_on = k < vocab, p < 1
     kth = values.gather(-1, (k.clamp(max=candidates) - 1)[:, None])  # (N, 1), the k-th largest where k <= C
     # every token top-k keeps is a candidate: k within them and no logit past them tying the k-th
     k_inside = k_on & (k <= candidates) & (values[:, -1] < kth[:, 0])
@@ -84,5 +114,5 @@ def _cut_among_candidates(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor
     keep[:, 0] = True
     cut_p = values.gather(-1, (keep.sum(dim=-1, keepdim=True) - 1))  # keep is a prefix of the candidates
     threshold = torch.where(p_on[:, None], cut_p, torch.where(k_on[:, None], kth, torch.full_like(kth, float("-inf"))))
-    covered = k_inside | (~k_on & ~(p_on & keep[:, -1]))
-    return threshold, covered
+    inside = k_inside | (~k_on & p_on & ~keep[:, -1])
+    return values, ids, threshold, inside | (~k_on & ~p_on), inside
