@@ -62,7 +62,7 @@ def main() -> None:
             model(draft, past_key_values=cache, use_cache=True)
             cache.crop(-draft.shape[1])  # the next round verifies on the same 64-token cache
 
-        def audit() -> None:  # requests with top-k / top-p: vLLM's full-vocabulary sort, as its sampler
+        def audit() -> None:  # requests with top-k / top-p: vLLM's cut, found among each row's largest logits
             token_stats(logits, emitted, temperature, top_k, top_p, uniform=uniform)
 
         def audit_plain() -> None:  # greedy and temperature-only requests: no truncation, no sort

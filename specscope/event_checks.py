@@ -14,6 +14,8 @@ from specscope.errors import InvalidEvent
 MAX_PROPOSED = 64  # draft tokens per verify step the store holds a mask for (verify_steps.accepted_mask)
 MAX_COUNT = 2**31 - 1  # PostgreSQL's int4: larger counts are refused, never wrapped by a binary COPY
 PIT_BINS = 10  # equal-width bins of the losslessness audit's PIT histogram (LosslessAudit.pit)
+SURPRISE_COLUMNS = ("surprise_sum", "entropy_sum", "surprise_var_sum", "entropy_max")
+"""The losslessness audit's surprise-test figures (LosslessAudit fields, lossless_audit columns)."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -100,7 +102,7 @@ def check_lossless_audit(e: Any) -> None:
         value = getattr(e, name)
         if not (is_int(value) and 0 <= value <= e.tokens):
             raise InvalidEvent(f"lossless audit: {name}={value!r} outside 0..tokens={e.tokens}")
-    for name in ("rare_expected", "p_sum", "p2_sum", "p_var_sum", "epsilon"):
+    for name in ("rare_expected", "p_sum", "p2_sum", "p_var_sum", "epsilon", *SURPRISE_COLUMNS):
         value = getattr(e, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise InvalidEvent(f"lossless audit: {name} must be a finite number >= 0, got {value!r}")

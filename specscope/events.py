@@ -297,14 +297,11 @@ class LoadReport(EventBase):
 
 @dataclass(frozen=True, slots=True)
 class LosslessAudit(EventBase):
-    """One request's audited emitted tokens checked against the target's distribution
-    (docs/design.md, "Losslessness audit").
-
-    ``mismatches`` (greedy): tokens below the row's maximum logit. ``rare`` (sampled): tokens of
-    probability below ``epsilon``, ``rare_expected`` what a lossless engine emits there. ``p_sum`` /
-    ``p2_sum`` / ``p_var_sum``: observed mean probability against its expectation and variance.
-    ``pit``: randomized PIT counts in :data:`PIT_BINS` bins (sampled). ``example``: the first violation.
-    """
+    """One request's audited tokens checked against the target's distribution (docs/design.md,
+    "Losslessness audit"): ``mismatches`` (greedy) below the row's maximum logit; sampled: ``rare``
+    tokens of probability below ``epsilon`` (``rare_expected``: a lossless engine's), ``p_sum`` /
+    ``p2_sum`` / ``p_var_sum`` (mean probability, expectation, variance), ``pit`` (PIT counts in
+    :data:`PIT_BINS` bins), ``event_checks.SURPRISE_COLUMNS``; ``example``: the first violation."""
 
     kind: ClassVar[str] = "lossless_audit"
     run_id: str
@@ -321,6 +318,10 @@ class LosslessAudit(EventBase):
     example: dict[str, Any] | None = None
     p_var_sum: float = 0.0
     pit: tuple[int, ...] = ()
+    surprise_sum: float = 0.0
+    entropy_sum: float = 0.0
+    surprise_var_sum: float = 0.0
+    entropy_max: float = 0.0
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:

@@ -48,8 +48,15 @@ def sampled_evidence(group: SimpleNamespace) -> dict:
             "detectable_p_shift": _number(group.detectable_p_shift), "pit_histogram": _pit(group),
             "pit_threshold": _number(group.pit_threshold),
             "detectable_pit_excess": _number(group.detectable_pit_excess),
+            "mean_surprise_emitted": _number(group.mean_surprise_emitted),
+            "mean_surprise_expected": _number(group.mean_surprise_expected),
+            "surprise_excess": _number(group.surprise_excess),
+            "surprise_threshold_below": _number(group.surprise_threshold_below),
+            "surprise_threshold_above": _number(group.surprise_threshold_above),
+            "detectable_surprise_shift": _number(group.detectable_surprise_shift),
             "failed_tests": [name for name, flag in (("junk", group.junk_failed), ("mean", group.mean_failed),
-                                                     ("pit", group.pit_failed)) if flag],
+                                                     ("pit", group.pit_failed), ("surprise", group.surprise_failed))
+                             if flag],
             "verdict": group.verdict}
 
 
@@ -75,8 +82,9 @@ def _reach(group: SimpleNamespace) -> str:
         return (f"{seen}; too few tokens to judge the distribution ({shift}; up to {_undetectable(group):.0%} "
                 "junk stays under the bound): audit more tokens (SPECSCOPE_AUDIT_EVERY=1)")
     return (f"{seen}; mean emitted probability {group.mean_p_emitted:.3f} vs {group.mean_p_expected:.3f} "
-            f"expected; a shift of {float(group.detectable_p_shift):.3f} or an excess of "
-            f"{float(group.detectable_pit_excess):.0%} of tokens in one PIT decile would have been detected")
+            f"expected; a shift of {float(group.detectable_p_shift):.3f}, an excess of "
+            f"{float(group.detectable_pit_excess):.0%} of tokens in one PIT decile or a fall of the mean surprise "
+            f"by {float(group.detectable_surprise_shift):.3f} nats would have been detected")
 
 
 def sampled_message(g: SimpleNamespace) -> str:
@@ -96,12 +104,18 @@ def sampled_message(g: SimpleNamespace) -> str:
                     f"{counts[worst]} of {g.scored_tokens} tokens where {g.scored_tokens / PIT_BINS:.1f} ± "
                     f"{float(g.pit_threshold):.1f} are expected (histogram {counts}; low deciles: the "
                     "target's most probable tokens)")
+    if g.surprise_failed:
+        said.append(f"their mean surprise (-ln of the target probability) is {g.mean_surprise_emitted:.3f} nats "
+                    f"where a lossless engine gives {g.mean_surprise_expected:.3f}, the target's entropy (excess "
+                    f"{float(g.surprise_excess):+.1f} over {g.scored_tokens} tokens, bounds "
+                    f"-{float(g.surprise_threshold_below):.1f} / +{float(g.surprise_threshold_above):.1f}; below: "
+                    "a sharpened distribution, as a temperature applied twice or ignored)")
     return f"output is not the target's distribution ({g.sampling}): " + "; ".join(said)
 
 
 def check_lossless(ctx: RunContext) -> list[Finding]:
     """LOSSLESS_VIOLATION [error], per sampling group whose audit failed: a greedy token that is not
-    the target's argmax, or a sampled test's bound crossed (junk tail, mean probability, PIT; together
+    the target's argmax, or a sampled test's bound crossed (junk tail, mean probability, PIT, surprise; together
     at most 1e-3 false alarms). LOSSLESS_AUDITED [info] names every group that did not fail, with what
     its audit could have detected or that it had too few tokens to judge."""
     groups = [g for g in ctx.lossless_audit if int(g.tokens_audited or 0) > 0]

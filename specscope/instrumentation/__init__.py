@@ -18,11 +18,12 @@ e.g. :class:`specscope.collector.Collector`.
 """
 
 from specscope.events import Sink
-from specscope.instrumentation._audit import Auditor, token_stats, truncate
+from specscope.instrumentation._audit import Auditor, token_stats
 from specscope.instrumentation._audit import Slot as AuditSlot
 from specscope.instrumentation._instrument import instrument
 from specscope.instrumentation._loadcheck import check_load
 from specscope.instrumentation._sampling import SamplingConfig
+from specscope.instrumentation._truncate import truncate
 from specscope.instrumentation.tracer import Tracer
 
 __all__ = ["AuditSlot", "Auditor", "SamplingConfig", "Sink", "Tracer", "check_load", "instrument", "token_stats",

@@ -13,12 +13,16 @@ later (:class:`Auditor`), so the engine thread never waits on the device:
   (temperature, then top-k / top-p), whether it is below ``epsilon`` ("rare"), the target's total mass
   below ``epsilon`` (how often a lossless engine emits a rare token there), the row's sum of squared
   probabilities and the variance of the probability of a token drawn from it (sum p^3 - (sum p^2)^2),
-  and the token's randomized probability integral transform (PIT): uniform on [0, 1) for a token
-  drawn from the target, whatever the distribution, so its histogram tests any shift.
+  the token's randomized probability integral transform (PIT): uniform on [0, 1) for a token
+  drawn from the target, whatever the distribution, so its histogram tests any shift; and the token's
+  surprise ``-log p`` (capped at ``-log epsilon``) with its expectation, the row's entropy (of the
+  capped surprise), and variance: the score of a temperature-type shift (p^a renormalised, a != 1),
+  the test most powerful against a verifier that sharpens or flattens the target's distribution.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +30,7 @@ import torch
 
 from specscope.errors import ConfigError
 from specscope.events import PIT_BINS, LosslessAudit
+from specscope.instrumentation._truncate import truncated_support
 
 DEFAULT_AUDIT_EVERY = 4
 """Audit every n-th verify step (or verify batch) by default: 0 turns the audit off."""
@@ -33,39 +38,14 @@ DEFAULT_EPSILON = 1e-4
 """Target probability under which an emitted token counts as rare."""
 
 # Columns of token_stats' result.
-_VALID, _GREEDY, _MISMATCH, _P, _RARE, _RARE_MASS, _P2, _EMITTED, _TARGET, _VARIANCE, _PIT = range(11)
-
-
-def truncate(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """``logits`` (N, V) with the tokens outside each row's top-k and top-p set to -inf.
-
-    ``top_k`` (N,): tokens whose logit is below the k-th largest are dropped (ties with it kept), 0 or
-    less for none; then ``top_p`` (N,): over an ascending sort of the remaining distribution, tokens
-    whose cumulative mass is at most 1 - p are dropped, the most probable token always kept. The
-    rule, and its arithmetic order, of vLLM's own sampler (``apply_top_k_top_p``), so the audit judges
-    by the distribution the engine samples from.
-    """
-    if top_k is None and top_p is None:
-        return logits
-    ordered, order = logits.sort(dim=-1, descending=False)  # (N, V) ascending
-    vocab = ordered.shape[-1]
-    if top_k is not None:
-        k = top_k.to(logits.device).long()
-        k = torch.where(k > 0, k.clamp(max=vocab), torch.full_like(k, vocab))
-        kth = ordered.gather(-1, (vocab - k)[:, None])  # (N, 1)
-        ordered = ordered.masked_fill(ordered < kth, float("-inf"))
-    if top_p is not None:
-        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative <= 1 - top_p.to(logits.device).float()[:, None]
-        drop[:, -1] = False
-        ordered = ordered.masked_fill(drop, float("-inf"))
-    return logits.scatter(-1, order, ordered)
+(_VALID, _GREEDY, _MISMATCH, _P, _RARE, _RARE_MASS, _P2, _EMITTED, _TARGET, _VARIANCE, _PIT, _SURPRISE, _ENTROPY,
+ _SURPRISE_VAR) = range(14)
 
 
 def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
                 top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
                 epsilon: float = DEFAULT_EPSILON, uniform: torch.Tensor | None = None) -> torch.Tensor:
-    """Judge each emitted-token slot against the target (float32 (N, 11), on the logits' device).
+    """Judge each emitted-token slot against the target (float32 (N, 14), on the logits' device).
 
     Args:
         logits: (N, V) the target's logits at each slot's position, before temperature.
@@ -78,7 +58,8 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
 
     The PIT orders the vocabulary by target probability, most probable first, tokens of equal
     probability forming one atom: ``u = mass of more probable tokens + uniform * mass of the atom``.
-    No sort: two masked sums per row.
+    No sort: two masked sums per row. A truncated distribution is read over its candidates only
+    (:func:`truncated_support`), where every sampled row's cut lies among them.
     """
     logits = logits.float()
     emitted = emitted.to(logits.device).long()
@@ -86,22 +67,38 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
     valid = emitted >= 0
     token = emitted.clamp(min=0)[:, None]  # (N, 1)
     greedy = temperature == 0
-    target = logits.argmax(dim=-1)
-    mismatch = greedy & valid & (logits.gather(-1, token)[:, 0] < logits.max(dim=-1).values)
+    top, target = logits.max(dim=-1)  # the first of a tie, as argmax
+    mismatch = greedy & valid & (logits.gather(-1, token)[:, 0] < top)
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    probs = truncate(scaled, top_k, top_p).softmax(dim=-1)  # (N, V)
-    p = probs.gather(-1, token)[:, 0]
-    sampled = (~greedy & valid).float()
+    sampled = ~greedy & valid
+    # (N, M): the vocabulary, or where every sampled row is truncated, its candidates (ids: their
+    # vocabulary ids); a token outside them has probability 0
+    kept, ids = truncated_support(scaled, top_k, top_p, sampled)
+    log_probs = kept.log_softmax(dim=-1)
+    probs = log_probs.exp()
+    column, present = token, torch.ones_like(valid)
+    if ids is not None:
+        match = ids == token
+        column, present = match.int().argmax(dim=-1, keepdim=True), match.any(dim=-1)
+    p = probs.gather(-1, column)[:, 0] * present
+    sampled = sampled.float()
     rare = (p < epsilon).float() * sampled
-    rare_mass = probs.masked_fill(probs >= epsilon, 0).sum(dim=-1) * sampled
-    p2 = probs.square().sum(dim=-1) * sampled
-    variance = (probs.pow(3).sum(dim=-1) - p2.square()).clamp(min=0) * sampled  # Var of a draw's probability
-    above = probs.masked_fill(probs <= p[:, None], 0).sum(dim=-1)
-    atom = probs.masked_fill(probs != p[:, None], 0).sum(dim=-1)
+    rare_mass = torch.where(probs < epsilon, probs, 0).sum(dim=-1) * sampled
+    squares = probs.square()
+    p2 = squares.sum(dim=-1) * sampled
+    variance = ((squares * probs).sum(dim=-1) - p2.square()).clamp(min=0) * sampled  # Var of a draw's probability
+    above = torch.where(probs > p[:, None], probs, 0).sum(dim=-1)
+    atom = torch.where(probs == p[:, None], probs, 0).sum(dim=-1)
     draw = torch.full_like(p, 0.5) if uniform is None else uniform.to(logits.device).float()
     pit = (above + draw * atom).clamp(0, 1 - 1e-7) * sampled
+    surprise = log_probs.neg_().clamp_(max=-math.log(epsilon))  # (N, M), -inf log-probabilities capped
+    weighted = probs * surprise
+    entropy = weighted.sum(dim=-1)
+    surprise_var = (weighted.mul_(surprise).sum(dim=-1) - entropy.square()).clamp(min=0) * sampled
     return torch.stack([valid.float(), greedy.float(), mismatch.float(), p * sampled, rare, rare_mass, p2,
-                        emitted.float(), target.float(), variance, pit], dim=-1)
+                        emitted.float(), target.float(), variance, pit,
+                        torch.where(present, surprise.gather(-1, column)[:, 0], -math.log(epsilon)) * sampled,
+                        entropy * sampled, surprise_var], dim=-1)
 
 
 @dataclass(frozen=True)
@@ -193,7 +190,8 @@ class Auditor:
                 continue
             total = per_request.setdefault((slot.request_id, slot.sampling), {
                 "tokens": 0, "mismatches": 0, "rare": 0, "rare_expected": 0.0, "p_sum": 0.0, "p2_sum": 0.0,
-                "p_var_sum": 0.0, "pit": [0] * PIT_BINS, "example": None})
+                "p_var_sum": 0.0, "pit": [0] * PIT_BINS, "surprise_sum": 0.0, "entropy_sum": 0.0,
+                "surprise_var_sum": 0.0, "entropy_max": 0.0, "example": None})
             total["tokens"] += 1
             total["mismatches"] += int(row[_MISMATCH])
             total["rare"] += int(row[_RARE])
@@ -203,6 +201,10 @@ class Auditor:
             if not row[_GREEDY]:
                 total["p_var_sum"] += row[_VARIANCE]
                 total["pit"][min(PIT_BINS - 1, int(row[_PIT] * PIT_BINS))] += 1
+                total["surprise_sum"] += row[_SURPRISE]
+                total["entropy_sum"] += row[_ENTROPY]
+                total["surprise_var_sum"] += row[_SURPRISE_VAR]
+                total["entropy_max"] = max(total["entropy_max"], row[_ENTROPY])
             if total["example"] is None and (row[_MISMATCH] or row[_RARE]):
                 total["example"] = {"position": slot.position, "emitted_token": int(row[_EMITTED]),
                                     "target_argmax": int(row[_TARGET]),

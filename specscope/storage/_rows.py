@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from specscope import events as ev
+from specscope.event_checks import SURPRISE_COLUMNS
 from specscope.storage import _summaries, schema
 
 Row = dict[str, Any]
@@ -166,13 +167,17 @@ def _load_report(e: ev.LoadReport) -> tuple:
 
 _LOSSLESS_AUDIT = _plain("lossless_audit", ("run_id", "rank", "request_id", "sampling", "tokens", "mismatches", "rare",
                                            "rare_expected", "p_sum", "p2_sum", "epsilon", "example", "ts_wall", "p_var_sum",
-                                           *(f"pit_{b}" for b in range(ev.PIT_BINS))))
+                                           *(f"pit_{b}" for b in range(ev.PIT_BINS)), *SURPRISE_COLUMNS))
 
 
 def _lossless_audit(e: ev.LosslessAudit) -> tuple:
     return (e.run_id, e.rank, e.request_id, e.sampling, e.tokens, e.mismatches, e.rare, e.rare_expected,
             e.p_sum, e.p2_sum, e.epsilon, None if e.example is None else _json(e.example), e.ts_wall,
-            e.p_var_sum, *(e.pit or (0,) * ev.PIT_BINS))
+            e.p_var_sum, *(e.pit or (0,) * ev.PIT_BINS), *_surprise(e).values())
+
+
+def _surprise(a: ev.LosslessAudit) -> dict[str, float]:
+    return {name: getattr(a, name) for name in SURPRISE_COLUMNS}
 
 
 def _request_tokens(e: ev.RequestTokens) -> Row:
@@ -187,7 +192,7 @@ def _replay_result(e: ev.ReplayResult) -> Row:
             "mismatches": a.mismatches, "first_departure": e.first_departure, "first_margin": e.first_margin,
             "max_margin": e.max_margin, "near_tie_margin": e.near_tie_margin, "rare": a.rare,
             "rare_expected": a.rare_expected, "p_sum": a.p_sum, "p2_sum": a.p2_sum, "p_var_sum": a.p_var_sum,
-            "epsilon": a.epsilon, **{f"pit_{b}": n for b, n in enumerate(a.pit or (0,) * ev.PIT_BINS)},
+            "epsilon": a.epsilon, **{f"pit_{b}": n for b, n in enumerate(a.pit or (0,) * ev.PIT_BINS)}, **_surprise(a),
             "example": None if a.example is None else _json(a.example), "ts_wall": e.ts_wall}
 
 

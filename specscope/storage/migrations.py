@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from specscope.event_checks import SURPRISE_COLUMNS
 from specscope.storage import _steps, _summaries, schema
 from specscope.storage.views import VIEWS, create_view_sql
 
@@ -133,6 +134,20 @@ def token_ids_and_replay(conn: Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.request_tokens, schema.replay_requests])
 
 
+def audit_surprise(conn: Connection) -> None:
+    """Version 14: the losslessness audit's surprise test: ``surprise_sum``, ``entropy_sum``,
+    ``surprise_var_sum`` and ``entropy_max`` on ``lossless_audit`` and ``replay_requests`` (0 on rows
+    audited before, which add nothing to the test); the views are recreated after the step
+    (``v_lossless_audit``, ``v_replay_audit``)."""
+    for table in ("lossless_audit", "replay_requests"):
+        present = {c["name"] for c in sa.inspect(conn).get_columns(table)}
+        for name in SURPRISE_COLUMNS:
+            if name not in present:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} "
+                                     f"{schema.lossless_audit.c[name].type.compile(dialect=conn.dialect)} "
+                                     "NOT NULL DEFAULT 0")
+
+
 WIDE_COUNTERS = {"acceptance_masks": ("steps", "proposed", "accepted"), "tensor_shapes": ("events", "nonfinite"),
                  "run_ranks": ("events_written", "events_dropped", "hook_calls", "hook_errors")}
 """The counters version 13 widened to 64 bits, by table."""
@@ -169,6 +184,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "audit_pit", audit_pit),
     Migration(12, "token_ids_and_replay", token_ids_and_replay),
     Migration(13, "wide_counters_and_unique_steps", wide_counters_and_unique_steps),
+    Migration(14, "audit_surprise", audit_surprise),
 )
 
 

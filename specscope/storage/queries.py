@@ -216,11 +216,16 @@ SAMPLING_ACCEPTANCE = Query("sampling_acceptance", """
     FROM v_sampling_acceptance WHERE run_id = :run_id ORDER BY sampling""")
 """Acceptance per sampling group of a run (``'greedy'``, ``'T=0.8'``, ..., ``'unknown'``)."""
 
+_SURPRISE = ("mean_surprise_emitted, mean_surprise_expected, surprise_excess, surprise_threshold_below, "
+            "surprise_threshold_above, detectable_surprise_shift")
+"""The surprise test's columns of ``v_lossless_audit`` and ``v_replay_audit``."""
+
 LOSSLESS_AUDIT = Query("lossless_audit", f"""
     SELECT sampling, requests, tokens_audited, greedy_mismatches, rare_observed, rare_expected,
            rare_threshold, mean_p_emitted, mean_p_expected, epsilon, scored_tokens, p_excess,
            p_excess_threshold, detectable_p_shift, {", ".join(f"pit_{b}" for b in range(PIT_BINS))},
-           pit_threshold, pit_worst_bin, detectable_pit_excess, junk_failed, mean_failed, pit_failed, verdict
+           pit_threshold, pit_worst_bin, detectable_pit_excess, {_SURPRISE}, junk_failed, mean_failed, pit_failed,
+           surprise_failed, verdict
     FROM v_lossless_audit WHERE run_id = :run_id ORDER BY sampling""")
 """The losslessness audit of a run per sampling group, with its verdict."""
 
@@ -234,7 +239,7 @@ REPLAY_AUDIT = Query("replay_audit", f"""
            near_tie_requests, max_margin, near_tie_margin, source, rare_observed, rare_expected, rare_threshold,
            mean_p_emitted, mean_p_expected, epsilon, scored_tokens, p_excess, p_excess_threshold,
            detectable_p_shift, {", ".join(f"pit_{b}" for b in range(PIT_BINS))}, pit_threshold, pit_worst_bin,
-           detectable_pit_excess, junk_failed, mean_failed, pit_failed, verdict
+           detectable_pit_excess, {_SURPRISE}, junk_failed, mean_failed, pit_failed, surprise_failed, verdict
     FROM v_replay_audit WHERE run_id = :run_id ORDER BY sampling""")
 """The replay against the target alone of a run per sampling group (``v_replay_audit``), with the
 audit's verdict over the replayed figures."""

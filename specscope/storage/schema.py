@@ -32,9 +32,10 @@ from sqlalchemy import (
     text,
 )
 
+from specscope.event_checks import SURPRISE_COLUMNS
 from specscope.events import PIT_BINS
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 metadata = MetaData()
 
@@ -254,6 +255,8 @@ lossless_audit = Table(  # one row per request and audited batch of verify steps
     # the distribution tests' figures (version 11): 0 on rows audited before them, which they skip
     Column("p_var_sum", Float, nullable=False, server_default="0"),
     *(Column(f"pit_{b}", Integer, nullable=False, server_default="0") for b in range(PIT_BINS)),
+    # the surprise test's figures (version 14): 0 on rows audited before it, which add nothing to it
+    *(Column(name, Float, nullable=False, server_default="0") for name in SURPRISE_COLUMNS),
     Index("ix_lossless_audit_run", "run_id", "sampling"),
 )
 
@@ -291,6 +294,7 @@ replay_requests = Table(  # one row per replayed request, the last replay's (eve
     Column("p_var_sum", Float, nullable=False),
     Column("epsilon", Float, nullable=False),
     *(Column(f"pit_{b}", Integer, nullable=False) for b in range(PIT_BINS)),
+    *(Column(name, Float, nullable=False, server_default="0") for name in SURPRISE_COLUMNS),  # version 14
     Column("example", Text),  # JSON object: the first departing or rare token, NULL when none
     Column("ts_wall", Float, nullable=False),
     PrimaryKeyConstraint("run_id", "request_id"),

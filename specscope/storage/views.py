@@ -29,7 +29,7 @@ host gone). A lost run that is heard from again reads ``'running'`` again. Its `
 stores the doctor's verdict when a rank ends: docs/design.md, "Reading a run"); a live run's current
 verdict is computed by :mod:`specscope.readmodel`.
 | ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate, p_0 of each sampling group |
-| ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT), bounds, power, verdict |
+| ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT, surprise), bounds, power, verdict |
 | ``v_replay_audit`` | run, sampling group | the same over a replay against the target alone, with departures, near-ties, margins |
 
 Acceptance as a distribution (:mod:`specscope.storage._distribution_views`):
@@ -52,8 +52,8 @@ from specscope.storage._formulas import mean_acceptance_length
 
 LOSSLESS_ALPHA = 1e-3
 """False-alarm bound of the sampled losslessness audit, per run and sampling group, shared equally by
-its three tests (docs/design.md, "Losslessness audit")."""
-_TEST_ALPHA = LOSSLESS_ALPHA / 3
+its four tests (docs/design.md, "Losslessness audit")."""
+_TEST_ALPHA = LOSSLESS_ALPHA / 4
 DETECTABLE_Z = 1.2816
 """Normal quantile of 90%: a shift is called detectable when it is caught with about 90% power."""
 MAX_JUDGED_SHIFT = 0.1
@@ -61,12 +61,13 @@ MAX_JUDGED_SHIFT = 0.1
 "too few tokens to judge", not passed."""
 
 
-def bernstein_threshold(variance: str, log_inverse_alpha: float) -> str:
-    """SQL of the t that a sum of martingale differences bounded by 1 in absolute value, with
+def bernstein_threshold(variance: str, log_inverse_alpha: float, bound: str = "1") -> str:
+    """SQL of the t that a sum of martingale differences each at most ``bound`` (SQL), with
     predictable variance ``variance`` (SQL), exceeds with probability at most exp(-L): Freedman's
-    inequality P(S >= t) <= exp(-t^2 / (2 (V + t / 3))) solved for t, t = L/3 + sqrt((L/3)^2 + 2 L V)."""
+    inequality P(S >= t) <= exp(-t^2 / (2 (V + b t / 3))) solved for t,
+    t = b L/3 + sqrt((b L/3)^2 + 2 L V)."""
     third = log_inverse_alpha / 3
-    return f"({third!r} + SQRT({third * third!r} + {6 * third!r} * ABS({variance})))"
+    return f"({bound} * {third!r} + SQRT(({bound} * {third!r}) * ({bound} * {third!r}) + {6 * third!r} * ABS({variance})))"
 
 
 def rare_threshold(expected: str) -> str:
@@ -81,6 +82,19 @@ def _mean_threshold(variance: str) -> str:
     return bernstein_threshold(variance, math.log(2 / _TEST_ALPHA))
 
 
+def _surprise_thresholds() -> tuple[str, str]:
+    """The bounds of the summed surprise off its expectation, each tail at half the test's share: below
+    (a sharpened distribution), one token's surprise falls short of its row's entropy by at most that
+    entropy (``entropy_max``); above (a flattened one), it exceeds it by at most the cap -ln epsilon.
+    Both bounds are raised to at least 1 nat (a larger bound stays a bound): the float32 noise of rows
+    all but deterministic stays far below the thresholds."""
+    log_inverse_alpha = math.log(2 / _TEST_ALPHA)
+    return (bernstein_threshold("surprise_variance", log_inverse_alpha,
+                                "(CASE WHEN entropy_max > 1 THEN entropy_max ELSE 1 END)"),
+            bernstein_threshold("surprise_variance", log_inverse_alpha,
+                                "(CASE WHEN epsilon <= 0 THEN 1 WHEN -LN(epsilon) > 1 THEN -LN(epsilon) ELSE 1 END)"))
+
+
 def _pit_threshold(scored: str) -> str:
     """The two-sided bound of one PIT bin's count off its expectation, Bonferroni over the bins: each
     bin's indicator has variance (1/B)(1 - 1/B) per scored token."""
@@ -91,23 +105,32 @@ def _pit_threshold(scored: str) -> str:
 def _audit_verdict(table: str, extra: str = "") -> str:
     """Per run and sampling group of ``table`` (``lossless_audit`` or ``replay_requests``: the same
     columns ``tokens``, ``mismatches``, ``rare``, ``rare_expected``, ``p_sum``, ``p2_sum``,
-    ``p_var_sum``, ``epsilon``, ``pit_0..9``), the greedy check and the sampled tests' figures,
+    ``p_var_sum``, ``epsilon``, ``pit_0..9``, the surprise columns), the greedy check and the sampled
+    tests' figures,
     thresholds, power and verdict (docs/design.md, "Losslessness audit"); ``extra``: more aggregate
     columns of ``table`` for the innermost grouping."""
     bins = [f"pit_{b}" for b in range(PIT_BINS)]
     row_scored = "(" + " + ".join(bins) + ")"
     pit_off = " OR ".join(f"ABS({b} - scored_tokens * {1 / PIT_BINS!r}) >= pit_threshold" for b in bins)
+    below, above = _surprise_thresholds()
     worst_bin = " ".join(f"WHEN ABS({b} - scored_tokens * {1 / PIT_BINS!r}) >= pit_threshold THEN {i}"
                          for i, b in enumerate(bins))
     return f"""
 SELECT t.*,
-       CASE WHEN greedy_mismatches > 0 OR junk_failed = 1 OR mean_failed = 1 OR pit_failed = 1 THEN 'violation'
+       CASE WHEN greedy_mismatches > 0 OR junk_failed = 1 OR mean_failed = 1 OR pit_failed = 1
+                 OR surprise_failed = 1 THEN 'violation'
             WHEN sampling <> 'greedy' AND (scored_tokens = 0 OR detectable_p_shift > {MAX_JUDGED_SHIFT!r})
             THEN 'too few tokens' ELSE 'passed' END AS verdict
 FROM (SELECT s.*,
              CASE WHEN rare_observed >= rare_threshold THEN 1 ELSE 0 END AS junk_failed,
              CASE WHEN scored_tokens > 0 AND ABS(p_excess) >= p_excess_threshold THEN 1 ELSE 0 END AS mean_failed,
              CASE WHEN scored_tokens > 0 AND ({pit_off}) THEN 1 ELSE 0 END AS pit_failed,
+             CASE WHEN scored_tokens > 0 AND (surprise_excess <= -surprise_threshold_below
+                                             OR surprise_excess >= surprise_threshold_above)
+                  THEN 1 ELSE 0 END AS surprise_failed,
+             CASE WHEN scored_tokens > 0
+                  THEN (surprise_threshold_below + {DETECTABLE_Z!r} * SQRT(surprise_variance)) / scored_tokens END
+                  AS detectable_surprise_shift,
              CASE {worst_bin} END AS pit_worst_bin,
              CASE WHEN scored_tokens > 0
                   THEN (p_excess_threshold + {DETECTABLE_Z!r} * SQRT(p_variance)) / scored_tokens END
@@ -117,7 +140,8 @@ FROM (SELECT s.*,
                        / scored_tokens END AS detectable_pit_excess
       FROM (SELECT a.*, {rare_threshold("rare_expected")} AS rare_threshold,
                    {_mean_threshold("p_variance")} AS p_excess_threshold,
-                   {_pit_threshold("scored_tokens")} AS pit_threshold
+                   {_pit_threshold("scored_tokens")} AS pit_threshold,
+                   {below} AS surprise_threshold_below, {above} AS surprise_threshold_above
             FROM (SELECT run_id, sampling, COUNT(DISTINCT request_id) AS requests, SUM(tokens) AS tokens_audited,
                          SUM(mismatches) AS greedy_mismatches, SUM(rare) AS rare_observed,
                          SUM(rare_expected) AS rare_expected,
@@ -129,6 +153,14 @@ FROM (SELECT s.*,
                          SUM({row_scored}) AS scored_tokens,
                          SUM(CASE WHEN {row_scored} > 0 THEN p_sum - p2_sum ELSE 0 END) AS p_excess,
                          SUM(p_var_sum) AS p_variance,
+                         CASE WHEN SUM({row_scored}) > 0
+                              THEN CAST(SUM(surprise_sum) AS DOUBLE PRECISION) / SUM({row_scored}) END
+                              AS mean_surprise_emitted,
+                         CASE WHEN SUM({row_scored}) > 0
+                              THEN CAST(SUM(entropy_sum) AS DOUBLE PRECISION) / SUM({row_scored}) END
+                              AS mean_surprise_expected,
+                         SUM(surprise_sum) - SUM(entropy_sum) AS surprise_excess,
+                         SUM(surprise_var_sum) AS surprise_variance, MAX(entropy_max) AS entropy_max,
                          {", ".join(f"SUM({b}) AS {b}" for b in bins)}{extra}
                   FROM {table}
                   GROUP BY run_id, sampling) a) s) t
