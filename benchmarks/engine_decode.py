@@ -1,7 +1,7 @@
 """The reference engine, measured side by side in one process on the held-out prompts.
 
 Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--k K] [--rounds R]
-[--pairs P] [--overhead-batch B] [--overhead-only]``.
+[--pairs P] [--overhead-batch B] [--budget-s S] [--overhead-only]``.
 
 1. Acceptance at k (docs/design.md, "Acceptance figures"): mean acceptance length, acceptance rate, per-position
    acceptance, over every held-out prompt (healthy) and the first ``fault_prompts`` under each fault.
@@ -56,7 +56,8 @@ def speed(engine: Engine, prompts: list[str], max_new: int, rounds: int) -> tupl
     return statistics.median(spec), statistics.median(greedy)
 
 
-def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int) -> dict[str, Interval]:
+def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int,
+             budget_s: float | None = None) -> dict[str, Interval]:
     """Instrumented vs bare decode of the same batch, on one engine with one Tracer switched per batch:
     A/A (paused vs paused) and paused vs observed, in the interleaved ABBA pairs of
     :func:`specscope.paired.compare`. Each batch is timed until the collector has stored what it
@@ -87,7 +88,7 @@ def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int) -> di
         side(True)(), side(False)()  # warm both states
         try:
             return compare({AA: (side(False), side(False)), "instrumented vs bare": (side(False), side(True))},
-                           pairs)
+                           pairs, budget_s)
         finally:
             engine.tracer = None
 
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speed-prompts", type=int, default=4, help="prompts per timing round")
     parser.add_argument("--pairs", type=int, default=24, help="ABBA pairs per comparison for the overhead")
     parser.add_argument("--overhead-batch", type=int, default=4, help="requests per batch for the overhead")
+    parser.add_argument("--budget-s", type=float, default=None, help="overhead: start no round after this many s")
     parser.add_argument("--overhead-only", action="store_true", help="skip acceptance and speed (3.)")
     args = parser.parse_args(argv)
     target = load_target()
@@ -126,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _print_overhead(engine: Engine, prompts: list[str], args: argparse.Namespace) -> None:
     batch = prompts[: args.overhead_batch]
-    results = overhead(engine, batch, args.max_new_tokens, args.pairs)
-    print(f"instrumented decode vs bare ({args.pairs} ABBA pairs of {len(batch)}-request batches, "
+    results = overhead(engine, batch, args.max_new_tokens, args.pairs, args.budget_s)
+    print(f"instrumented decode vs bare ({results[AA].n} ABBA pairs of {len(batch)}-request batches, "
           f"{args.max_new_tokens} tokens; load average {os.getloadavg()[0]:.2f}); B's time over A's:")
     for line in report(results):
         print(line)

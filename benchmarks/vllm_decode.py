@@ -1,7 +1,7 @@
 """vLLM decode with the specscope plugin on vs off, in one engine, calibrated to resolve 1%.
 
 Run: ``python -m benchmarks.vllm_decode [--compiled] [--pairs P] [--batch B] [--max-new-tokens T]
-[--only NAME ...]`` (names: ``plugin``, ``audit-4``, ``audit-1``, ``token-ids``; default all, and
+[--only NAME ...] [--budget-s S]`` (names: ``plugin``, ``audit-4``, ``audit-1``, ``token-ids``; default all, and
 ``plugin`` alone with ``--compiled``).
 
 One process holds one vLLM engine (offline ``LLM``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: scheduler,
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8, help="requests per batch")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--only", nargs="+", choices=list(COMPARISONS), default=None)
+    parser.add_argument("--budget-s", type=float, default=None, help="start no round after this many seconds")
     args = parser.parse_args(argv)
     names = args.only or (["plugin"] if args.compiled else list(COMPARISONS))
     with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):  # the environment restored after
@@ -137,18 +138,18 @@ def main(argv: list[str] | None = None) -> None:
             sides = {AA: (bench.side(OFF), bench.side(OFF))}
             sides.update({COMPARISONS[n][0]: (bench.side(COMPARISONS[n][1]), bench.side(COMPARISONS[n][2]))
                           for n in names})
-            seconds = timed(lambda: results.update(compare(sides, args.pairs)))
+            seconds = timed(lambda: results.update(compare(sides, args.pairs, args.budget_s)))
         finally:
             bench.llm.llm_engine.engine_core.shutdown()
             plugin.close()
         requests, steps, al = _recorded(db)
     mode = "compiled" if args.compiled else "eager"
-    print(f"vLLM decode ({mode}), one engine, plugin switched per batch: {args.pairs} ABBA pairs per comparison, "
+    print(f"vLLM decode ({mode}), one engine, plugin switched per batch: {results[AA].n} ABBA pairs per comparison, "
           f"batches of {args.batch} greedy requests x {args.max_new_tokens} tokens; load average "
           f"{load:.2f} at start, {os.getloadavg()[0]:.2f} at end; B's time over A's:")
     for line in report(results):
         print(line)
-    print(f"{2 * args.pairs * len(sides)} timed batches in {seconds:.0f} s")
+    print(f"{2 * results[AA].n * len(sides)} timed batches in {seconds:.0f} s")
     print(f"recorded: {requests} requests (served observed: {bench.observed_requests}), {steps} verify steps, "
           f"AL {al:.3f}; every batch decoded the same tokens")
 

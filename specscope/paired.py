@@ -41,6 +41,12 @@ class Interval:
         """The whole interval lies in [-bound_pct, +bound_pct]."""
         return -bound_pct <= self.low and self.high <= bound_pct
 
+    def pairs_for(self, bound_pct: float) -> int:
+        """About how many pairs at this scatter would narrow the interval to +-``bound_pct`` around
+        its estimate (the half-width shrinks as 1 / sqrt(n))."""
+        half = (self.high - self.low) / 2
+        return max(self.n, round(self.n * (half / bound_pct) ** 2))
+
     def __str__(self) -> str:
         return f"{self.pct:+.2f}% (95% CI {self.low:+.2f}% .. {self.high:+.2f}%, {self.n} pairs)"
 
@@ -77,12 +83,18 @@ Side = Callable[[], float]
 """Runs one batch of one side and returns its time (seconds)."""
 
 
-def compare(comparisons: Mapping[str, tuple[Side, Side]], pairs: int) -> dict[str, Interval]:
+def compare(comparisons: Mapping[str, tuple[Side, Side]], pairs: int,
+            budget_s: float | None = None) -> dict[str, Interval]:
     """Time every comparison ``name: (a, b)`` as ``pairs`` pairs, interleaved: round i runs one pair
     of each comparison in turn (A first when i is even), so that all of them, the A/A included, meet
-    the same load. Returns each comparison's :func:`slowdown`."""
+    the same load. ``budget_s``: start no round after that many seconds, once two rounds are done
+    (fewer pairs, wider intervals: the report says how many). Returns each comparison's
+    :func:`slowdown`."""
     times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in comparisons}
+    start = time.monotonic()
     for round_ in range(pairs):
+        if budget_s is not None and round_ >= 2 and time.monotonic() - start > budget_s:
+            break
         for name, (a, b) in comparisons.items():
             first, second = (a, b) if round_ % 2 == 0 else (b, a)
             t_first, t_second = first(), second()
@@ -97,8 +109,9 @@ def report(results: Mapping[str, Interval], bound_pct: float = RESOLVE_PCT) -> l
     calibration = results[AA]
     lines = [f"{AA:48} {calibration}"]
     if not calibration.within(bound_pct):
-        lines.append(f"too noisy to resolve 1%: the A/A interval is not within +-{bound_pct}%; "
-                     f"no A/B figure reported ({', '.join(n for n in results if n != AA)})")
+        lines.append(f"too noisy to resolve 1%: the A/A interval is not within +-{bound_pct}% (at this scatter "
+                     f"about {calibration.pairs_for(bound_pct)} pairs would be needed); no A/B figure reported "
+                     f"({', '.join(n for n in results if n != AA)})")
         return lines
     lines += [f"{name:48} {result}" for name, result in results.items() if name != AA]
     return lines

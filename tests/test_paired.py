@@ -32,6 +32,7 @@ def test_the_gate_refuses_a_noisy_calibration_and_reports_a_quiet_one():
     assert not loud.within(0.5) and quiet.within(0.5)
     refused = report({AA: loud, "plugin": b})
     assert "too noisy" in refused[1] and not any(str(b) in line for line in refused)
+    assert loud.pairs_for(0.5) > 16 * 10  # a 5% scatter needs hundreds of pairs
     assert report({AA: quiet, "plugin": b})[1].endswith(str(b))
 
 
