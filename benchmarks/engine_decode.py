@@ -19,6 +19,7 @@ Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -68,6 +69,7 @@ def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int,
                    draft_model=draft_id, config=engine.run_config()) as tracer:
         instrument(tracer, draft=engine.draft, target=engine.target)
         reference = []
+        batches = itertools.count()
 
         def side(observed: bool):
             def run() -> float:
@@ -77,7 +79,8 @@ def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int,
                     tracer.pause()
                 engine.tracer = tracer if observed else None
                 results = []
-                seconds = timed(lambda: (results.extend(engine.generate(prompts, max_new)), collector.flush()))
+                names = [f"batch{next(batches)}-{i}" for i in range(len(prompts))]  # each request new to the tracer
+                seconds = timed(lambda: (results.extend(engine.generate(prompts, max_new, names)), collector.flush()))
                 ids = [r.token_ids for r in results]
                 reference[:] = reference or ids
                 if ids != reference:

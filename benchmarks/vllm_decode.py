@@ -115,11 +115,11 @@ class Bench:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compiled", action="store_true", help="vLLM's default compiled mode")
-    parser.add_argument("--pairs", type=int, default=20, help="pairs per comparison")
-    parser.add_argument("--batch", type=int, default=8, help="requests per batch")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--pairs", type=int, default=24, help="pairs per comparison")
+    parser.add_argument("--batch", type=int, default=4, help="requests per batch")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--only", nargs="+", choices=list(COMPARISONS), default=None)
-    parser.add_argument("--budget-s", type=float, default=None, help="start no round after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="start no round after this many seconds")
     args = parser.parse_args(argv)
     names = args.only or (["plugin"] if args.compiled else list(COMPARISONS))
     with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):  # the environment restored after
