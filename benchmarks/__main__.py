@@ -1,4 +1,7 @@
-"""``python -m benchmarks`` (``make bench``): every benchmark in turn, each printing its own table."""
+"""``python -m benchmarks`` (``make bench``): every benchmark in turn, each printing its own table;
+the vLLM decode benchmark (eager, every comparison) where vLLM is installed."""
+
+import importlib.util
 
 from benchmarks import (
     audit_cost,
@@ -11,7 +14,12 @@ from benchmarks import (
     token_ids,
 )
 
-for module in (engine_decode, hook_overhead, audit_cost, token_ids, collector_ingest, pg_ingest, dashboard_queries,
-               inspect_memory):
+modules = [engine_decode, hook_overhead, audit_cost, token_ids, collector_ingest, pg_ingest, dashboard_queries,
+           inspect_memory]
+if importlib.util.find_spec("vllm") is not None:
+    from benchmarks import vllm_decode
+
+    modules.insert(1, vllm_decode)
+for module in modules:
     print(f"\n=== {module.__name__} ===", flush=True)
     module.main()

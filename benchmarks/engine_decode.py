@@ -1,21 +1,26 @@
 """The reference engine, measured side by side in one process on the held-out prompts.
 
 Run: ``python -m benchmarks.engine_decode [--prompts N] [--max-new-tokens T] [--k K] [--rounds R]
-[--pairs P]``.
+[--pairs P] [--overhead-batch B] [--budget-s S] [--overhead-only]``.
 
 1. Acceptance at k (docs/design.md, "Acceptance figures"): mean acceptance length, acceptance rate, per-position
    acceptance, over every held-out prompt (healthy) and the first ``fault_prompts`` under each fault.
 2. Decode speed: speculative decoding vs the target's own greedy decoding (tokens/s), the same
    prompts and token counts, alternating so machine load hits both alike.
-3. Instrumentation overhead: the same speculative decode with a specscope Tracer at default settings
-   (shape sampling, no value statistics, no provenance) writing through a Collector into a temporary
-   SQLite store vs not instrumented, as ``pairs`` back-to-back pairs of the same request (order
-   alternating); the median of the per-pair slowdowns, with its interquartile range.
+3. Instrumentation overhead: the same speculative decode of a batch of ``overhead_batch`` prompts with
+   a specscope Tracer at default settings (shape sampling, no value statistics, no provenance, the
+   audit every 4th step) writing through a Collector into a temporary SQLite store vs not
+   instrumented: one engine and one Tracer, paused (``Tracer.pause``: no hook in the models, no
+   tracer on the engine) for the bare batches; ``pairs`` ABBA pairs, with an A/A calibration of the
+   same rounds (:mod:`specscope.paired`: the figure is reported when the A/A interval lies within
+   +-0.5%).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import statistics
 import tempfile
 import time
@@ -25,6 +30,7 @@ from specscope import metrics
 from specscope.collector import Collector
 from specscope.engine import ENGINE_NAME, ENGINE_VERSION, FAULTS, Engine, heldout_prompts, load_target
 from specscope.instrumentation import Tracer, instrument
+from specscope.paired import AA, Interval, compare, report, timed
 
 
 def acceptance(engine: Engine, prompts: list[str], max_new: int) -> dict:
@@ -51,39 +57,43 @@ def speed(engine: Engine, prompts: list[str], max_new: int, rounds: int) -> tupl
     return statistics.median(spec), statistics.median(greedy)
 
 
-def _decode_tps(engine: Engine, prompt: str, max_new: int) -> float:
-    return _timed(lambda: sum(len(r.token_ids) for r in engine.generate([prompt], max_new)))
-
-
-def _instrumented_tps(engine: Engine, collector: Collector, prompt: str, max_new: int) -> float:
-    """:func:`_decode_tps` with a fresh Tracer attached (attach and removal are not timed)."""
+def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int,
+             budget_s: float | None = None) -> dict[str, Interval]:
+    """Instrumented vs bare decode of the same batch, on one engine with one Tracer switched per batch:
+    A/A (paused vs paused) and paused vs observed, in the interleaved ABBA pairs of
+    :func:`specscope.paired.compare`. Each batch is timed until the collector has stored what it
+    recorded; every batch must decode the same tokens (checked)."""
     target_id, draft_id = engine.model_ids
-    with Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
-                draft_model=draft_id, config=engine.run_config()) as tracer:
+    with tempfile.TemporaryDirectory() as tmp, Collector(str(Path(tmp) / "bench.db")) as collector, \
+            Tracer(collector, engine=ENGINE_NAME, engine_version=ENGINE_VERSION, target_model=target_id,
+                   draft_model=draft_id, config=engine.run_config()) as tracer:
         instrument(tracer, draft=engine.draft, target=engine.target)
-        engine.tracer = tracer
+        reference = []
+        batches = itertools.count()
+
+        def side(observed: bool):
+            def run() -> float:
+                if observed:
+                    tracer.resume()
+                else:
+                    tracer.pause()
+                engine.tracer = tracer if observed else None
+                results = []
+                names = [f"batch{next(batches)}-{i}" for i in range(len(prompts))]  # each request new to the tracer
+                seconds = timed(lambda: (results.extend(engine.generate(prompts, max_new, names)), collector.flush()))
+                ids = [r.token_ids for r in results]
+                reference[:] = reference or ids
+                if ids != reference:
+                    raise RuntimeError("a batch decoded other tokens than the first: the sides are not comparable")
+                return seconds
+            return run
+
+        side(True)(), side(False)()  # warm both states
         try:
-            return _decode_tps(engine, prompt, max_new)
+            return compare({AA: (side(False), side(False)), "instrumented vs bare": (side(False), side(True))},
+                           pairs, budget_s)
         finally:
             engine.tracer = None
-
-
-def overhead(engine: Engine, prompts: list[str], max_new: int, pairs: int) -> tuple[float, float, float]:
-    """Paired instrumented-vs-bare decode: for each of ``pairs`` prompts (cycled), the same request is
-    decoded bare and instrumented back to back (order alternating), so machine-load drift hits both
-    halves of a pair alike. Returns (median overhead %, 25th and 75th percentile %) of the per-pair
-    ratios bare tokens/s / instrumented tokens/s - 1."""
-    ratios = []
-    with tempfile.TemporaryDirectory() as tmp, Collector(str(Path(tmp) / "bench.db")) as collector:
-        for i in range(pairs):
-            prompt = prompts[i % len(prompts)]
-            halves = {}
-            for traced in ((False, True) if i % 2 == 0 else (True, False)):
-                halves[traced] = (_instrumented_tps(engine, collector, prompt, max_new) if traced
-                                  else _decode_tps(engine, prompt, max_new))
-            ratios.append(100 * (halves[False] / halves[True] - 1))
-    q1, median, q3 = statistics.quantiles(ratios, n=4)
-    return median, q1, q3
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds for the timings")
     parser.add_argument("--speed-prompts", type=int, default=4, help="prompts per timing round")
-    parser.add_argument("--pairs", type=int, default=24, help="bare/instrumented pairs for the overhead")
+    parser.add_argument("--pairs", type=int, default=24, help="ABBA pairs per comparison for the overhead")
+    parser.add_argument("--overhead-batch", type=int, default=4, help="requests per batch for the overhead")
+    parser.add_argument("--budget-s", type=float, default=None, help="overhead: start no round after this many s")
     parser.add_argument("--overhead-only", action="store_true", help="skip acceptance and speed (3.)")
     args = parser.parse_args(argv)
     target = load_target()
@@ -118,9 +130,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _print_overhead(engine: Engine, prompts: list[str], args: argparse.Namespace) -> None:
-    median, q1, q3 = overhead(engine, prompts, args.max_new_tokens, args.pairs)
-    print(f"instrumented decode vs bare ({args.pairs} paired requests): overhead median {median:+.2f}% "
-          f"(interquartile {q1:+.2f}% .. {q3:+.2f}%)")
+    batch = prompts[: args.overhead_batch]
+    results = overhead(engine, batch, args.max_new_tokens, args.pairs, args.budget_s)
+    print(f"instrumented decode vs bare ({results[AA].n} ABBA pairs of {len(batch)}-request batches, "
+          f"{args.max_new_tokens} tokens; load average {os.getloadavg()[0]:.2f}); B's time over A's:")
+    for line in report(results):
+        print(line)
 
 
 if __name__ == "__main__":

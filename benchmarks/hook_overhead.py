@@ -4,15 +4,15 @@ Run: ``python -m benchmarks.hook_overhead [--calls N] [--repeats R]``; ``--profi
 where the steady-state specscope call's time goes (cProfile over the 4-op module, per call).
 
 Two small EAGLE-3-shaped modules (``forward(input_ids, positions, hidden_states) -> (logits,
-hidden)``; a 4-op one, and one with a draft layer's op count) are each called in a loop six ways:
-unhooked; with two empty hooks (a forward pre-hook with kwargs and a forward hook: what torch's hook
-dispatch alone costs); with the reads floor (a bare ``forward`` wrapper that reads the five tensors'
-``(shape, dtype, device)`` and compares them with the previous call's, and does nothing else: the
-least any hook can add that notices every new signature); hooked by a specscope Tracer
-(``instrument(tracer, draft=model)``: its wrapper around the draft's forward with the draft-input
-and output bodies, default sampling: first 8 calls, new signatures, every 64th) into a discarding
-sink; the same into the real Collector writing a temporary SQLite store; unhooked under
-``torch.profiler.profile(record_shapes=True)``.
+hidden)``; a 4-op one, and one with a draft layer's op count) are each called in a loop six ways
+(and once more unhooked, the A/A below): unhooked; with two empty hooks (a forward pre-hook with
+kwargs and a forward hook: what torch's hook dispatch alone costs); with the reads floor (a bare
+``forward`` wrapper that reads the five tensors' ``(shape, dtype, device)`` and compares them with
+the previous call's, and does nothing else: the least any hook can add that notices every new
+signature); hooked by a specscope Tracer (``instrument(tracer, draft=model)``: its wrapper around
+the draft's forward with the draft-input and output bodies, default sampling: first 8 calls, new
+signatures, every 64th) into a discarding sink; the same into the real Collector writing a temporary
+SQLite store; unhooked under ``torch.profiler.profile(record_shapes=True)``.
 
 Every mode runs on the same module object (hooks are registered before a batch and removed after it):
 identical deep copies of a module differ by up to 50% in time per call on this machine, more than
@@ -20,7 +20,10 @@ the hooks cost. Batches are timed in this thread's CPU time (``time.thread_time`
 on a shared machine the time spent descheduled is other people's. One round times one batch of
 ``calls`` calls per mode, in an order that rotates from round to round; a mode's added cost is the
 median over ``repeats`` rounds of its batch minus the unhooked batch of the same round (paired, so
-drift in machine load cancels). Figures are in microseconds per call. Budget (docs/design.md,
+drift in machine load cancels), shown with its interquartile range over the rounds and the 95%
+interval of the mean (:mod:`specscope.paired`). A seventh mode times the unhooked module again (an
+A/A pair): its added figure and spread are what load alone produces in this run, so a reader can
+tell load from a regression. Figures are in microseconds per call. Budget (docs/design.md,
 "Budgets"): the specscope hook adds at most 1.5x what the two empty hooks add, and the profiler adds
 at least 10x what the specscope hook adds. The profiler's cost grows with the ops inside the module,
 the hook's does not; the reads floor shows how far below any hook's reach the second aim lies on a
@@ -46,6 +49,7 @@ from torch import nn
 from specscope.collector import Collector
 from specscope.events import RunConfig
 from specscope.instrumentation import Tracer, instrument
+from specscope.paired import mean_interval, spread
 
 HIDDEN = 64
 VOCAB = 128
@@ -179,6 +183,7 @@ def tracer_for(sink) -> Tracer:
 
 
 UNHOOKED = "unhooked"
+AGAIN = "unhooked again (A/A: this run's noise)"
 EMPTY = "two empty hooks (torch's hook dispatch)"
 FLOOR = "reads floor (5 signatures read, compared)"
 SPECSCOPE = "specscope hook (discard sink)"
@@ -189,12 +194,13 @@ OBSERVED = 5
 
 
 @torch.no_grad()
-def compare(model: nn.Module, calls: int, repeats: int) -> tuple[dict[str, float], dict[str, float]]:
-    """``(median µs per call, median paired added µs per call)`` of each mode on ``model``."""
+def compare(model: nn.Module, calls: int, repeats: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """``(median µs per call, paired added µs per call of every round)`` of each mode on ``model``."""
     args = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
             torch.randn(1, 1, HIDDEN))
     with tempfile.TemporaryDirectory() as tmp, Collector(str(Path(tmp) / "bench.db")) as collector:
         modes = {UNHOOKED: lambda: batch_us(model, args, calls),
+                 AGAIN: lambda: batch_us(model, args, calls),
                  EMPTY: lambda: empty_hooks_batch_us(model, args, calls),
                  FLOOR: lambda: reads_floor_batch_us(model, args, calls),
                  SPECSCOPE: lambda: traced_batch_us(model, args, calls, DiscardSink()),
@@ -211,8 +217,7 @@ def compare(model: nn.Module, calls: int, repeats: int) -> tuple[dict[str, float
             for mode, value in batch.items():
                 samples[mode].append(value)
                 added[mode].append(value - batch[UNHOOKED])
-    return ({mode: statistics.median(values) for mode, values in samples.items()},
-            {mode: statistics.median(values) for mode, values in added.items()})
+    return {mode: statistics.median(values) for mode, values in samples.items()}, added
 
 
 def ratio(numerator: float, denominator: float) -> str:
@@ -237,11 +242,18 @@ def main(argv: list[str] | None = None) -> int:
           f"width {HIDDEN}; µs of this thread's CPU time per call; 'added' is the median over rounds of "
           f"(mode batch - unhooked batch of the same round), not the difference of the medians")
     for model in (SmallDraft().eval(), LayerDraft().eval()):
-        figures, added = compare(model, opts.calls, opts.repeats)
+        figures, rounds = compare(model, opts.calls, opts.repeats)
         print(f"\n{type(model).__name__}: {model.__doc__.splitlines()[0]}")
-        print(f"{'mode':42} {'median us/call':>15} {'added us/call':>14}")
-        for mode, value in figures.items():
-            print(f"{mode:42} {value:15.2f} {added[mode]:14.2f}")
+        print(f"{'mode':42} {'median us/call':>15} {'added us/call':>14}  {'added: interquartile, 95% CI of mean':>36}")
+        added = {UNHOOKED: 0.0}
+        print(f"{UNHOOKED:42} {figures[UNHOOKED]:15.2f}")
+        for mode in list(figures)[1:]:
+            q1, added[mode], q3 = spread(rounds[mode])
+            _, low, high = mean_interval(rounds[mode])
+            print(f"{mode:42} {figures[mode]:15.2f} {added[mode]:14.2f}  {q1:7.2f} .. {q3:<7.2f} "
+                  f"{low:7.2f} .. {high:<7.2f}")
+        print("noise floor: the A/A row (two unhooked batches of one round) is what load alone adds; an added "
+              "figure inside its interquartile range is not a cost")
         print(f"specscope added / empty hooks added: {ratio(added[SPECSCOPE], added[EMPTY])} (aim <= 1.5x)")
         print(f"profiler added / specscope added: {ratio(added[PROFILER], added[SPECSCOPE])} (aim >= 10x)")
         print(f"profiler added / reads floor added: {ratio(added[PROFILER], added[FLOOR])} (the most any "

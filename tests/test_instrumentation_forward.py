@@ -169,3 +169,40 @@ def test_the_forwards_own_exception_reaches_the_caller_unchanged():
         draft.failing(torch.zeros(2))
     assert tracer.hook_errors == 0
     tracer.close()
+
+
+@torch.no_grad()
+def test_a_paused_tracer_takes_its_hooks_out_and_resume_puts_them_back():
+    draft = TinyEagle3Draft().eval()
+    args = draft_args()
+    tracer, sink = traced(draft)
+    draft(*args)
+    calls, count = tracer.hook_calls, recorded(sink)
+    tracer.pause()
+    tracer.pause()  # idempotent
+    assert draft.forward.__func__ is TinyEagle3Draft.forward  # the module's own forward, no frame of ours
+    draft(*args)
+    assert (tracer.hook_calls, recorded(sink)) == (calls, count)
+    tracer.resume()
+    tracer.resume()
+    draft(*args)
+    assert (tracer.hook_calls, recorded(sink)) == (calls + 2, count + 5)
+    tracer.close()
+    tracer.resume()  # nothing to put back once closed
+    assert vars(draft).keys() == vars(TinyEagle3Draft()).keys()
+
+
+@torch.no_grad()
+def test_a_paused_hook_under_another_wrapper_passes_through_and_the_wrapper_stays():
+    draft = TinyEagle3Draft().eval()
+    args = draft_args()
+    tracer, sink = traced(draft)
+    outer: list = []
+    outer_wrapper(draft, outer)
+    tracer.pause()
+    draft(*args)
+    assert len(outer) == 1 and recorded(sink) == 0
+    tracer.resume()
+    draft(*args)
+    assert len(outer) == 2 and recorded(sink) == 5
+    tracer.close()

@@ -500,3 +500,21 @@ def test_a_replay_against_the_target_alone_names_the_lossy_runs_and_counts_the_h
             assert "REPLAY_DIVERGENCE" not in codes and "REPLAY_AUDITED" in codes, name
         (lossy,) = [f for f in diagnose(store, runs["top-p-ignored"][0]).findings if f.code == "REPLAY_DIVERGENCE"]
         assert lossy.severity == "error" and {"junk", "mean"} & set(lossy.evidence["groups"][0]["failed_tests"])
+
+
+def test_a_live_tracer_changes_its_audit_rate_and_token_budget():
+    from _draft_fixture import ListSink, run_config
+
+    from specscope.errors import ConfigError
+    from specscope.instrumentation import Tracer
+
+    tracer = Tracer(ListSink(), engine="e", engine_version="0", target_model="t", draft_model="d",
+                    config=run_config(), audit_every=0, token_requests=5)
+    assert not any(tracer.audit_due() for _ in range(8)) and tracer.tokens.left == 0
+    tracer.set_audit(audit_every=2, token_requests=3)
+    assert [tracer.audit_due() for _ in range(4)] == [False, True, False, True] and tracer.tokens.left == 3
+    tracer.set_audit(audit_every=0)
+    assert not tracer.audit_due() and tracer.tokens.left == 0  # token ids only while the audit is on
+    for bad in ({"audit_every": -1}, {"token_requests": 1.5}):
+        with pytest.raises(ConfigError):
+            tracer.set_audit(**bad)

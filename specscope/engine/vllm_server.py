@@ -1,6 +1,6 @@
 """The reference target and EAGLE-3 draft behind a real vLLM OpenAI-compatible server
 (``vllm.entrypoints.openai.api_server``) in a child process, and one timed chat completion against
-it: what ``benchmarks/vllm_decode.py`` measures and ``tests/test_vllm.py`` scrapes. Needs vLLM in
+it: what ``tests/test_vllm.py`` scrapes (``compiled``: vLLM's default compiled mode). Needs vLLM in
 this interpreter; the specscope plugin records when ``env`` sets ``SPECSCOPE_DB``.
 """
 

@@ -123,16 +123,21 @@ class Auditor:
 
     def __init__(self, emit: Callable[[LosslessAudit], None], run_id: str, rank: int,
                  every: int = DEFAULT_AUDIT_EVERY, epsilon: float = DEFAULT_EPSILON, seed: int | None = None) -> None:
-        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
-            raise ConfigError(f"audit_every must be an int >= 0 (0 turns the audit off), got {every!r}")
+        self.set_every(every)
         if not 0 < epsilon < 1:
             raise ConfigError(f"audit epsilon must be between 0 and 1, got {epsilon!r}")
         self._emit, self.run_id, self.rank = emit, run_id, rank
-        self.every, self.epsilon = every, epsilon
+        self.epsilon = epsilon
         self._calls = 0
         self._seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pending: list[tuple[torch.Tensor, object, Sequence[Slot]]] = []
+
+    def set_every(self, every: int) -> None:
+        """Audit every ``every``-th call of :meth:`due` from the next one on (0: never)."""
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            raise ConfigError(f"audit_every must be an int >= 0 (0 turns the audit off), got {every!r}")
+        self.every = every
 
     def due(self) -> bool:
         """Count one verify step (or batch); True when this one is to be audited."""

@@ -29,7 +29,8 @@ to the static buffer of :mod:`specscope.instrumentation._replay`, whose device w
 replays.
 :meth:`ForwardTap.remove` restores the module; when something wrapped ``forward`` after us, that
 wrapper stays in place and ours becomes a pass-through (a compiled graph that still calls the op
-finds no observer and does nothing).
+finds no observer and does nothing). :meth:`ForwardTap.suspend` does the same until
+:meth:`ForwardTap.resume` puts ours back (a tracer paused for a while).
 """
 
 from __future__ import annotations
@@ -88,14 +89,26 @@ def _token(module: nn.Module) -> torch.Tensor:
 
 
 class ForwardTap:
-    """Handle of one wrapped ``forward`` (what :meth:`HookState.install` owns): :meth:`remove`."""
+    """Handle of one wrapped ``forward`` (what :meth:`HookState.install` owns): :meth:`remove`, and
+    :meth:`suspend` / :meth:`resume` to take the wrapper out for a while."""
 
-    __slots__ = ("_module", "_function", "_previous_key", "_disable")
+    __slots__ = ("_module", "_function", "_previous_key", "_switch", "_suspended")
 
     def __init__(self, module: nn.Module, function: Callable, previous_key: str | None,
-                 disable: Callable[[], None]) -> None:
-        self._module, self._function, self._previous_key, self._disable = (
-            module, function, previous_key, disable)
+                 switch: Callable[[bool], None]) -> None:
+        self._module, self._function, self._previous_key, self._switch = (
+            module, function, previous_key, switch)
+        self._suspended = False
+
+    def _outermost(self, module: nn.Module) -> bool:
+        current = module.__dict__.get("forward")
+        return getattr(current, "__func__", None) is self._function and current.__self__ is module
+
+    def _restore_previous(self, module: nn.Module) -> None:
+        if self._previous_key is None:
+            del module.__dict__["forward"]
+        else:
+            module.__dict__["forward"] = module.__dict__[self._previous_key]
 
     def remove(self) -> None:
         """Restore the module's previous ``forward`` if ours is still the outermost; else leave
@@ -104,13 +117,36 @@ class ForwardTap:
         module, self._module = self._module, None
         if module is None:
             return
-        self._disable()
-        current = module.__dict__.get("forward")
-        if getattr(current, "__func__", None) is self._function and current.__self__ is module:
-            if self._previous_key is None:
-                del module.__dict__["forward"]
-            else:
-                module.__dict__["forward"] = module.__dict__.pop(self._previous_key)
+        self._switch(False)
+        if self._outermost(module):
+            self._restore_previous(module)
+            if self._previous_key is not None:
+                del module.__dict__[self._previous_key]
+
+    def suspend(self) -> None:
+        """Until :meth:`resume`, the module runs its previous ``forward`` as if never wrapped (when a
+        later wrapper covers ours, ours stays under it and passes through). Idempotent; nothing
+        after :meth:`remove`."""
+        module = self._module
+        if module is None or self._suspended:
+            return
+        self._switch(False)
+        self._suspended = self._outermost(module)
+        if self._suspended:
+            self._restore_previous(module)
+
+    def resume(self) -> None:
+        """Undo :meth:`suspend`: ours observes again (and is the outermost again where it was
+        taken out and nothing wrapped the module since). Idempotent; nothing after :meth:`remove`."""
+        module = self._module
+        if module is None:
+            return
+        self._switch(True)
+        if self._suspended:
+            self._suspended = False
+            previous = module.__dict__.get(self._previous_key) if self._previous_key else None
+            if module.__dict__.get("forward") is previous:  # not wrapped again while we were out
+                module.__dict__["forward"] = types.MethodType(self._function, module)
 
 
 def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
@@ -188,10 +224,13 @@ def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
                 failed(post_point, exc)
         return output
 
-    def disable() -> None:
+    def switch(on: bool) -> None:
         nonlocal owner
-        owner = None
-        _observers.pop(site, None)
+        owner = module if on else None
+        if not on:
+            _observers.pop(site, None)
+        elif pick is not None:
+            _observers[site] = observed
 
     functools.update_wrapper(forward, original)
     try:
@@ -199,7 +238,7 @@ def tap_forward(module: nn.Module, state: HookState, pre: PreBody | None = None,
     except (TypeError, ValueError):  # no signature to give (a builtin): inspect says so itself
         pass
     module.__dict__["forward"] = types.MethodType(forward, module)
-    return ForwardTap(module, forward, previous_key, disable)
+    return ForwardTap(module, forward, previous_key, switch)
 
 
 def _inner_forward(module: nn.Module) -> tuple[Callable[..., Any], str | None, Callable[..., Any]]:

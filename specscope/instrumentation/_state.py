@@ -29,6 +29,10 @@ class Removable(Protocol):
 
     def remove(self) -> None: ...
 
+    def suspend(self) -> None: ...
+
+    def resume(self) -> None: ...
+
 
 class HookState:
     """Counters, sampling, request tags and the guarded sink of one tracer's hooks.
@@ -96,6 +100,17 @@ class HookState:
         for handle in reversed(self._handles):
             handle.remove()
         self._handles.clear()
+
+    def suspend(self) -> None:
+        """Take every installed hook out until :meth:`resume` (the last installed first, as
+        :meth:`remove`). Idempotent."""
+        for handle in reversed(self._handles):
+            handle.suspend()
+
+    def resume(self) -> None:
+        """Put back what :meth:`suspend` took out (the first installed first). Idempotent."""
+        for handle in self._handles:
+            handle.resume()
 
     # -- boundaries reported by the engine (tracer API) ------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import islice
 
+from specscope.errors import ConfigError
 from specscope.events import RequestTokens
 
 DEFAULT_TOKEN_REQUESTS = 256
@@ -35,8 +36,14 @@ class TokenRecorder:
                  max_tokens: int | None = None) -> None:
         self.run_id = run_id
         self.max_tokens = MAX_REQUEST_TOKENS if max_tokens is None else max_tokens
-        self.left = requests
+        self.set_left(requests)
         self._prompts: dict[str, tuple[int, ...]] = {}
+
+    def set_left(self, requests: int) -> None:
+        """Keep the ids of the next ``requests`` requests to finish (0: none); ConfigError otherwise."""
+        if not isinstance(requests, int) or isinstance(requests, bool) or requests < 0:
+            raise ConfigError(f"token_requests must be an int >= 0, got {requests!r}")
+        self.left = requests
 
     def start(self, request_id: str, prompt: str | Sequence[int] | None) -> None:
         """Remember ``prompt`` (token ids; text or None: nothing to replay) of ``request_id``."""

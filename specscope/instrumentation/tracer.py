@@ -133,6 +133,30 @@ class Tracer:
         except Exception as exc:  # noqa: BLE001 - observing must not break the engine's shutdown
             self._hook_failed("sink.flush", exc)
 
+    def pause(self) -> None:
+        """Take the hooks out of the modules :func:`~specscope.instrumentation.instrument` hooked until
+        :meth:`resume`: each runs its own ``forward`` again, at no cost (a hook another wrapper has
+        covered since passes through instead; a graph compiled while hooked keeps its
+        ``specscope::observe`` calls, which observe nothing until then). The run, its counters and
+        the request / verify-step calls the engine makes stay as they are. Idempotent."""
+        self.hook_state.suspend()
+
+    def resume(self) -> None:
+        """Put back the hooks :meth:`pause` took out; nothing once closed. Idempotent."""
+        self.hook_state.resume()
+
+    def set_audit(self, audit_every: int | None = None, token_requests: int | None = None) -> None:
+        """Change the audit of a live tracer from its next verify step: every ``audit_every``-th step
+        (0: off), and the token ids of the next ``token_requests`` requests to finish (as the
+        constructor's arguments; None leaves either as it is). Token ids are kept only while the
+        audit is on: turning it off ends the token budget. Raises ConfigError for a bad value."""
+        if audit_every is not None:
+            self.auditor.set_every(audit_every)
+        if token_requests is not None:
+            self.tokens.set_left(token_requests)
+        if not self.auditor.every:
+            self.tokens.set_left(0)
+
     def __enter__(self) -> Tracer:
         return self
 

@@ -29,8 +29,10 @@ logged once and counted in the run, and vLLM serves as usual.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 
 from specscope.adapters.vllm._env import (
     ENV_AUDIT_EVERY,
@@ -42,7 +44,7 @@ from specscope.adapters.vllm._env import (
 )
 
 __all__ = ["ENV_AUDIT_EVERY", "ENV_DB", "ENV_LABEL", "ENV_PROVENANCE_EVERY", "ENV_RUN_ID", "ENV_TOKEN_REQUESTS", "close",
-           "register"]
+           "configure", "flush", "paused", "register"]
 
 logger = logging.getLogger("specscope")
 
@@ -73,3 +75,55 @@ def close() -> None:
     from specscope.adapters.vllm import _session
 
     _session.close_all()
+
+
+_depth = 0  # paused() blocks entered and not yet left: the outermost one switches
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Inside the block, vLLM in this process runs as without specscope; on leaving it, specscope
+    observes again and the run goes on.
+
+    Inside: every vLLM method the plugin wrapped is vLLM's own again, and the hooks on the models and
+    the verifier's wrapper are out, so nothing is recorded and nothing of specscope runs on the engine
+    thread (but a graph compiled while hooked keeps its ``specscope::observe`` calls, which then
+    observe nothing, and the rank's status thread still writes every few seconds). Enter and leave it
+    between batches: a request in flight across an edge is recorded in part. Blocks nest (the
+    outermost switches). For side-by-side measurements on one engine (``benchmarks.vllm_decode``).
+    """
+    global _depth
+    from specscope.adapters.vllm import _patches, _session
+
+    _depth += 1
+    if _depth == 1:
+        _patches.take_out()
+        for each in _session.live():
+            each.pause()
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0:
+            _patches.put_back()
+            for each in _session.live():
+                each.resume()
+
+
+def configure(*, audit_every: int | None = None, token_requests: int | None = None) -> None:
+    """Change the running audit from the next verify step, as ``SPECSCOPE_AUDIT_EVERY`` and
+    ``SPECSCOPE_TOKEN_REQUESTS`` set it at start (None leaves a setting as it is; token ids are kept
+    only while the audit is on), for every run this process records. Raises ConfigError for a bad
+    value."""
+    from specscope.adapters.vllm import _session
+
+    for each in _session.live():
+        each.tracer.set_audit(audit_every, token_requests)
+
+
+def flush(timeout_s: float | None = None) -> bool:
+    """Wait until what this process recorded so far is written (at most ``timeout_s`` seconds per
+    run); True when all of it was. Recording is asynchronous: the writer thread lags the engine."""
+    from specscope.adapters.vllm import _session
+
+    return all([each.collector.flush(timeout_s) for each in _session.live()])

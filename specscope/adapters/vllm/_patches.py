@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from specscope.adapters.vllm import _session, _verifier
+from specscope.adapters.vllm._swap import Swap
 
 logger = logging.getLogger("specscope")
 
@@ -68,6 +69,7 @@ TARGET_COMPARE_BYTES = 4 << 30
 value; a larger one is checked by its config (and key layout is not read)."""
 _installed = False
 _failed: set[str] = set()
+_swaps: list[Swap] = []  # vLLM's methods specscope wrapped, in the order it wrapped them
 
 
 def install() -> None:
@@ -152,7 +154,19 @@ def _wrap(cls: type, name: str, after: Callable[..., None] | None,
         return result
 
     setattr(wrapper, WRAPPED, original)
-    setattr(cls, name, wrapper)
+    _swaps.append(Swap(cls, name, wrapper))
+
+
+def take_out() -> None:
+    """vLLM's own methods again, where :func:`install` wrapped them (the plugin's ``paused()``)."""
+    for swap in reversed(_swaps):
+        swap.take_out()
+
+
+def put_back() -> None:
+    """The wrappers :func:`take_out` took out, back in place."""
+    for swap in _swaps:
+        swap.put_back()
 
 
 # -- scheduler (EngineCore) ------------------------------------------------------------------------------
@@ -245,7 +259,7 @@ def _after_load_model(call: dict[str, Any]) -> None:
     session = _session.session(config, has_model=True,
                                active=_active_capture(runner.model) if eagle3 else None)
     session.tracer.start()
-    session.on_close(_verifier.attach(runner, session.tracer))
+    session.attached(_verifier.attach(runner, session.tracer))
     if not eagle3:
         logger.info("specscope: speculative method %s: acceptance only (tensor hooks are for eagle3)",
                     spec.method)

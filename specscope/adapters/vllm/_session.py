@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from specscope.adapters.vllm._env import (
@@ -26,6 +25,7 @@ from specscope.adapters.vllm._env import (
     ENV_RUN_ID,
     ENV_TOKEN_REQUESTS,
 )
+from specscope.adapters.vllm._swap import Swap
 from specscope.conventions import physical_capture_layers
 from specscope.events import Event, RankStart, RankStatus, RunConfig, RunStart
 
@@ -251,7 +251,7 @@ class Session:
                        "worker" if has_model else "scheduler", self.collector_target, self.run_id)
 
         self._stop = threading.Event()
-        self._removers: list[Callable[[], None]] = []
+        self._swaps: list[Swap] = []
         self.error: str | None = None
         if has_model:
             # The worker reports no verify step (the scheduler, elsewhere, does), so nothing on the
@@ -267,15 +267,31 @@ class Session:
         """vLLM failed with ``exc`` in this process: the run's rank ends 'crashed' with its text."""
         self.error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
 
-    def on_close(self, remove: Callable[[], None]) -> None:
-        """Run ``remove`` (taking a wrapper out of vLLM) when the session closes."""
-        self._removers.append(remove)
+    def attached(self, swap: Swap) -> None:
+        """``swap`` put a wrapper into a vLLM object of this session's: out while paused, out for
+        good at close."""
+        self._swaps.append(swap)
+
+    def pause(self) -> None:
+        """Take the hooks and wrappers of this session out of vLLM until :meth:`resume`."""
+        self.tracer.pause()
+        for swap in self._swaps:
+            swap.take_out()
+
+    def resume(self) -> None:
+        """Put back what :meth:`pause` took out (nothing once closed)."""
+        if self.tracer.closed:
+            return
+        for swap in self._swaps:
+            swap.put_back()
+        self.tracer.resume()
 
     def close(self) -> None:
         """Remove the hooks, send the final status, flush and close the collector."""
         self._stop.set()
-        for remove in self._removers:
-            remove()
+        for swap in self._swaps:
+            swap.take_out()
+        self._swaps.clear()
         self.tracer.close(error=self.error)
         self.collector.close()
 
@@ -306,6 +322,12 @@ def current() -> Session | None:
     """This process's session for the current ``SPECSCOPE_DB`` / run, if one was made."""
     with _lock:
         return _sessions.get((os.environ.get(ENV_DB, ""), run_id()))
+
+
+def live() -> list[Session]:
+    """Every session of this process (one per database and run), for the plugin's switches."""
+    with _lock:
+        return list(_sessions.values())
 
 
 def close_all() -> None:

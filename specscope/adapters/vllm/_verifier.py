@@ -17,11 +17,11 @@ distribution than the one vLLM samples from.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from specscope.adapters.vllm._swap import Swap
 from specscope.events import sampling_label
 from specscope.instrumentation import AuditSlot, Tracer
 
@@ -30,9 +30,9 @@ GREEDY_BELOW = 1e-5
 this counts as greedy, as vLLM's own ``_SAMPLING_EPS``."""
 
 
-def attach(runner: Any, tracer: Tracer) -> Callable[[], None]:
+def attach(runner: Any, tracer: Tracer) -> Swap:
     """Wrap ``runner.rejection_sampler``'s forward (the instance's, not the class's); returns the
-    function that removes the wrapper again."""
+    :class:`Swap` that takes the wrapper out again."""
     verifier = runner.rejection_sampler
     original = verifier.forward
 
@@ -49,13 +49,7 @@ def attach(runner: Any, tracer: Tracer) -> Callable[[], None]:
             tracer.record_audit(rows, output.sampled_token_ids.reshape(-1), temperature, slots, top_k, top_p)
         return output
 
-    verifier.forward = forward
-
-    def remove() -> None:
-        if verifier.__dict__.get("forward") is forward:
-            del verifier.forward
-
-    return remove
+    return Swap(verifier, "forward", forward)
 
 
 def _warm_up(runner: Any, metadata: Any) -> bool:

@@ -1,0 +1,52 @@
+"""The paired-timing statistics the overhead benchmarks share (``specscope.paired``), on synthetic
+times: no clock is read."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from specscope.paired import AA, Interval, compare, report, slowdown
+
+
+def noisy(rng: np.random.Generator, base: np.ndarray, factor: float, sigma: float) -> np.ndarray:
+    return base * factor * np.exp(rng.normal(0.0, sigma, base.size))
+
+
+def test_the_interval_covers_a_known_slowdown_under_drift():
+    rng = np.random.default_rng(0)
+    base = np.linspace(1.0, 1.6, 40)  # the machine slows down by 60% over the run
+    result = slowdown(noisy(rng, base, 1.0, 0.003), noisy(rng, base, 1.02, 0.003))
+    assert result.low < 2.0 < result.high
+    assert result.low > 1.0  # resolved: a 2% cost is not confused with none
+    assert result.n == 40
+
+
+def test_the_gate_refuses_a_noisy_calibration_and_reports_a_quiet_one():
+    rng = np.random.default_rng(1)
+    base = np.ones(16)
+    b = slowdown(noisy(rng, base, 1.0, 0.003), noisy(rng, base, 1.01, 0.003))
+    loud = slowdown(noisy(rng, base, 1.0, 0.05), noisy(rng, base, 1.0, 0.05))
+    quiet = slowdown(noisy(rng, base, 1.0, 0.003), noisy(rng, base, 1.0, 0.003))
+    assert not loud.within(0.5) and quiet.within(0.5)
+    refused = report({AA: loud, "plugin": b})
+    assert "too noisy" in refused[1] and not any(str(b) in line for line in refused)
+    assert loud.pairs_for(0.5) > 16 * 10  # a 5% scatter needs hundreds of pairs
+    assert report({AA: quiet, "plugin": b})[1].endswith(str(b))
+
+
+def test_compare_pairs_each_side_with_its_own_and_alternates_the_order():
+    calls = []
+    clock = itertools.count(1)
+
+    def side(name: str, factor: float):
+        def run() -> float:
+            calls.append(name)
+            return factor * (1 + next(clock) / 1000)  # a machine that slows down with every batch
+        return run
+
+    results = compare({AA: (side("a", 1.0), side("a'", 1.0)), "b": (side("A", 1.0), side("B", 1.05))}, pairs=4)
+    assert calls[:8] == ["a", "a'", "A", "B", "a'", "a", "B", "A"]
+    assert isinstance(results["b"], Interval) and results["b"].low < 5.0 < results["b"].high
+    assert abs(results[AA].pct) < 0.1  # the drift cancels over an ABBA order
