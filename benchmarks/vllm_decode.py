@@ -1,8 +1,7 @@
 """vLLM decode with the specscope plugin on vs off, in one engine, calibrated to resolve 1%.
 
-Run: ``python -m benchmarks.vllm_decode [--compiled] [--pairs P] [--batch B] [--max-new-tokens T]
-[--only NAME ...] [--budget-s S]`` (names: ``plugin``, ``audit-4``, ``audit-1``, ``token-ids``; default all, and
-``plugin`` alone with ``--compiled``).
+Run: ``python -m benchmarks.vllm_decode [--pairs P] [--batch B] [--max-new-tokens T]
+[--only NAME ...] [--budget-s S]`` (names: ``plugin``, ``audit-4``, ``audit-1``, ``token-ids``; default all).
 
 One process holds one vLLM engine (offline ``LLM``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: scheduler,
 models and verifier in this process) serving the reference target with the shipped EAGLE-3 draft,
@@ -30,9 +29,9 @@ within +-0.5%):
   batch (token ids kept for none in both);
 - ``token-ids``: the plugin with the audit every 4th and token ids for none vs for every request.
 
-With ``--compiled`` the engine runs vLLM's default compiled mode (torch.compile; a graph compiled
-while hooked keeps its ``specscope::observe`` calls when paused, where they observe nothing: that
-call's own cost is counted on neither side). At the end the run's requests are counted: exactly those
+The engine is eager (``enforce_eager``): ``paused()`` refuses a compiled target (taking the capture
+layers' hooks out of a target vLLM compiled with them in crashed its compiled forward), so vLLM's
+compiled mode has no figure from this method. At the end the run's requests are counted: exactly those
 of the observed batches are recorded (nothing while paused).
 """
 
@@ -73,13 +72,13 @@ COMPARISONS = {
 class Bench:
     """The engine, the batch and the reference token ids every batch must reproduce."""
 
-    def __init__(self, compiled: bool, batch: int, max_new_tokens: int) -> None:
+    def __init__(self, batch: int, max_new_tokens: int) -> None:
         from vllm import LLM, SamplingParams
 
         from specscope.engine import DEFAULT_DRAFT_DIR, heldout_prompts, target_folder
 
         self.llm = LLM(model=str(target_folder()), dtype="float32", max_model_len=1024,
-                       enforce_eager=not compiled, kv_cache_memory_bytes=1 << 30, seed=0,
+                       enforce_eager=True, kv_cache_memory_bytes=1 << 30, seed=0,
                        speculative_config={"method": "eagle3", "model": str(DEFAULT_DRAFT_DIR),
                                            "num_speculative_tokens": 4})
         tokenizer = self.llm.get_tokenizer()
@@ -114,14 +113,13 @@ class Bench:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compiled", action="store_true", help="vLLM's default compiled mode")
     parser.add_argument("--pairs", type=int, default=24, help="pairs per comparison")
     parser.add_argument("--batch", type=int, default=4, help="requests per batch")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--only", nargs="+", choices=list(COMPARISONS), default=None)
     parser.add_argument("--budget-s", type=float, default=300.0, help="start no round after this many seconds")
     args = parser.parse_args(argv)
-    names = args.only or (["plugin"] if args.compiled else list(COMPARISONS))
+    names = args.only or list(COMPARISONS)
     with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):  # the environment restored after
         db = str(Path(tmp) / "plugin.db")
         os.environ.update({"SPECSCOPE_DB": db, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
@@ -130,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
 
         plugin.register()
         load = os.getloadavg()[0]
-        bench = Bench(args.compiled, args.batch, args.max_new_tokens)
+        bench = Bench(args.batch, args.max_new_tokens)
         results = {}
         try:
             for state in {OFF, *(s for n in names for s in COMPARISONS[n][1:])}:  # warm every state once
@@ -143,8 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             bench.llm.llm_engine.engine_core.shutdown()
             plugin.close()
         requests, steps, al = _recorded(db)
-    mode = "compiled" if args.compiled else "eager"
-    print(f"vLLM decode ({mode}), one engine, plugin switched per batch: {results[AA].n} ABBA pairs per comparison, "
+    print(f"vLLM decode (eager), one engine, plugin switched per batch: {results[AA].n} ABBA pairs per comparison, "
           f"batches of {args.batch} greedy requests x {args.max_new_tokens} tokens; load average "
           f"{load:.2f} at start, {os.getloadavg()[0]:.2f} at end; B's time over A's:")
     for line in report(results):

