@@ -52,7 +52,10 @@ def unstored(conn: Connection, probe_sql: str, rows: Sequence[tuple]) -> list[tu
             seen.add(key)
             kept.append(row)
             span = spans.setdefault(key[:2], [step, step])
-            span[0], span[1] = min(span[0], step), max(span[1], step)
+            if step < span[0]:
+                span[0] = step
+            elif step > span[1]:
+                span[1] = step
     stored = {hit for request in _requests_with_stored_steps(conn, probe_sql, spans)
               for hit in _stored_steps(conn, *request, *spans[request])}
     return [row for row in kept if _key(row) not in stored] if stored else kept
