@@ -5,9 +5,12 @@ Run: ``python -m benchmarks.collector_ingest [--events N] [--batch-size B] [--re
 The mix is :func:`specscope.collector.loadgen.make_events`, what an instrumented EAGLE-3 decode
 produces. Events are built before timing (that is the engine's cost, not the collector's).
 
-Three ways into a fresh store file with the full schema (indexes included), each the median of R runs:
+Three ways into a fresh store file with the full schema (indexes included), run in turn R times (so
+each repeat's three see the same machine load); each figure is the median over the repeats with its
+min..max, each ratio taken within a repeat:
 
-- ``raw sqlite3``: prebuilt row tuples, ``executemany`` per table, ONE transaction: the floor.
+- ``raw sqlite3``: prebuilt row tuples, ``executemany`` per table, ONE transaction, on a connection
+  with the store's own settings (WAL, ``synchronous = NORMAL``): the floor.
 - ``Store.write``: events -> rows -> executemany, one transaction per batch of B events.
 - ``Collector``: ``emit()`` on this thread, writes on the collector's thread, until ``flush()``
   returns; capacity = N so nothing is dropped. Also reports the engine-thread cost of ``emit()``.
@@ -22,11 +25,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from specscope import events as ev
 from specscope.collector import Collector
 from specscope.collector.loadgen import RUN, make_events
 from specscope.storage import group_rows, insert_statements, open_store
+
+T = TypeVar("T")
 
 
 def _fresh_store(folder: Path, name: str) -> str:
@@ -80,43 +86,46 @@ def run_collector(events: list[ev.Event], folder: Path, batch_size: int) -> tupl
     return done - start, emitted - start, collector.dropped
 
 
-def _median(fn: Callable[[Path], float], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        with tempfile.TemporaryDirectory(prefix="specscope-bench-") as folder:
-            times.append(fn(Path(folder)))
-    return statistics.median(times)
+def _fresh(fn: Callable[[Path], T]) -> T:
+    """``fn`` of a new temporary folder, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="specscope-bench-") as folder:
+        return fn(Path(folder))
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """``median [min..max]`` of ``values``, each formatted with ``fmt``."""
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{mid:{fmt}} [{low:{fmt}}..{high:{fmt}}]"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=5_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
     events = make_events(args.events)
     n = len(events)
     share = {kind: sum(e.kind == kind for e in events) / n for kind in ("tensor", "verify_step")}
 
-    raw = _median(lambda folder: run_raw(events, folder), args.repeat)
-    store = _median(lambda folder: run_store(events, folder, args.batch_size), args.repeat)
+    runs: dict[str, list[float]] = {"raw sqlite3": [], "Store.write": [], "Collector": []}
     emits: list[float] = []
     drops: list[int] = []
-
-    def collector_run(folder: Path) -> float:
-        total, emit_s, dropped = run_collector(events, folder, args.batch_size)
+    for _ in range(args.repeat):
+        runs["raw sqlite3"].append(_fresh(lambda folder: run_raw(events, folder)))
+        runs["Store.write"].append(_fresh(lambda folder: run_store(events, folder, args.batch_size)))
+        total, emit_s, dropped = _fresh(lambda folder: run_collector(events, folder, args.batch_size))
+        runs["Collector"].append(total)
         emits.append(emit_s)
         drops.append(dropped)
-        return total
-
-    collector = _median(collector_run, args.repeat)
 
     print(f"collector ingest into SQLite {sqlite3.sqlite_version}: {n} events "
           f"({share['tensor']:.0%} TensorEvent, {share['verify_step']:.0%} VerifyStep), "
-          f"batch {args.batch_size}, median of {args.repeat}")
-    print(f"{'path':<16}{'seconds':>10}{'events/s':>12}{'vs raw':>9}")
-    for name, seconds in (("raw sqlite3", raw), ("Store.write", store), ("Collector", collector)):
-        print(f"{name:<16}{seconds:>10.3f}{n / seconds:>12,.0f}{raw / seconds:>9.0%}")
+          f"batch {args.batch_size}, {args.repeat} repeats: median [min..max]")
+    print(f"{'path':<14}{'events/s':>30}{'vs raw, same repeat':>28}")
+    for name, seconds in runs.items():
+        ratios = [raw / s for raw, s in zip(runs["raw sqlite3"], seconds)]
+        print(f"{name:<14}{spread([n / s for s in seconds], ',.0f'):>30}{spread(ratios, '.0%'):>28}")
     print(f"emit() on the engine thread: {statistics.median(emits) / n * 1e6:.2f} µs/event; "
           f"dropped: {max(drops)}; target (docs/design.md, 'Budgets'): 200,000 events/s")
 

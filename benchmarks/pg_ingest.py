@@ -4,23 +4,26 @@ Run: ``python -m benchmarks.pg_ingest [--url URL] [--events N] [--writers W] [--
 (``--url`` default: ``$SPECSCOPE_TEST_PG_URL`` or the local test server; each measurement writes
 into a fresh schema that is dropped afterwards).
 
+Each figure is the median over R repeats with its min..max; each ratio is taken within a repeat,
+where the two strategies ran one after the other (alternately), so both saw the same machine load.
+
 1. The decode event mix of ``specscope.collector.loadgen`` (per verify step one VerifyStep and six
    TensorEvents) into a fresh store, ``executemany`` (psycopg's executemany of one INSERT, pipelined)
-   against ``copy`` (``COPY ... FROM STDIN``), run alternately R times each, medians compared:
+   against ``copy`` (``COPY ... FROM STDIN``):
    - rows: the same prebuilt rows (``storage.group_rows``) through each strategy of
      ``storage.bulk_strategy`` in one transaction: the insert itself (target: 5x, docs/design.md, "Budgets");
    - Store.write: events in batches of 5,000 through ``open_store(bulk=...)``, event-to-row conversion
      and the upserts included: what a collector sees.
 2. W writer processes (spawned; default 8: 4 ranks of one run and 4 single-rank runs) each pushing
-   N / W events through its own Collector into one store at once, with COPY; the figure is all
-   events over the wall time from the common start to the last flush, beside one writer alone.
+   N / W events through its own Collector and Store into one fresh store at once, with COPY and then
+   with executemany (target: COPY 5x executemany under this load); the figure is all events over
+   the wall time from the common start to the last flush.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,6 +31,7 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 
+from benchmarks.collector_ingest import spread
 from specscope import events as ev
 from specscope.collector.loadgen import make_events, run_writers, writer_layout
 from specscope.storage import INSERT_COLUMNS, bulk_strategy, group_rows, insert_statements, open_store
@@ -90,31 +94,41 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     events = make_events(args.events)
-    print(f"PostgreSQL ingest of {len(events):,} events (decode mix), median of {args.repeat}, "
-          "strategies alternated")
-    print(f"{'what':<12}{'bulk':<14}{'seconds':>10}{'events/s':>12}{'copy speed-up':>15}")
+    print(f"PostgreSQL ingest of {len(events):,} events (decode mix), {args.repeat} repeats, strategies "
+          "alternated: median [min..max]")
+    print(f"{'what':<12}{'bulk':<13}{'events/s':>28}{'copy speed-up':>22}")
     for what, timer in (("rows", time_rows), ("Store.write", time_store_write)):
         times: dict[str, list[float]] = {"executemany": [], "copy": []}
         for _ in range(args.repeat):  # alternate, so both see the same machine load
             for bulk in times:
                 times[bulk].append(timer(args.url, events, bulk))
-        med = {bulk: statistics.median(t) for bulk, t in times.items()}
-        for bulk, seconds in med.items():
-            ratio = f"{med['executemany'] / seconds:.1f}x"
-            print(f"{what:<12}{bulk:<14}{seconds:>10.3f}{len(events) / seconds:>12,.0f}{ratio:>15}")
+        _report(what, len(events), times)
 
     per_writer = args.events // args.writers
     layout = writer_layout(args.writers)
-    with fresh_schema(args.url) as url:
-        _, alone = run_writers(url, layout[:1], per_writer, BATCH)
-    with fresh_schema(args.url) as url:
-        reports, together = run_writers(url, layout, per_writer, BATCH)
-    total = sum(r[2] for r in reports)
     shared = sum(run_id == "shared" for run_id, _, _ in layout)
-    print(f"{args.writers} writer processes at once ({shared} ranks of one run + {len(layout) - shared} "
-          f"single-rank runs), Collector -> COPY, {per_writer:,} events each: {together:.2f} s, "
-          f"{total / together:,.0f} events/s; one writer alone: {alone:.2f} s, {per_writer / alone:,.0f} "
-          f"events/s; dropped: {sum(r[3] for r in reports)}")
+    print(f"{args.writers} writer processes at once ({shared} ranks of one run + {len(layout) - shared} single-rank "
+          f"runs), each its own Collector and Store, {per_writer:,} events each, {args.repeat} repeats:")
+    times = {"executemany": [], "copy": []}
+    dropped = 0
+    for _ in range(args.repeat):
+        for bulk in times:
+            with fresh_schema(args.url) as url:
+                open_store(url).close()  # created once, untimed; the writers open an existing store
+                reports, seconds = run_writers(url, layout, per_writer, BATCH, bulk=bulk)
+            times[bulk].append(seconds)
+            dropped += sum(r[3] for r in reports)
+    _report(f"{args.writers} writers", per_writer * len(layout), times)
+    print(f"dropped: {dropped}")
+
+
+def _report(what: str, events: int, times: dict[str, list[float]]) -> None:
+    """One line per strategy: events/s and COPY's speed-up over executemany, within each repeat."""
+    for bulk, seconds in times.items():
+        ratios = [many / s for many, s in zip(times["executemany"], seconds)]
+        print(f"{what:<12}{bulk:<13}{spread([events / s for s in seconds], ',.0f'):>28}"
+              f"{spread(ratios, '.1f') + 'x':>22}")
+
 
 if __name__ == "__main__":
     main()

@@ -125,3 +125,22 @@ def test_a_verify_step_stored_again_counts_once(store) -> None:
     kept = [store.query(sql)[1] for sql in SUMMARIES]
     store.rebuild_summaries()
     assert [store.query(sql)[1] for sql in SUMMARIES] == kept
+
+
+def test_steps_stored_again_are_found_among_many_requests_and_spans(store) -> None:
+    """A retried batch of 120 requests (more than one probe holds, ``_steps.PROBE_SPANS``) whose spans
+    mix new and stored steps: only the new ones are written, on every request and rank."""
+    def steps(request: int, numbers: range, rank: int = 0) -> list[ev.VerifyStep]:
+        return [ev.VerifyStep(run_id="many", request_id=f"q{request}", rank=rank, step=n, proposed=4,
+                              accepted=1, ts_wall=2.0) for n in numbers]
+
+    store.write([ev.RunStart(run_id="many", engine="e", engine_version="0", target_model="t", draft_model="d",
+                             config={}, ts_wall=1.0)])
+    store.write([s for q in range(120) for s in steps(q, range(0, 10, 2))])  # 0, 2, 4, 6, 8
+    store.write([s for q in range(120) for s in steps(q, range(5, 12)) + steps(q, range(3, 4), rank=1)])
+    counts = store.query("SELECT request_id, rank, COUNT(*), COUNT(DISTINCT step), SUM(steps) FROM verify_steps "
+                         "WHERE run_id = 'many' GROUP BY request_id, rank ORDER BY request_id, rank")[1]
+    assert counts == [(f"q{q}", rank, n, n, n) for q in sorted(range(120), key=str)
+                      for rank, n in ((0, 5 + 5), (1, 1))]  # 0, 2, 4, 6, 8 + 5, 7, 9, 10, 11; rank 1: 3
+    assert store.query("SELECT steps FROM acceptance_masks WHERE run_id = 'many' ORDER BY rank")[1] == [
+        (120 * 10,), (120,)]

@@ -75,12 +75,13 @@ def writer_layout(writers: int) -> list[tuple[str, int, int]]:
 
 def write_rank(url: str, run_id: str, rank: int, world_size: int, n: int, batch_size: int,
                ready: mp.queues.Queue | None = None, start: mp.synchronize.Event | None = None,
-               done: mp.queues.Queue | None = None) -> int:
-    """One writer process: build the rank's events, open the store, report on ``ready``, wait for
+               done: mp.queues.Queue | None = None, bulk: str | None = None) -> int:
+    """One writer process: build the rank's events, open the store (``bulk``: its bulk-insert
+    strategy, ``storage.bulk_strategy``), report on ``ready``, wait for
     ``start``, emit them all through a Collector into the store at ``url``, flush, close. Puts
     ``(run_id, rank, events, dropped, finished_perf_counter)`` on ``done``; returns the event count."""
     events = rank_events(run_id, rank, world_size, n)
-    with open_store(url) as store:
+    with open_store(url, bulk=bulk) as store:
         collector = Collector(store, capacity=len(events), batch_size=batch_size, flush_interval_s=0.05)
         if ready is not None and start is not None:
             ready.put(rank)
@@ -96,16 +97,16 @@ def write_rank(url: str, run_id: str, rank: int, world_size: int, n: int, batch_
 
 
 def run_writers(url: str, layout: list[tuple[str, int, int]], n: int, batch_size: int,
-                timeout_s: float = 600) -> tuple[list[tuple], float]:
-    """Spawn one :func:`write_rank` process per layout entry, start them together; return their
-    reports and the wall seconds from the start to the last writer's flush.
+                timeout_s: float = 600, bulk: str | None = None) -> tuple[list[tuple], float]:
+    """Spawn one :func:`write_rank` process per layout entry (each writing with ``bulk``), start them
+    together; return their reports and the wall seconds from the start to the last writer's flush.
 
     Raises:
         RuntimeError: a writer failed or did not finish within ``timeout_s`` (e.g. a deadlock).
     """
     ctx = mp.get_context("spawn")
     ready, start, done = ctx.Queue(), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=write_rank, args=(url, run_id, rank, world, n, batch_size, ready, start, done))
+    procs = [ctx.Process(target=write_rank, args=(url, run_id, rank, world, n, batch_size, ready, start, done, bulk))
              for run_id, rank, world in layout]
     for proc in procs:
         proc.start()

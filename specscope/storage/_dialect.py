@@ -15,7 +15,7 @@ from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Connection
 
 from specscope.errors import StoreError
-from specscope.storage import schema
+from specscope.storage import _steps, schema
 from specscope.storage._rows import INSERT_COLUMNS, Insert, write_statements
 
 PG_MIGRATION_LOCK = 0x5EC5C09E  # pg_advisory_xact_lock key: one process migrates at a time
@@ -73,6 +73,11 @@ class Dialect:
         return {name: str(schema.metadata.tables[name].insert().compile(
                     dialect=self.compiler, column_keys=list(columns), for_executemany=True))
                 for name, columns in INSERT_COLUMNS.items()}
+
+    @functools.cached_property
+    def step_probe(self) -> str:
+        """``_steps.PROBE`` with positional parameters: the write path's probe for verify steps stored again."""
+        return str(_steps.PROBE.compile(dialect=self.compiler))
 
 
 DIALECTS = {

@@ -9,6 +9,7 @@ mask of a verify step as ``VerifyStep.mask()``.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -353,12 +354,12 @@ def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
         type or a value no database column can hold (``emitted`` nested past the recursion limit).
     """
     grouped: dict[str, list[Row]] = {}
-    for event in events:
-        route = ROUTES[type(event)]
+    for kind, run in itertools.groupby(events, type):  # runs of one type: their rows made in one C-level map
+        route = ROUTES[kind]
         rows = grouped.get(route.statement.name)
         if rows is None:
             rows = grouped[route.statement.name] = []
-        rows.append(route.row(event))
+        rows.extend(map(route.row, run))
     for name, rows in grouped.items():
         statement = _BY_NAME[name]
         if statement.key:

@@ -16,7 +16,20 @@ from sqlalchemy.engine import Connection
 
 from specscope.storage import schema
 
-_LOOKUP_KEYS = 500  # (request, rank, step) triples per lookup: well under SQLite's 32,766 parameters
+PROBE_SPANS = 50
+"""(run, request, first step, last step) spans per probe: 200 parameters."""
+
+PROBE = sa.text(
+    "WITH batch (run_id, request_id, first_step, last_step) AS (VALUES "
+    + ", ".join(f"(:run_{i}, :request_{i}, :first_{i}, :last_{i})" for i in range(PROBE_SPANS))
+    + ") SELECT run_id, request_id, EXISTS (SELECT 1 FROM verify_steps v WHERE v.run_id = batch.run_id "
+      "AND v.request_id = batch.request_id AND v.step BETWEEN batch.first_step AND batch.last_step) FROM batch")
+"""Whether any step of each request's span in a batch is stored: one range probe of
+``ix_verify_steps_run_req`` (run, request, step) per request, however many steps the run holds. The
+EXISTS sits in the select list and compares a range, which both databases run as a probe per row; a
+join, or equality only, lets PostgreSQL hash the whole table instead, every batch. Compiled once per
+dialect to positional parameters (``_dialect.Dialect.step_probe``); fewer spans repeat the last one,
+so every probe is the same prepared statement."""
 
 
 def _key(row: tuple) -> tuple:
@@ -24,30 +37,49 @@ def _key(row: tuple) -> tuple:
     return row[0], row[1], row[2], row[3]
 
 
-def unstored(conn: Connection, rows: Sequence[tuple]) -> list[tuple]:
+def unstored(conn: Connection, probe_sql: str, rows: Sequence[tuple]) -> list[tuple]:
     """``rows`` (verify-step tuples) without numbered steps repeated in the batch (the first is kept) or
-    already stored. The lookup reads ``ix_verify_steps_run_req`` (run, request, step)."""
+    already stored; ``probe_sql`` is :data:`PROBE` compiled for the connection's dialect."""
     kept: list[tuple] = []
-    seen: dict[str, set[tuple]] = {}  # run_id -> (request_id, rank, step) of the batch
+    seen: set[tuple] = set()  # (run_id, request_id, rank, step) of the batch's numbered steps
+    spans: dict[tuple[str, str], list[int]] = {}  # (run_id, request_id) -> [first step, last step]
     for row in rows:
-        run_id, request_id, rank, step = _key(row)
+        key = _key(row)
+        step = key[3]
         if step is None or step < 0:
             kept.append(row)
-            continue
-        keys = seen.setdefault(run_id, set())
-        if (request_id, rank, step) not in keys:
-            keys.add((request_id, rank, step))
+        elif key not in seen:
+            seen.add(key)
             kept.append(row)
-    stored: set[tuple] = set()
-    c = schema.verify_steps.c
-    for run_id, keys in seen.items():
-        ordered = list(keys)
-        for start in range(0, len(ordered), _LOOKUP_KEYS):
-            chunk = ordered[start:start + _LOOKUP_KEYS]
-            found = conn.execute(sa.select(c.request_id, c.rank, c.step).where(
-                c.run_id == run_id, c.step >= 0, sa.tuple_(c.request_id, c.rank, c.step).in_(chunk)))
-            stored.update((run_id, *row) for row in found)
+            span = spans.setdefault(key[:2], [step, step])
+            if step < span[0]:
+                span[0] = step
+            elif step > span[1]:
+                span[1] = step
+    stored = {hit for request in _requests_with_stored_steps(conn, probe_sql, spans)
+              for hit in _stored_steps(conn, *request, *spans[request])}
     return [row for row in kept if _key(row) not in stored] if stored else kept
+
+
+def _requests_with_stored_steps(conn: Connection, probe_sql: str,
+                                spans: dict[tuple[str, str], list[int]]) -> list[tuple[str, str]]:
+    """The (run_id, request_id) of ``spans`` with a step stored within their span (rare: a retry)."""
+    items = [(*request, *span) for request, span in spans.items()]
+    hits = []
+    for start in range(0, len(items), PROBE_SPANS):
+        chunk = items[start:start + PROBE_SPANS]
+        chunk += chunk[-1:] * (PROBE_SPANS - len(chunk))
+        found = conn.exec_driver_sql(probe_sql, tuple(value for item in chunk for value in item))
+        hits += [(run_id, request_id) for run_id, request_id, stored in found if stored]
+    return list(dict.fromkeys(hits))
+
+
+def _stored_steps(conn: Connection, run_id: str, request_id: str, first: int, last: int) -> set[tuple]:
+    """(run_id, request_id, rank, step) of the stored numbered steps of a request within first..last."""
+    c = schema.verify_steps.c
+    found = conn.execute(sa.select(c.rank, c.step).where(c.run_id == run_id, c.request_id == request_id,
+                                                         c.step.between(first, last)))
+    return {(run_id, request_id, rank, step) for rank, step in found}
 
 
 def delete_duplicates(conn: Connection) -> int:

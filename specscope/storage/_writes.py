@@ -66,7 +66,7 @@ class StoreWrites:
             with translate("writing to", self.url, writing=True), self._write_engine.begin() as conn:
                 steps = grouped.get("verify_steps")
                 if steps:  # a numbered verify step stored again would count twice (storage/_steps.py)
-                    kept = _steps.unstored(conn, steps)
+                    kept = _steps.unstored(conn, self._dialect.step_probe, steps)
                     if len(kept) < len(steps):
                         grouped["verify_steps"] = kept
                         summaries = summary_rows(grouped)
