@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from specscope import points
 from specscope.events import PIT_BINS, SEVERITIES
+from specscope.storage._distribution_views import OUTPUT_POSITION_BUCKETS as OUTPUT_POSITION_BUCKETS  # the dashboard's
 from specscope.storage._distribution_views import REQUEST_AL_BUCKETS as REQUEST_AL_BUCKETS  # the exporter's
 from specscope.storage._distribution_views import (
     by_output_position_sql,
