@@ -200,15 +200,19 @@ def pages(store: Store, run_id: str) -> dict[str, list[tuple[str, Callable[[], o
         "Overview": common + [("acceptance_over_time", lambda: queries.acceptance_over_time(store, run_id)),
                               ("acceptance_windows",
                                lambda: queries.distributions(store, run_id, ("acceptance_windows",))),
-                              ("position_acceptance", lambda: queries.position_acceptance(store, run_id))],
+                              ("position_acceptance", lambda: queries.position_acceptance(store, run_id)),
+                              ("what_if_k", lambda: queries.what_if_k(store, run_id))],
         "Requests": common + [("requests", lambda: queries.requests(store, run_id)),
-                              ("histogram, request spread", lambda: queries.distributions(
-                                  store, run_id, ("acceptance_histogram", "request_acceptance"))),
+                              ("sampling_acceptance", lambda: queries.sampling_acceptance(store, run_id)),
+                              ("histogram, spread, by output position", lambda: queries.distributions(
+                                  store, run_id, ("acceptance_histogram", "request_acceptance",
+                                                  "acceptance_by_output_position"))),
                               ("request_steps", lambda: queries.request_steps(store, run_id, request_id)),
                               ("request_positions", lambda: queries.request_positions(store, run_id, request_id))],
         "GPUs": common + [("ranks", lambda: queries.ranks(store, run_id)),
                           ("tensor_contract", lambda: queries.tensor_contract(store, run_id))],
         "Tensors": common + [("tensor_contract", lambda: queries.tensor_contract(store, run_id)),
+                             ("draft_inputs_over_time", lambda: queries.draft_inputs_over_time(store, run_id, FUSED)),
                              ("ranks", lambda: queries.ranks(store, run_id)),
                              ("provenance", lambda: queries.provenance(store, run_id))],
         "Findings": common + [("load_reports", lambda: queries.load_reports(store, run_id))],
@@ -277,11 +281,11 @@ def main(argv: list[str] | None = None) -> None:
                              "(SELECT COUNT(*) FROM tensor_events)")[1][0]
     print(f"store {db}: {counts[0]:,} runs, {counts[1]:,} verify steps, {counts[2]:,} tensor events; "
           f"run {args.run}; medians of {args.repeat}, uncached")
-    head = f"{'page':<10} {'call':<22} {'now ms':>8}" + (f" {'baseline ms':>12}" if before else "")
+    head = f"{'page':<10} {'call':<38} {'now ms':>8}" + (f" {'baseline ms':>12}" if before else "")
     print(head)
     for page, calls in now.items():
         for name, seconds in calls.items():
-            line = f"{page:<10} {name:<22} {seconds * 1e3:>8.1f}"
+            line = f"{page:<10} {name:<38} {seconds * 1e3:>8.1f}"
             if before:
                 line += f" {before[page].get(name, float('nan')) * 1e3:>12.1f}"
             print(line)

@@ -4,7 +4,8 @@ finding over runs written through the real Store, time driven by the events' tim
 Simulated requests: each has its own difficulty (the chance its draft at any position is accepted,
 drawn per request: prompts differ far more than steps of one prompt), a chain of k = 4 drafts per
 verify step, 3-30 steps. The AL of a request thus varies widely; a "steady" run draws its requests
-from one mix, possibly a mix that changes over the run in ways the test must not read as drift."""
+from one mix, possibly a mix that changes over the run in ways the test must not read as drift, or
+serves a few prompts again and again (each prompt with its own difficulty, as a benchmark loop does)."""
 
 from __future__ import annotations
 
@@ -26,14 +27,15 @@ def _request(rng: np.random.Generator, difficulty: float, steps: int) -> list[in
     return np.minimum(accepted, K).tolist()
 
 
-def _series(rng, n: int, difficulty, prompt_tokens) -> list[SimpleNamespace]:
-    """``n`` requests one second apart; ``difficulty(i)`` and ``prompt_tokens(i)`` of request i."""
+def _series(rng, n: int, difficulty, prompt_tokens, prompt_key=lambda i: None) -> list[SimpleNamespace]:
+    """``n`` requests one second apart; ``difficulty(i)``, ``prompt_tokens(i)`` and ``prompt_key(i)``
+    of request i."""
     rows = []
     for i in range(n):
         accepted = _request(rng, difficulty(i), int(rng.integers(3, 31)))
-        rows.append(SimpleNamespace(sampling="greedy", started_wall=float(i), prompt_tokens=prompt_tokens(i),
-                                    verify_steps=len(accepted), accepted=sum(accepted),
-                                    mean_acceptance_length=1 + sum(accepted) / len(accepted)))
+        rows.append(SimpleNamespace(sampling="greedy", started_wall=float(i), prompt_key=prompt_key(i),
+                                    prompt_tokens=prompt_tokens(i), verify_steps=len(accepted),
+                                    accepted=sum(accepted), mean_acceptance_length=1 + sum(accepted) / len(accepted)))
     return rows
 
 
@@ -49,7 +51,15 @@ def _mix_shift(rng, n):
     return _series(rng, n, lambda i: rng.beta(8, 2) if i < n // 2 else rng.beta(3, 7), prompt)
 
 
-@pytest.mark.parametrize("make", [_steady, _mix_shift], ids=["steady", "prompt-mix-changes"])
+def _recurring(rng, n, decay=0.0):
+    """Six prompts of one prompt-length band served in turn, each with its own difficulty; ``decay``: how
+    much of its acceptance chance each prompt has lost by the last request (0: steady)."""
+    difficulty, length = rng.uniform(0.2, 0.8, size=6), rng.integers(32, 64, size=6)
+    return _series(rng, n, lambda i: difficulty[i % 6] * (1 - decay * i / n), lambda i: int(length[i % 6]),
+                   lambda i: f"prompt-{i % 6}")
+
+
+@pytest.mark.parametrize("make", [_steady, _mix_shift, _recurring], ids=["steady", "prompt-mix-changes", "recurring"])
 def test_false_alarms_stay_within_the_bound_at_any_length(make):
     rng = np.random.default_rng(7)
     lengths = rng.choice([20, 40, 100, 200], size=RUNS)
@@ -72,6 +82,19 @@ def test_the_strata_are_what_keep_a_mix_change_quiet():
         for row in rows:
             row.prompt_tokens = 100  # one stratum: the length the test controls for is hidden from it
     assert sum(group_drift(rows, ALPHA, min_drop=0.0) is not None for rows in runs) >= 18
+
+
+def test_recurring_prompts_are_compared_with_themselves():
+    """A decay that what the prompts ask hides from the bands is found when each prompt served on both
+    sides of a cut is its own stratum: the same runs with their prompt keys withheld read no drift."""
+    rng = np.random.default_rng(13)
+    runs = [_recurring(rng, 48, decay=0.6) for _ in range(20)]
+    named = sum(group_drift(rows, DRIFT_ALPHA) is not None for rows in runs)
+    for rows in runs:
+        for row in rows:
+            row.prompt_key = None
+    # measured: 13 of 20 named, 4 with the keys withheld
+    assert named >= 12 and sum(group_drift(rows, DRIFT_ALPHA) is not None for rows in runs) <= 6
 
 
 def test_a_slow_decay_is_named_with_when_and_how_much():

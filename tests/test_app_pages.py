@@ -421,3 +421,16 @@ def test_overview_shows_acceptance_per_window_and_rank_requests_its_histogram(mo
     (bars,) = histogram["data"]
     assert list(bars["x"]) == [0, 1, 2, 3, 4] and abs(sum(bars["y"]) - 1) < 1e-9
     assert any(c.value.startswith("Per-request acceptance length over ") for c in at.caption)
+
+
+def test_requests_page_shows_acceptance_by_position_in_the_output(monkeypatch, two_runs):
+    at = app(monkeypatch, two_runs)
+    at.selectbox(key="run_picker").set_value("healthy-run").run()
+    visit(at, "requests")
+    (bars,) = _charts(at)["Acceptance length by position in the output"]["data"]
+    with open_store(two_runs, read_only=True) as store:
+        view = store.query("SELECT output_position, mean_acceptance_length FROM v_acceptance_by_output_position "
+                           "WHERE run_id = 'healthy-run' ORDER BY output_position").rows
+    # 12 steps of ~3.4 tokens per request: the first three buckets of generated length, labelled by range
+    assert list(bars["x"]) == ["0–15", "16–31", "32–63"] == [f"{lo}–{2 * lo - 1 if lo else 15}" for lo, _ in view]
+    assert list(bars["y"]) == pytest.approx([al for _, al in view])

@@ -1,18 +1,22 @@
-"""The reference engine's acceptance faults across requests, diagnosed from the store:
-``request-aux-noise`` (every third request's draft input is noise) is named by REQUEST_ACCEPT_OUTLIER; a
-healthy run serving the same requests is named by neither it nor ACCEPT_DRIFT. Short generations (the
-acceptance pattern matters, not hours): the requests cycle through six prompts, so early and late
-requests of a healthy run are alike."""
+"""The reference engine's acceptance faults across requests and over time, diagnosed from the store:
+``request-aux-noise`` (every third request's draft input is noise) is named by REQUEST_ACCEPT_OUTLIER,
+``aux-decay`` (noise over the draft's input growing with every verify step served) by ACCEPT_DRIFT; a
+healthy run serving the same requests is named by neither. Short generations (the acceptance pattern
+matters, not hours: the rule reads the order requests started in, not the clock): the requests cycle
+through six prompts, so early and late requests of a healthy run are alike, and each prompt served
+early and late is compared with itself."""
 
 from __future__ import annotations
 
 import pytest
 
 from specscope.doctor import diagnose
+from specscope.metrics import acceptance_length
 from specscope.storage import open_store
+from specscope.storage.queries import ACCEPTANCE_WINDOWS
 
-REQUESTS = 24
-MAX_NEW = 32
+REQUESTS = 48  # about 850 verify steps under aux-decay: its ramp (engine.core.DECAY_STEPS) spans the run
+MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,35 @@ def _report(db: str, run_id: str):
         return diagnose(store, run_id)
 
 
+def test_a_draft_input_degrading_over_the_run_is_named_as_drift(runs):
+    db, run = runs
+    run_id, results = run("aux-decay")
+    found = [f for f in _report(db, run_id).findings if f.code == "ACCEPT_DRIFT"]
+    assert len(found) == 1, _rates(results)
+    e = found[0].evidence
+    assert e["al_after"] <= 0.9 * e["al_before"] and e["p_value"] <= e["threshold"]
+    assert e["requests_before"] + e["requests_after"] == REQUESTS and e["changed_after_s"] > 0
+    # what the fault does, read from the store: the run's last quarter of windows accepts less than its first
+    with open_store(db, read_only=True) as store:
+        windows = store.fetch(ACCEPTANCE_WINDOWS, run_id=run_id)
+    first, last = windows[: len(windows) // 4], windows[-(len(windows) // 4):]
+    assert _pooled(last) < 0.85 * _pooled(first), [round(w["mean_acceptance_length"], 2) for w in windows]
+    # lossless all the same: the degraded draft changed acceptance, not the text
+    assert [r.token_ids for r in results] == [r.token_ids for r in run(None)[1]]
+
+
+def _pooled(windows) -> float:
+    """AL over some windows of ``v_acceptance_windows`` (weighted by their verify steps)."""
+    return acceptance_length(sum(w["accepted"] for w in windows), sum(w["verify_steps"] for w in windows))
+
+
+def test_the_healthy_run_of_the_same_requests_reads_neither(runs):
+    db, run = runs
+    run_id, results = run(None)
+    codes = _report(db, run_id).codes()
+    assert "ACCEPT_DRIFT" not in codes and "REQUEST_ACCEPT_OUTLIER" not in codes, _rates(results)
+
+
 def test_noisy_requests_are_named_and_only_they(runs):
     db, run = runs
     run_id, results = run("request-aux-noise")
@@ -63,10 +96,3 @@ def test_noisy_requests_are_named_and_only_they(runs):
     assert all(r["text_excerpt"] == by_id[r["request_id"]].text[:120] for r in finding.evidence["near_zero"])
     # lossless all the same: the noisy requests wrote what the healthy run wrote for the same prompts
     assert [r.token_ids for r in results] == [r.token_ids for r in run(None)[1]]
-
-
-def test_the_healthy_run_of_the_same_requests_reads_neither(runs):
-    db, run = runs
-    run_id, results = run(None)
-    codes = _report(db, run_id).codes()
-    assert "ACCEPT_DRIFT" not in codes and "REQUEST_ACCEPT_OUTLIER" not in codes, _rates(results)

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from specscope.app import ACCENT
 from specscope.events import storable_text
+from specscope.storage.queries import OUTPUT_POSITION_BUCKETS
 
 Row = dict[str, Any]
 # Green and red only where a chart judges (a width against its contract, the AL floor); measured
@@ -78,6 +79,24 @@ def acceptance_histogram(rows: list[Row]) -> go.Figure:
     fig.update_xaxes(tickmode="linear", dtick=1)
     fig.update_yaxes(tickformat=".0%")
     return _layout(fig, "Accepted drafts per verify step", "drafts accepted", "share of verify steps", height=260)
+
+
+def acceptance_by_output_position(rows: list[Row], k: int | None) -> go.Figure:
+    """AL per bucket of tokens generated before the verify step (``acceptance_by_output_position`` of
+    :func:`queries.distributions`): whether drafts keep up deep into long answers."""
+    upper = dict(zip(OUTPUT_POSITION_BUCKETS, OUTPUT_POSITION_BUCKETS[1:]))
+    labels = [f"{r['output_position']}–{upper[r['output_position']] - 1}" if r["output_position"] in upper
+              else f"{r['output_position']}+" for r in rows]
+    fig = go.Figure(go.Bar(x=labels, y=[r["mean_acceptance_length"] for r in rows], marker_color=FIGURE,
+                           name="acceptance length", customdata=[r["verify_steps"] for r in rows],
+                           text=[f"{r['mean_acceptance_length']:.2f}" for r in rows], textposition="outside",
+                           hovertemplate="after %{x} tokens: AL %{y:.2f} (%{customdata} steps)<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color=BAD, dash="dot"))
+    if k:
+        fig.update_yaxes(range=[0, k + 1.3])
+    fig.update_xaxes(type="category")
+    return _layout(fig, "Acceptance length by position in the output", "tokens generated before the verify step",
+                   "tokens / verify step", height=260)
 
 
 def positions(rows: list[Row], title: str = "Per-position acceptance") -> go.Figure:

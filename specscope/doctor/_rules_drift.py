@@ -3,12 +3,17 @@ across time and requests"). The unit is the request: its AL, in the order reques
 
 Within one sampling group, for each candidate split (the group's requests cut at :data:`SPLITS` of
 their count, in start order), a one-sided Mann-Whitney test asks whether the requests before the
-split accept more than those after. The test is run within strata of prompt length (doubling bands)
-and the strata combined by Stouffer's method, so a run whose traffic moves from short prompts to long
-ones (or from greedy to sampled requests: another group) is not read as drift. Bonferroni over the
-splits and the groups bounds the chance that a run whose requests are exchangeable in time within
-their stratum raises the finding by :data:`DRIFT_ALPHA`, whatever its length. A fall must also be
-large enough to matter (:data:`MIN_DROP`): a long steady server is never exactly stationary.
+split accept more than those after. The test is run within strata: a prompt served on both sides of
+the split (the same ``prompt_key``) is a stratum of its own, so its AL is compared with itself and
+what the prompt asks does not blur the comparison; the other requests are stratified by prompt
+length (doubling bands), so a run whose traffic moves from short prompts to long ones (or from greedy
+to sampled requests: another group) is not read as drift. The strata are combined as a stratified
+rank-sum test (van Elteren's): each stratum's normal score, without a continuity correction, weighted
+by sqrt(n1 n2 / (n1 + n2)) (Stouffer's method), so many small strata add up their evidence instead of
+each being rounded to a coarse exact p-value. Bonferroni over the splits and the groups bounds the
+chance that a run whose requests are exchangeable in time within their stratum raises the finding by
+:data:`DRIFT_ALPHA`, whatever its length. A fall must also be large enough to matter
+(:data:`MIN_DROP`): a long steady server is never exactly stationary.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from scipy import stats
 from specscope.doctor._context import RunContext
 from specscope.events import Finding
 from specscope.findings import runtime_finding
+from specscope.metrics import acceptance_length
 
 DRIFT_ALPHA = 1e-3
 """Bound on the chance that ACCEPT_DRIFT is raised on a run without drift (per run: Bonferroni over
@@ -56,23 +62,37 @@ class Drift:
     threshold: float
 
 
-def _stratum(prompt_tokens: int | None) -> int:
+def _band(prompt_tokens: int | None) -> int:
     """Doubling bands of prompt length (0, 1, 2-3, 4-7, ...); unknown lengths share one band."""
     return -1 if prompt_tokens is None else int(prompt_tokens).bit_length()
 
 
 def _pooled_al(requests: Sequence[SimpleNamespace]) -> float:
-    return 1.0 + sum(r.accepted for r in requests) / sum(r.verify_steps for r in requests)
+    return acceptance_length(sum(r.accepted for r in requests), sum(r.verify_steps for r in requests))
+
+
+def _strata(before: Sequence[SimpleNamespace], after: Sequence[SimpleNamespace]) -> list[tuple[list, list]]:
+    """``(AL before, AL after)`` per stratum with requests on both sides: a prompt served on both sides
+    is its own stratum, every other request goes to its prompt-length band."""
+    recurring = ({r.prompt_key for r in before} & {r.prompt_key for r in after}) - {None}
+    strata: dict[tuple, tuple[list, list]] = {}
+    for side, requests in enumerate((before, after)):
+        for r in requests:
+            key = ("prompt", r.prompt_key) if r.prompt_key in recurring else ("band", _band(r.prompt_tokens))
+            strata.setdefault(key, ([], []))[side].append(r.mean_acceptance_length)
+    return [(a, b) for a, b in strata.values() if a and b]
 
 
 def _split_p_value(before: Sequence[SimpleNamespace], after: Sequence[SimpleNamespace]) -> float:
-    """One-sided p-value of "requests before accept more than requests after", within prompt-length
-    strata, combined by Stouffer's method weighted by each stratum's sqrt(n1 n2 / (n1 + n2))."""
+    """One-sided p-value of "requests before accept more than requests after": :func:`_strata`'s
+    Mann-Whitney normal scores combined by Stouffer's method, weighted by sqrt(n1 n2 / (n1 + n2)). A
+    stratum whose requests all accept alike carries no evidence and is left out."""
     p_values, weights = [], []
-    for stratum in {_stratum(r.prompt_tokens) for r in before} & {_stratum(r.prompt_tokens) for r in after}:
-        a = [r.mean_acceptance_length for r in before if _stratum(r.prompt_tokens) == stratum]
-        b = [r.mean_acceptance_length for r in after if _stratum(r.prompt_tokens) == stratum]
-        p_values.append(stats.mannwhitneyu(a, b, alternative="greater").pvalue)
+    for a, b in _strata(before, after):
+        if len(set(a) | set(b)) == 1:
+            continue
+        p_values.append(stats.mannwhitneyu(a, b, alternative="greater", method="asymptotic",
+                                           use_continuity=False).pvalue)
         weights.append(math.sqrt(len(a) * len(b) / (len(a) + len(b))))
     if not p_values:
         return 1.0
@@ -83,8 +103,8 @@ def _split_p_value(before: Sequence[SimpleNamespace], after: Sequence[SimpleName
 
 def group_drift(requests: Sequence[SimpleNamespace], alpha: float, min_drop: float = MIN_DROP) -> Drift | None:
     """The strongest fall of AL over ``requests`` (one sampling group, oldest first, each with
-    ``sampling``, ``started_wall``, ``prompt_tokens``, ``verify_steps``, ``accepted`` and
-    ``mean_acceptance_length``) whose p-value is at most ``alpha`` / len(:data:`SPLITS`) and whose AL
+    ``sampling``, ``started_wall``, ``prompt_key`` (None: not recorded), ``prompt_tokens``,
+    ``verify_steps``, ``accepted`` and ``mean_acceptance_length``) whose p-value is at most ``alpha`` / len(:data:`SPLITS`) and whose AL
     falls by at least ``min_drop`` (relative); None when there is none or too few requests."""
     if len(requests) < MIN_REQUESTS:
         return None

@@ -41,13 +41,15 @@ NOISE_SCALE = 4.0
 """Size of the noise the ``request-aux-noise`` and ``aux-decay`` faults add to the draft's target
 features, in standard deviations of the features: enough to leave the draft guessing."""
 
-DECAY_NOISE_SCALE = 0.3
-"""The ``aux-decay`` fault's noise after :data:`DECAY_STEPS` verify steps (feature standard deviations):
-under 0.27-0.65 deviations (the second request of a ramp to 4) the shipped head accepted 1.7% of its
-drafts, so this ramp stays below that for most of a run."""
+DECAY_NOISE_SCALE = 0.5
+"""The ``aux-decay`` fault's noise after :data:`DECAY_STEPS` verify steps (feature standard deviations).
+Measured on six held-out prompts (32 tokens each, constant noise): acceptance rate 0.153 at 0, 0.124
+at 0.1, 0.097 at 0.2, 0.056 at 0.3, so the ramp takes a run from the healthy draft's acceptance to a
+fraction of it, falling with every step rather than at once."""
 
-DECAY_STEPS = 600
-"""Verify steps the engine serves before the ``aux-decay`` fault's noise reaches :data:`DECAY_NOISE_SCALE`."""
+DECAY_STEPS = 700
+"""Verify steps the engine serves before the ``aux-decay`` fault's noise reaches :data:`DECAY_NOISE_SCALE`
+(about the length of ``tests/test_engine_acceptance_faults.py``'s run: 48 requests of 24 tokens)."""
 
 NOISY_EVERY = 3
 """Under ``request-aux-noise`` every third request (index 2, 5, ... of a ``generate`` call) is noisy."""

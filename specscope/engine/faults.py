@@ -29,8 +29,8 @@ FAULTS: dict[str, str] = {
                          "features, as a per-request state mix-up would: those requests accept next to "
                          "nothing, the others are healthy, the output stays the target's",
     "aux-decay": "noise over the draft's target features grows with every verify step the engine serves "
-                 "(state that degrades while a server stays up): acceptance falls slowly over the run, "
-                 "the output stays the target's",
+                 "(state that degrades while a server stays up), to 0.5 feature standard deviations after "
+                 "700 steps: acceptance falls slowly over the run, the output stays the target's",
     "recovered-from-p": "a rejected draft position draws the recovered token from p, where max(p - q, 0) "
                         "normalised belongs (for an argmax draft: p without the draft's token)",
     "sampling-of-previous-request": "the verify step reads the sampling settings (temperature, top-k, top-p) "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from specscope import points
 from specscope.events import PIT_BINS, SEVERITIES
+from specscope.storage._distribution_views import OUTPUT_POSITION_BUCKETS as OUTPUT_POSITION_BUCKETS  # the dashboard's
 from specscope.storage._distribution_views import REQUEST_AL_BUCKETS as REQUEST_AL_BUCKETS  # the exporter's
 from specscope.storage._distribution_views import (
     by_output_position_sql,
@@ -135,12 +136,13 @@ REQUEST_POSITIONS = Query("request_positions", """
 """Per-position acceptance p_i of one request (denominator: its verify steps)."""
 
 REQUEST_SERIES = Query("request_series", """
-    SELECT v.request_id, COALESCE(r.sampling, 'unknown') AS sampling, v.prompt_tokens, v.started_wall,
+    SELECT v.request_id, COALESCE(r.sampling, 'unknown') AS sampling, r.prompt_key, v.prompt_tokens, v.started_wall,
            v.verify_steps, v.proposed, v.accepted, v.mean_acceptance_length, v.acceptance_rate
     FROM v_request_acceptance v JOIN requests r ON r.run_id = v.run_id AND r.request_id = v.request_id
     WHERE v.run_id = :run_id AND v.verify_steps > 0 ORDER BY v.started_wall, v.request_id""")
 """The requests of a run with verify steps, oldest first, without their text: the units the drift and
-outlier rules judge (``sampling``: the group label, ``'unknown'`` when not reported)."""
+outlier rules judge (``sampling``: the group label, ``'unknown'`` when not reported; ``prompt_key``:
+None when not recorded)."""
 
 REQUEST_TEXTS = Query("request_texts", "SELECT request_id, text FROM requests WHERE run_id = :run_id "
                                        "AND request_id IN :request_ids", expanding=("request_ids",))

@@ -1,5 +1,5 @@
-"""Requests: per-request acceptance (the histogram of accepted drafts per verify step and the spread of
-per-request AL), and one request in detail (accepted per step, per-position
+"""Requests: per-request acceptance (the histogram of accepted drafts per verify step, the spread of
+per-request AL, and AL by position in the output), and one request in detail (accepted per step, per-position
 acceptance, the generated text with each token marked draft-accepted or target-produced)."""
 
 import streamlit as st
@@ -29,8 +29,12 @@ def body() -> None:
                      hide_index=True, column_config={
                          "acceptance length": st.column_config.NumberColumn(format="%.2f"),
                          "acceptance rate": st.column_config.NumberColumn(format="percent")})
-    dist = widgets.query(queries.distributions, run_id, ("acceptance_histogram", "request_acceptance"))
-    st.plotly_chart(charts.acceptance_histogram(dist["acceptance_histogram"]), key="hist")
+    dist = widgets.query(queries.distributions, run_id,
+                         ("acceptance_histogram", "request_acceptance", "acceptance_by_output_position"))
+    left, right = st.columns(2)
+    left.plotly_chart(charts.acceptance_histogram(dist["acceptance_histogram"]), key="hist")
+    right.plotly_chart(charts.acceptance_by_output_position(dist["acceptance_by_output_position"], k),
+                       key="by-output-position")
     spread = next((r for r in dist["request_acceptance"] if r["sampling"] == "all"), None)
     if spread is not None:
         st.caption(f"Per-request acceptance length over {spread['requests']} requests: p10 "
