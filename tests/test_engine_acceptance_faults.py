@@ -55,6 +55,7 @@ def _report(db: str, run_id: str):
         return diagnose(store, run_id)
 
 
+@pytest.mark.timeout(1200)  # the first test waits for the module's three engine runs
 def test_a_draft_input_degrading_over_the_run_is_named_as_drift(runs):
     db, run = runs
     run_id, results = run("aux-decay")
