@@ -17,30 +17,37 @@ from specscope.storage.queries import ACCEPTANCE_WINDOWS
 
 REQUESTS = 48  # about 850 verify steps under aux-decay: its ramp (engine.core.DECAY_STEPS) spans the run
 MAX_NEW = 24
+OUTLIER_SIZE = (24, 32)
+"""``(requests, new tokens)`` of the ``request-aux-noise`` run and its healthy twin, the size the rule
+was shown to name it at. At the drift runs' 48 x 24 it is not named, rightly: a noisy request drafts
+about 92 tokens there, none accepted, whose binomial tail at the group's median rate (0.08) is 4.6e-4,
+2.2e-2 after Bonferroni over 48 requests, above the rule's 1e-3: too short to be called an outlier."""
 
 
 @pytest.fixture(scope="module")
 def runs(target_pair, tmp_path_factory):
-    """``(store path, run(fault) -> (run_id, results))``: the same requests served with ``fault`` (None:
-    healthy), each run served once, when a test first asks for it."""
+    """``(store path, run(fault, size) -> (run_id, results))``: ``size[0]`` requests cycling through six
+    prompts, ``size[1]`` new tokens each, served with ``fault`` (None: healthy), each run served once,
+    when a test first asks for it."""
     from specscope.collector import Collector
     from specscope.engine import Engine, demo_prompts
     from specscope.instrumentation import Tracer
 
     db = str(tmp_path_factory.mktemp("accept-faults") / "store.db")
-    prompts = (demo_prompts(6) * (REQUESTS // 6 + 1))[:REQUESTS]
     served = {}
 
-    def run(fault):
-        if fault not in served:
+    def run(fault, size=(REQUESTS, MAX_NEW)):
+        requests, max_new = size
+        if (fault, size) not in served:
+            prompts = (demo_prompts(6) * (requests // 6 + 1))[:requests]
             engine = Engine(target=target_pair, fault=fault)
             with Collector(db) as collector:
                 engine.tracer = Tracer(collector, engine="specscope-reference", engine_version="0",
                                        target_model="t", draft_model="d", config=engine.run_config(), fault=fault)
-                results = engine.generate(prompts, max_new_tokens=MAX_NEW)
+                results = engine.generate(prompts, max_new_tokens=max_new)
                 engine.tracer.close()
-            served[fault] = (engine.tracer.run_id, results)
-        return served[fault]
+            served[fault, size] = (engine.tracer.run_id, results)
+        return served[fault, size]
 
     return db, run
 
@@ -87,7 +94,7 @@ def test_the_healthy_run_of_the_same_requests_reads_neither(runs):
 
 def test_noisy_requests_are_named_and_only_they(runs):
     db, run = runs
-    run_id, results = run("request-aux-noise")
+    run_id, results = run("request-aux-noise", OUTLIER_SIZE)
     found = [f for f in _report(db, run_id).findings if f.code == "REQUEST_ACCEPT_OUTLIER"]
     assert len(found) == 1, _rates(results)
     (finding,) = found
@@ -96,4 +103,4 @@ def test_noisy_requests_are_named_and_only_they(runs):
     by_id = {r.request_id: r for r in results}
     assert all(r["text_excerpt"] == by_id[r["request_id"]].text[:120] for r in finding.evidence["near_zero"])
     # lossless all the same: the noisy requests wrote what the healthy run wrote for the same prompts
-    assert [r.token_ids for r in results] == [r.token_ids for r in run(None)[1]]
+    assert [r.token_ids for r in results] == [r.token_ids for r in run(None, OUTLIER_SIZE)[1]]
