@@ -136,8 +136,8 @@ class Tracer:
     def pause(self) -> None:
         """Take the hooks out of the modules :func:`~specscope.instrumentation.instrument` hooked until
         :meth:`resume`: each runs its own ``forward`` again, at no cost (a hook another wrapper has
-        covered since passes through instead; a graph compiled while hooked keeps its
-        ``specscope::observe`` calls, which observe nothing until then). The run, its counters and
+        covered since passes through instead). Not for a model compiled while hooked: vLLM's compiled
+        target crashed when its hooks were taken out (the vLLM plugin's ``paused()`` refuses it). The run, its counters and
         the request / verify-step calls the engine makes stay as they are. Idempotent."""
         self.hook_state.suspend()
 

@@ -87,8 +87,7 @@ def paused() -> Iterator[None]:
 
     Inside: every vLLM method the plugin wrapped is vLLM's own again, and the hooks on the models and
     the verifier's wrapper are out, so nothing is recorded and nothing of specscope runs on the engine
-    thread (but a graph compiled while hooked keeps its ``specscope::observe`` calls, which then
-    observe nothing, and the rank's status thread still writes every few seconds). Enter and leave it
+    thread (the rank's status thread still writes every few seconds). Enter and leave it
     between batches: a request in flight across an edge is recorded in part. Blocks nest (the
     outermost switches). For side-by-side measurements on one engine (``benchmarks.vllm_decode``).
     Raises ConfigError, changing nothing, where a run of this process observes a compiled target.
