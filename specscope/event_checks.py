@@ -16,6 +16,10 @@ MAX_COUNT = 2**31 - 1  # PostgreSQL's int4: larger counts are refused, never wra
 PIT_BINS = 10  # equal-width bins of the losslessness audit's PIT histogram (LosslessAudit.pit)
 SURPRISE_COLUMNS = ("surprise_sum", "entropy_sum", "surprise_var_sum", "entropy_max")
 """The losslessness audit's surprise-test figures (LosslessAudit fields, lossless_audit columns)."""
+RECOVERED_COLUMNS = ("recovered", "recovered_as_draft", "recovered_p_sum")
+"""The losslessness audit's recovered-token figures (LosslessAudit fields, lossless_audit columns):
+sampled steps that ended on a rejection, those whose recovered token is the rejected draft token, and
+the target probability of the draft tokens there (summed)."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -94,15 +98,19 @@ def check_verify_group(e: Any) -> None:
 
 
 def check_lossless_audit(e: Any) -> None:
-    """``tokens`` in 1..MAX_COUNT, ``mismatches`` / ``rare`` within it, sums and ``epsilon`` finite
-    and >= 0, ``pit`` empty or :data:`PIT_BINS` counts summing to at most ``tokens``."""
+    """``tokens`` in 1..MAX_COUNT, ``mismatches`` / ``rare`` / ``recovered`` within it,
+    ``recovered_as_draft`` within ``recovered``, sums and ``epsilon`` finite and >= 0, ``pit`` empty
+    or :data:`PIT_BINS` counts summing to at most ``tokens``."""
     if not (is_int(e.tokens) and 1 <= e.tokens <= MAX_COUNT):
         raise InvalidEvent(f"lossless audit: tokens must be an int in 1..{MAX_COUNT}, got {e.tokens!r}")
-    for name in ("mismatches", "rare"):
+    for name in ("mismatches", "rare", "recovered"):
         value = getattr(e, name)
         if not (is_int(value) and 0 <= value <= e.tokens):
             raise InvalidEvent(f"lossless audit: {name}={value!r} outside 0..tokens={e.tokens}")
-    for name in ("rare_expected", "p_sum", "p2_sum", "p_var_sum", "epsilon", *SURPRISE_COLUMNS):
+    if not (is_int(e.recovered_as_draft) and 0 <= e.recovered_as_draft <= e.recovered):
+        raise InvalidEvent(f"lossless audit: recovered_as_draft={e.recovered_as_draft!r} outside "
+                           f"0..recovered={e.recovered}")
+    for name in ("rare_expected", "p_sum", "p2_sum", "p_var_sum", "epsilon", *SURPRISE_COLUMNS, "recovered_p_sum"):
         value = getattr(e, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise InvalidEvent(f"lossless audit: {name} must be a finite number >= 0, got {value!r}")

@@ -98,11 +98,10 @@ class RankStart(EventBase):
 
 @dataclass(frozen=True, slots=True)
 class RankStatus(EventBase):
-    """The tracer's counters, sent periodically and at close (``finished``; with ``error``, the rank
-    crashed on it). ``hook_errors``: exceptions caught inside hooks. ``graph_mode``: ``"eager"``,
-    ``"compiled"`` (torch.compile; capture layers seen through specscope's op), ``"cuda_graph"``
-    (replays read from the buffer the captured graphs write), ``"capture_only"`` (replays invisible)
-    or ``"mixed"``."""
+    """The tracer's counters, sent periodically and at close (``finished``; with ``error``, the rank crashed
+    on it). ``hook_errors``: exceptions caught inside hooks. ``graph_mode``: ``"eager"``, ``"compiled"``
+    (torch.compile; capture layers seen through specscope's op), ``"cuda_graph"`` (replays read from the
+    buffer the captured graphs write), ``"capture_only"`` (replays invisible) or ``"mixed"``."""
 
     kind: ClassVar[str] = "rank_status"
     run_id: str
@@ -297,11 +296,9 @@ class LoadReport(EventBase):
 
 @dataclass(frozen=True, slots=True)
 class LosslessAudit(EventBase):
-    """One request's audited tokens checked against the target's distribution (docs/design.md,
-    "Losslessness audit"): ``mismatches`` (greedy) below the row's maximum logit; sampled: ``rare``
-    tokens of probability below ``epsilon`` (``rare_expected``: a lossless engine's), ``p_sum`` /
-    ``p2_sum`` / ``p_var_sum`` (mean probability, expectation, variance), ``pit`` (PIT counts in
-    :data:`PIT_BINS` bins), ``event_checks.SURPRISE_COLUMNS``; ``example``: the first violation."""
+    """One request's audited tokens against the target (docs/design.md, "Losslessness audit"): greedy
+    ``mismatches``; sampled ``rare`` (``rare_expected``), ``p_sum`` / ``p2_sum`` / ``p_var_sum``, ``pit``,
+    ``event_checks.SURPRISE_COLUMNS`` and ``RECOVERED_COLUMNS``; ``example``: the first violation."""
 
     kind: ClassVar[str] = "lossless_audit"
     run_id: str
@@ -322,6 +319,9 @@ class LosslessAudit(EventBase):
     entropy_sum: float = 0.0
     surprise_var_sum: float = 0.0
     entropy_max: float = 0.0
+    recovered: int = 0
+    recovered_as_draft: int = 0
+    recovered_p_sum: float = 0.0
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:

@@ -20,6 +20,8 @@ SHIFTS: dict[str, str] = {
     "temperature-ignored": "the verify step accepts and emits as if greedy (the bonus token still sampled)",
     "temperature-twice": "the target's logits divided by the temperature twice before verifying",
     "top-p-ignored": "the verify step samples from the whole distribution, not the request's top-p nucleus",
+    "recovered-from-p": "a rejected draft position's recovered token drawn from p, where p without the draft "
+                        "token belongs (vLLM's drafts carry no probabilities: q is one-hot)",
 }
 
 
@@ -72,9 +74,17 @@ def _constraints(edit: Callable) -> Callable[[Callable], Callable]:
     return make
 
 
+def _from_p(sample_recovered_tokens: Callable) -> Callable:
+    def broken(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+               *args, **kwargs):
+        return torch.multinomial(target_probs, 1)[:, 0].to(draft_token_ids.dtype)
+    return broken
+
+
 _SHIFTERS = {
     "temperature-ignored": ("rejection_sample", _as_greedy),
     "temperature-twice": ("apply_sampling_constraints",
                           _constraints(lambda sm: replace(sm, temperature=sm.temperature * sm.temperature))),
     "top-p-ignored": ("apply_sampling_constraints", _constraints(lambda sm: replace(sm, top_p=None))),
+    "recovered-from-p": ("sample_recovered_tokens", _from_p),
 }

@@ -159,6 +159,56 @@ def test_sampled_tests_name_each_broken_verifier(tmp_path, sampler, tokens, test
         assert "junk" not in fired, (sampler, fired)
 
 
+def _chain_verified(run_id: str, generator: torch.Generator, steps: int, residual: bool) -> list:
+    """One request's verify steps of k=3 argmax drafts at T=1 over random target distributions, each
+    draft accepted with the target's probability of it; on a rejection the recovered token drawn from p
+    without the draft token (``residual``: the correct rule for an argmax draft) or from p itself."""
+    events, k = [], 3
+    auditor = Auditor(events.append, run_id, 0, every=1, epsilon=EPS)
+    for _ in range(steps):
+        logits = torch.randn(k + 1, 50, generator=generator) * 2
+        probs = logits.softmax(-1)
+        drafts = (logits + torch.randn(logits.shape, generator=generator)).argmax(-1)[:k].tolist()
+        emitted = []
+        for j, draft in enumerate(drafts):
+            if float(torch.rand((), generator=generator)) < float(probs[j, draft]):
+                emitted.append(draft)
+                continue
+            recovered = probs[j].clone()
+            if residual:
+                recovered[draft] = 0
+            emitted.append(int(torch.multinomial(recovered, 1, generator=generator)))
+            break
+        else:
+            emitted.append(int(torch.multinomial(probs[k], 1, generator=generator)))
+        n = len(emitted)
+        auditor.submit(logits[:n], torch.tensor(emitted), torch.ones(n), [AuditSlot(f"{run_id}-r", "T=1", j)
+                                                                          for j in range(n)],
+                       drafted=torch.tensor([*drafts, -1][:n]))
+    auditor.drain(wait=True)
+    return events
+
+
+def test_a_recovered_token_equal_to_its_rejected_draft_is_a_violation_a_correct_verifier_never_shows(tmp_path):
+    """The recovered-token check: 50 correct chain verifiers of 60 steps never emit the rejected draft
+    token as the recovered token (no false alarm to bound); each of 20 verifiers that draw it from p does,
+    and the view says how surely such a verifier would have shown (power)."""
+    generator = torch.Generator().manual_seed(3)
+    with open_store(str(tmp_path / "chain.db")) as store:
+        store.write([e for i in range(50) for e in _chain_verified(f"ok{i}", generator, 60, residual=True)])
+        store.write([e for i in range(20) for e in _chain_verified(f"bad{i}", generator, 60, residual=False)])
+        _, rows = store.query("SELECT run_id, recovered_audited, recovered_as_draft, detectable_recovered_from_p, "
+                              "recovered_failed, verdict FROM v_lossless_audit ORDER BY run_id")
+    healthy = [row for row in rows if row[0].startswith("ok")]
+    broken = [row for row in rows if row[0].startswith("bad")]
+    assert len(healthy) == 50 and len(broken) == 20
+    assert all(row[1] > 20 and row[2] == 0 and row[4] == 0 for row in healthy), healthy
+    assert all(row[3] > 0.9 for row in healthy)  # a p-drawn recovered token would have shown
+    assert all(row[2] > 0 and row[4] == 1 and row[5] == "violation" for row in broken), broken
+    # the drafts' own slots: an accepted draft token is the draft, and is no violation
+    assert sum(row[1] for row in healthy) < 50 * 60
+
+
 def test_the_pit_is_uniform_for_draws_from_the_target_and_never_touches_the_engines_random_stream():
     logits = torch.randn(4000, 50, generator=torch.Generator().manual_seed(1)) * 3
     probs = logits.softmax(-1)
@@ -256,21 +306,22 @@ where the mean test detects a shift of the mean emitted probability of about 0.0
 ``detectable_p_shift``: 0.059 and 0.064 on two healthy seeds) and ``temperature-ignored`` shifts it by
 0.065 (0.773 against 0.708), so no smaller size names it; at 2 x 48 only ``top-p-ignored`` was named."""
 SAMPLED_FAULTS = {"top-p-ignored": {"junk", "mean", "surprise"}, "top-k-ignored": {"junk", "surprise"},
-                  "temperature-ignored": {"mean", "pit", "surprise"}}
-"""The sampled verifier faults named at this size, and the tests that see each. ``temperature-twice``
-(0.8 -> 0.64) and ``recovered-from-p`` sharpen the distribution less than ``temperature-ignored``: at
-this size the surprise test detects a fall of the mean surprise of 0.18 to 0.20 nats
-(``detectable_surprise_shift`` on the two healthy seeds, whose summed surprise sits 4.9 below and 1.6
-above its expectation, bounds 41 and 37), more than either fault moves it at these settings (about
-0.12 and 0.16 nats per token, estimated on the target's logits over 26 held-out prompt positions):
-``temperature-twice`` is named at :data:`WARM` below, ``recovered-from-p`` in simulation only
-(docs/design.md, "Losslessness audit")."""
+                  "temperature-ignored": {"mean", "pit", "surprise"},
+                  "recovered-from-p": {"recovered", "mean", "surprise"}}
+"""The sampled verifier faults named at this size, and the tests that may see each. ``temperature-twice``
+(0.8 -> 0.64) sharpens the distribution less than ``temperature-ignored``: at this size the surprise
+test detects a fall of the mean surprise of 0.18 to 0.20 nats (``detectable_surprise_shift`` on the two
+healthy seeds, whose summed surprise sits 4.9 below and 1.6 above its expectation, bounds 41 and 37),
+more than it moves it at these settings (about 0.12 nats per token, estimated on the target's logits
+over 26 held-out prompt positions): it is named at :data:`WARM` below. ``recovered-from-p`` moves the
+distribution tests' figures as little (some 5,000 tokens would name it by the surprise test), but its
+recovered tokens are the rejected draft token again and again, which no correct verifier emits: the
+recovered-token check names it, whatever the size."""
 WARM = dict(temperature=0.5)
 """A cooler setting without truncation for ``temperature-twice`` (0.5 -> 0.25): 4 x 96 tokens (about
 380 audited) name it by the mean and surprise tests (mean surprise 0.35 nats against an entropy of
 0.63), where healthy seeds 0 and 1 pass (0.63 vs 0.62, 0.66 vs 0.64; bounds 82-86 on the summed
-excess). ``recovered-from-p`` moved it by 0.06 nats there (summed -24 against a bound of 86): some
-5,000 tokens would name it, beyond the suite's budget."""
+excess)."""
 CROSS_REQUEST_FAULTS = ("sampling-of-previous-request", "shared-uniforms")
 """The faults that cross requests, judged on their own short requests (:func:`_serve_across`): one
 request's settings verifying the next (a stale per-slot settings cache; this engine serves one request
@@ -359,6 +410,10 @@ def test_reference_engine_audit_passes_healthy_runs(audited_runs):
                 # every token a verify step emitted, those cut at max_new_tokens too
                 assert group["tokens_audited"] >= emitted
                 assert group["verdict"] == "passed" and group["detectable_p_shift"] < 0.08
+                # rejected drafts' recovered tokens checked, none the draft token, and a verifier drawing
+                # them from p would have shown itself
+                assert group["recovered_audited"] > 10 and group["recovered_as_draft"] == 0, group
+                assert group["detectable_recovered_from_p"] > 0.99, group
 
 
 @pytest.mark.slow
@@ -372,6 +427,12 @@ def test_a_sampled_verifier_fault_is_named_where_the_healthy_runs_pass(audited_r
     assert violation.evidence["sampling"] == LABEL
     assert fired and fired <= SAMPLED_FAULTS[fault], (fault, violation.message)
     assert "not the target's distribution" in violation.message and report.exit_code == 1
+    if fault == "recovered-from-p":  # its own check names it, with an example of the token
+        assert "recovered" in fired and violation.evidence["recovered_as_draft"] > 0, violation.message
+        examples = violation.evidence["examples"]
+        assert any(e["emitted_token"] == e.get("draft_token") for e in examples), examples
+    else:  # a correct recovered-token distribution: the check sees rejections and no draft token among them
+        assert violation.evidence["recovered_audited"] > 0 and violation.evidence["recovered_as_draft"] == 0
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from _threads import at_once
 
 from specscope.errors import SchemaVersionError, StoreError
-from specscope.event_checks import SURPRISE_COLUMNS
+from specscope.event_checks import RECOVERED_COLUMNS, SURPRISE_COLUMNS
 from specscope.storage import SCHEMA_VERSION, migrations, open_store, schema
 from specscope.storage.queries import RUNS
 from specscope.storage.views import VIEWS
@@ -211,7 +211,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 14
+        assert store.schema_version == SCHEMA_VERSION == 15
         with store.connect() as conn:
             index = next(ix for ix in sa.inspect(conn).get_indexes("verify_steps")
                          if ix["name"] == "ix_verify_steps_masks")
@@ -222,10 +222,11 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
         assert store.query("SELECT verify_steps, proposed, accepted FROM v_run_acceptance")[1] == [(8, 32, 10)]
         assert store.query("SELECT position, accepted_steps, verify_steps FROM v_position_acceptance "
                            "ORDER BY position")[1] == [(0, 7, 8), (1, 1, 8), (2, 1, 8), (3, 1, 8)]
-    assert _versions(store_url)[-9:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
+    assert _versions(store_url)[5:] == [(6, "weighted_verify_steps"), (7, "mixed_graph_mode_view"),
                                          (8, "summary_tables"), (9, "sampling_and_audit"), (10, "lost_runs_view"),
                                          (11, "audit_pit"), (12, "token_ids_and_replay"),
-                                         (13, "wide_counters_and_unique_steps"), (14, "audit_surprise")]
+                                         (13, "wide_counters_and_unique_steps"), (14, "audit_surprise"),
+                                          (15, "audit_recovered")]
 
 
 def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
@@ -252,16 +253,16 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 14
+        assert store.schema_version == SCHEMA_VERSION == 15
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=3, temperature=0.0),
                      ev.VerifyStep(run_id="r", request_id="new", rank=0, step=0, proposed=4, accepted=4),
                      ev.LosslessAudit(run_id="r", rank=0, request_id="new", sampling="greedy", tokens=5)])
         assert store.query("SELECT sampling, verify_steps, accepted FROM v_sampling_acceptance "
                            "ORDER BY sampling")[1] == [("greedy", 1, 4), ("unknown", 1, 2)]
         assert store.query("SELECT tokens_audited, verdict FROM v_lossless_audit")[1] == [(5, "passed")]
-    assert _versions(store_url)[-6:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit"),
+    assert _versions(store_url)[8:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit"),
                                          (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps"),
-                                         (14, "audit_surprise")]
+                                         (14, "audit_surprise"), (15, "audit_recovered")]
 
 
 def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store_url: str, monkeypatch) -> None:
@@ -286,14 +287,14 @@ def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 14
+        assert store.schema_version == SCHEMA_VERSION == 15
         assert store.query("SELECT tokens_audited, rare_observed, scored_tokens, verdict FROM v_lossless_audit"
                            )[1] == [(500, 1, 0, "too few tokens")]
         store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=1000, p_sum=300.0, p2_sum=300.0,
                                       p_var_sum=50.0, epsilon=1e-4, pit=(100,) * ev.PIT_BINS)])
         assert store.query("SELECT tokens_audited, scored_tokens, p_excess, verdict FROM v_lossless_audit"
                            )[1] == [(1500, 1000, 0.0, "passed")]
-    assert _versions(store_url)[-4:-1] == [(11, "audit_pit"), (12, "token_ids_and_replay"),
+    assert _versions(store_url)[10:13] == [(11, "audit_pit"), (12, "token_ids_and_replay"),
                                            (13, "wide_counters_and_unique_steps")]
 
 
@@ -317,7 +318,7 @@ def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 14
+        assert store.schema_version == SCHEMA_VERSION == 15
         assert store.query("SELECT COUNT(*) FROM request_tokens")[1] == [(0,)]
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=2, temperature=0.0),
                      ev.RequestTokens("r", 0, "new", (1, 2), (3,)),
@@ -327,7 +328,7 @@ def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url
         assert store.query("SELECT requests, tokens_audited, departures, verdict FROM v_replay_audit")[1] == [
             (1, 1, 0, "passed")]
         assert store.query("SELECT request_id FROM requests ORDER BY request_id")[1] == [("new",), ("old",)]
-    assert _versions(store_url)[-3] == (12, "token_ids_and_replay")
+    assert _versions(store_url)[11] == (12, "token_ids_and_replay")
 
 
 def test_a_version_12_store_with_counters_upgrades_to_wide_counters(store_url: str, monkeypatch) -> None:
@@ -354,11 +355,11 @@ def test_a_version_12_store_with_counters_upgrades_to_wide_counters(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 14
+        assert store.schema_version == SCHEMA_VERSION == 15
         store.write([group], counters={("r", 0): (window, 0)})
         assert store.query("SELECT verify_steps, proposed, events_written FROM v_run_summary")[1] == [
             (2 * window, 2 * window, 2 * window)]
-    assert _versions(store_url)[-2] == (13, "wide_counters_and_unique_steps")
+    assert _versions(store_url)[12] == (13, "wide_counters_and_unique_steps")
 
 
 def test_a_version_12_store_with_duplicate_verify_steps_keeps_each_once(store_url: str, monkeypatch) -> None:
@@ -385,13 +386,13 @@ def test_a_version_12_store_with_duplicate_verify_steps_keeps_each_once(store_ur
         assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(8, 16)]
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 14
+        assert store.schema_version == SCHEMA_VERSION == 15
         assert store.query("SELECT step, accepted FROM verify_steps WHERE step >= 0 ORDER BY step")[1] == [
             (0, 4), (1, 0)]
         assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(2 + 4, 4 + 4)]
         assert store.query("SELECT verify_steps, accepted FROM v_request_acceptance WHERE request_id = 'q'"
                            )[1] == [(2, 4)]
-    assert _versions(store_url)[-2] == (13, "wide_counters_and_unique_steps")
+    assert _versions(store_url)[12] == (13, "wide_counters_and_unique_steps")
 
 
 def test_a_version_13_store_with_audits_upgrades_to_the_surprise_test(store_url: str, monkeypatch) -> None:
@@ -421,7 +422,7 @@ def test_a_version_13_store_with_audits_upgrades_to_the_surprise_test(store_url:
     monkeypatch.undo()
     query = "SELECT tokens_audited, surprise_excess, surprise_failed, verdict FROM v_lossless_audit"
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 14
+        assert store.schema_version == SCHEMA_VERSION == 15
         assert store.query(query)[1] == [(1000, 0.0, 0, "passed")]
         # 1000 tokens of a sharpened verifier: surprise 0.5 per token below an entropy of 1.0 (variance 0.5)
         sharpened = dataclasses.replace(old, request_id="new", surprise_sum=500.0, entropy_sum=1000.0,
@@ -429,4 +430,35 @@ def test_a_version_13_store_with_audits_upgrades_to_the_surprise_test(store_url:
         store.write([sharpened, ev.ReplayResult("r", "new", "folder", 0.25, sharpened)])
         assert store.query(query)[1] == [(2000, -500.0, 1, "violation")]
         assert store.query("SELECT surprise_excess, surprise_failed FROM v_replay_audit")[1] == [(-500.0, 1)]
-    assert _versions(store_url)[-1] == (14, "audit_surprise")
+    assert _versions(store_url)[13:] == [(14, "audit_surprise"), (15, "audit_recovered")]
+
+
+def test_a_version_14_store_with_audits_upgrades_to_the_recovered_token_check(store_url: str, monkeypatch) -> None:
+    """A version-14 store's audit rows (no recovered-token figures) read 0 recovered tokens checked at
+    version 15, so they pass it; a row audited since with a recovered token equal to its draft fails it."""
+    from specscope import events as ev
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 14)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:14])
+    with open_store(store_url):
+        pass
+    engine = _engine(store_url)
+    with engine.begin() as conn:  # step 1 builds today's tables: take the audit's back to version 14
+        for name in reversed(VIEWS):
+            conn.exec_driver_sql(f"DROP VIEW {name}")
+        for column in RECOVERED_COLUMNS:
+            conn.exec_driver_sql(f"ALTER TABLE lossless_audit DROP COLUMN {column}")
+        conn.exec_driver_sql("INSERT INTO lossless_audit (run_id, rank, request_id, sampling, tokens, mismatches, "
+                             "rare, rare_expected, p_sum, p2_sum, epsilon, example, ts_wall) VALUES "
+                             "('r', 0, 'old', 'T=0.8', 10, 0, 0, 0.0, 3.0, 3.0, 0.0001, NULL, 1.0)")
+    engine.dispose()
+    monkeypatch.undo()
+    query = ("SELECT tokens_audited, recovered_audited, recovered_as_draft, recovered_failed, verdict "
+             "FROM v_lossless_audit")
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.query(query)[1] == [(10, 0, 0, 0, "too few tokens")]
+        store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=4, epsilon=1e-4, recovered=1,
+                                      recovered_as_draft=1, recovered_p_sum=0.3)])
+        assert store.query(query)[1] == [(14, 1, 1, 1, "violation")]
+    assert _versions(store_url)[14:] == [(15, "audit_recovered")]

@@ -40,7 +40,7 @@ GROUPS = {"greedy", "T=0.8", "T=0.8 top_p=0.9"}
 # The sampling groups each shift must be named on (others it moves too, less, may or may not be):
 # greedy requests are verified by argmax whatever the shift, so their group always passes.
 NAMED = {"temperature-ignored": {"T=0.8", "T=0.8 top_p=0.9"}, "temperature-twice": {"T=0.8"},
-         "top-p-ignored": {"T=0.8 top_p=0.9"}}
+         "top-p-ignored": {"T=0.8 top_p=0.9"}, "recovered-from-p": {"T=0.8", "T=0.8 top_p=0.9"}}
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,9 @@ def test_corrected_vllm_serves_sampled_and_greedy_requests_losslessly(runs, mode
     assert {name: g["verdict"] for name, g in groups.items()} == dict.fromkeys(GROUPS, "passed")
     assert groups["greedy"]["greedy_mismatches"] == 0 and groups["greedy"]["tokens_audited"] >= 200
     assert all(groups[name]["scored_tokens"] >= 200 for name in GROUPS - {"greedy"})
+    # rejected drafts' recovered tokens checked in every sampled group: none is its draft token
+    assert all(groups[name]["recovered_audited"] >= 20 and groups[name]["recovered_as_draft"] == 0
+               for name in GROUPS - {"greedy"}), groups
     assert all(_prose(text) for text in run.texts), run.texts
     # vLLM's warm-up (compiled here, every start on a GPU) verifies dummy requests: not audited, no error
     assert _ranks(db, run.run_id) == {(mode or "eager", 0)}
@@ -117,6 +120,8 @@ def test_a_shift_in_vllms_verifier_is_named_where_the_healthy_run_passes(runs, s
     assert NAMED[shift] <= named, {name: (g["verdict"], g["mean_p_emitted"], g["mean_p_expected"])
                                    for name, g in groups.items()}
     assert groups["greedy"]["verdict"] == "passed"
+    if shift == "recovered-from-p":  # named by the recovered-token check
+        assert all(groups[name]["recovered_failed"] == 1 for name in NAMED[shift]), groups
 
 
 def test_doctor_cli_names_each_shifted_run_and_not_the_corrected_one(runs):

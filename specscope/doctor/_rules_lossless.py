@@ -4,6 +4,7 @@ bound is written once in SQL (``storage/views.py``, ``rare_threshold``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 from specscope.doctor._context import RunContext, parse_json
@@ -24,8 +25,9 @@ _SAMPLED_FIX = ("The emitted tokens are not draws from the target's distribution
                 "settings. Likely causes: the draft and target sample with different settings (a draft "
                 "sampler that ignores temperature, or one request's settings applied to the whole "
                 "batch), a wrong recovered-token distribution (must be max(p - q, 0) normalised, q the "
-                "draft's probabilities, one-hot for an argmax draft). Compare the same requests served "
-                "without speculative decoding; until fixed, serve sampled traffic without it.")
+                "draft's probabilities, one-hot for an argmax draft: a rejected draft token can never be the "
+                "recovered token). Compare the same requests served without speculative decoding; until "
+                "fixed, serve sampled traffic without it.")
 
 
 def _number(value: object) -> float | None:
@@ -60,6 +62,18 @@ def sampled_evidence(group: SimpleNamespace) -> dict:
             "verdict": group.verdict}
 
 
+def _live_evidence(group: SimpleNamespace) -> dict:
+    """The live audit's figures of one group (``v_lossless_audit``): the sampled tests' and the
+    recovered-token check's, which only the live audit can make (a replay sees no draft tokens)."""
+    evidence = sampled_evidence(group)
+    if group.recovered_failed:
+        evidence["failed_tests"].append("recovered")
+    return {**evidence, "recovered_audited": int(group.recovered_audited or 0),
+            "recovered_as_draft": int(group.recovered_as_draft or 0),
+            "recovered_p_expected": _number(group.recovered_p_expected),
+            "detectable_recovered_from_p": _number(group.detectable_recovered_from_p)}
+
+
 def _undetectable(group: SimpleNamespace) -> float | None:
     """The share of a sampled group's audited tokens that could be junk (target probability below
     epsilon) and still stay under the bound: ``rare_threshold / tokens_audited`` (None for greedy,
@@ -84,11 +98,21 @@ def _reach(group: SimpleNamespace) -> str:
     return (f"{seen}; mean emitted probability {group.mean_p_emitted:.3f} vs {group.mean_p_expected:.3f} "
             f"expected; a shift of {float(group.detectable_p_shift):.3f}, an excess of "
             f"{float(group.detectable_pit_excess):.0%} of tokens in one PIT decile or a fall of the mean surprise "
-            f"by {float(group.detectable_surprise_shift):.3f} nats would have been detected")
+            f"by {float(group.detectable_surprise_shift):.3f} nats would have been detected{_recovered_reach(group)}")
 
 
-def sampled_message(g: SimpleNamespace) -> str:
-    """Which of the sampled tests failed, with the figures a person can check."""
+def _recovered_reach(group: SimpleNamespace) -> str:
+    """What the recovered-token check of a group could have seen (live audit only), in words."""
+    recovered = int(group.recovered_audited or 0)
+    if not recovered:
+        return ""
+    return (f"; {recovered} recovered tokens, none the rejected draft token (a verifier drawing them from p "
+            f"would have shown one with probability {float(group.detectable_recovered_from_p):.0%})")
+
+
+def sampled_message(g: SimpleNamespace, more: Sequence[str] = ()) -> str:
+    """Which of the sampled tests failed, with the figures a person can check (``more``: other
+    failed checks, said after them)."""
     said = []
     if g.junk_failed:
         said.append(f"{g.rare_observed} of {g.tokens_audited} audited tokens had target probability "
@@ -110,14 +134,25 @@ def sampled_message(g: SimpleNamespace) -> str:
                     f"{float(g.surprise_excess):+.1f} over {g.scored_tokens} tokens, bounds "
                     f"-{float(g.surprise_threshold_below):.1f} / +{float(g.surprise_threshold_above):.1f}; below: "
                     "a sharpened distribution, as a temperature applied twice or ignored)")
-    return f"output is not the target's distribution ({g.sampling}): " + "; ".join(said)
+    return f"output is not the target's distribution ({g.sampling}): " + "; ".join([*said, *more])
+
+
+def _recovered_message(g: SimpleNamespace) -> list[str]:
+    """The recovered-token check's failure, in words (none when it passed)."""
+    if not g.recovered_failed:
+        return []
+    return [f"{g.recovered_as_draft} of {g.recovered_audited} recovered tokens (emitted where a draft token was "
+            "rejected) are that rejected draft token, which a correct verifier never emits there (it draws the "
+            "recovered token from max(p - q, 0), zero at any draft token it can reject): the recovered token is "
+            "drawn from another distribution, such as p itself"]
 
 
 def check_lossless(ctx: RunContext) -> list[Finding]:
     """LOSSLESS_VIOLATION [error], per sampling group whose audit failed: a greedy token that is not
-    the target's argmax, or a sampled test's bound crossed (junk tail, mean probability, PIT, surprise; together
-    at most 1e-3 false alarms). LOSSLESS_AUDITED [info] names every group that did not fail, with what
-    its audit could have detected or that it had too few tokens to judge."""
+    the target's argmax, a sampled test's bound crossed (junk tail, mean probability, PIT, surprise;
+    together at most 1e-3 false alarms), or a recovered token equal to the draft token it replaced
+    (never, lossless). LOSSLESS_AUDITED [info] names every group that did not fail, with what its
+    audit could have detected or that it had too few tokens to judge."""
     groups = [g for g in ctx.lossless_audit if int(g.tokens_audited or 0) > 0]
     failed = [g for g in groups if g.verdict == "violation"]
     examples: dict[str, list] = {}
@@ -129,13 +164,13 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
                 kept.append({**example, "request_id": row.request_id})
     out = []
     for g in failed:
-        evidence = {**sampled_evidence(g), "examples": examples.get(g.sampling, [])}
+        evidence = {**_live_evidence(g), "examples": examples.get(g.sampling, [])}
         if g.greedy_mismatches:
             message = (f"output is not the target's: {g.greedy_mismatches} of {g.tokens_audited} audited "
                        "greedy tokens are not the target's argmax")
             fix = _GREEDY_FIX
         else:
-            message, fix = sampled_message(g), _SAMPLED_FIX
+            message, fix = sampled_message(g, _recovered_message(g)), _SAMPLED_FIX
         out.append(runtime_finding("LOSSLESS_VIOLATION", ctx.run_id, message, evidence, fix))
     rest = [g for g in groups if g.verdict != "violation"]
     if rest:
@@ -145,7 +180,7 @@ def check_lossless(ctx: RunContext) -> list[Finding]:
             "LOSSLESS_AUDITED", ctx.run_id,
             f"output audited against the target: {tokens} tokens in {len(rest)} sampling group(s) without "
             f"violation, {len(judged)} judged: {'; '.join(_reach(g) for g in rest)}",
-            {"groups": [{**sampled_evidence(g), "undetectable_below": _undetectable(g)} for g in rest]},
+            {"groups": [{**_live_evidence(g), "undetectable_below": _undetectable(g)} for g in rest]},
             "Nothing to fix. The audit checks a sample of verify steps (SPECSCOPE_AUDIT_EVERY / "
             "Tracer(audit_every=)); audit every step to check every token."))
     return out

@@ -17,7 +17,14 @@ later (:class:`Auditor`), so the engine thread never waits on the device:
   drawn from the target, whatever the distribution, so its histogram tests any shift; and the token's
   surprise ``-log p`` (capped at ``-log epsilon``) with its expectation, the row's entropy (of the
   capped surprise), and variance: the score of a temperature-type shift (p^a renormalised, a != 1),
-  the test most powerful against a verifier that sharpens or flattens the target's distribution.
+  the test most powerful against a verifier that sharpens or flattens the target's distribution;
+- recovered slots (sampled): a step that ends at a draft position ended on a rejection, and the token
+  emitted there, the recovered token, can never be the rejected draft token under any correct chain
+  verifier (rejection sampling draws it from max(p - q, 0), zero at the draft token whenever it can be
+  rejected; sample-and-match verifiers stop only on a token that differs from the draft). The count of
+  recovered tokens equal to their draft token is 0 for a lossless engine, with no false alarm to bound;
+  ``p(draft token)`` summed over recovered slots is how many a verifier drawing recovered tokens from
+  p itself would have emitted there on average (the test's power).
 """
 
 from __future__ import annotations
@@ -39,13 +46,14 @@ DEFAULT_EPSILON = 1e-4
 
 # Columns of token_stats' result.
 (_VALID, _GREEDY, _MISMATCH, _P, _RARE, _RARE_MASS, _P2, _EMITTED, _TARGET, _VARIANCE, _PIT, _SURPRISE, _ENTROPY,
- _SURPRISE_VAR) = range(14)
+ _SURPRISE_VAR, _DRAFTED, _P_DRAFTED) = range(16)
 
 
 def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
                 top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
-                epsilon: float = DEFAULT_EPSILON, uniform: torch.Tensor | None = None) -> torch.Tensor:
-    """Judge each emitted-token slot against the target (float32 (N, 14), on the logits' device).
+                epsilon: float = DEFAULT_EPSILON, uniform: torch.Tensor | None = None,
+                drafted: torch.Tensor | None = None) -> torch.Tensor:
+    """Judge each emitted-token slot against the target (float32 (N, 16), on the logits' device).
 
     Args:
         logits: (N, V) the target's logits at each slot's position, before temperature.
@@ -55,6 +63,8 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
         epsilon: the target probability under which a token counts as rare.
         uniform: (N,) draws on [0, 1) that randomize the PIT within the emitted token's atom (the
             tokens as probable as it); None puts it mid-atom (not exactly uniform: for tests only).
+        drafted: (N,) the draft token verified at each slot, negative where none was (the bonus
+            slot); None: no draft known (a replay). Read by :class:`Auditor` at each step's last slot.
 
     The PIT orders the vocabulary by target probability, most probable first, tokens of equal
     probability forming one atom: ``u = mass of more probable tokens + uniform * mass of the atom``.
@@ -76,11 +86,11 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
     kept, ids = truncated_support(scaled, top_k, top_p, sampled)
     log_probs = kept.log_softmax(dim=-1)
     probs = log_probs.exp()
-    column, present = token, torch.ones_like(valid)
-    if ids is not None:
-        match = ids == token
-        column, present = match.int().argmax(dim=-1, keepdim=True), match.any(dim=-1)
+    column, present = _column(token, ids)
     p = probs.gather(-1, column)[:, 0] * present
+    drafted = torch.full_like(emitted, -1) if drafted is None else drafted.to(logits.device).long()
+    draft_column, draft_present = _column(drafted.clamp(min=0)[:, None], ids)
+    p_drafted = probs.gather(-1, draft_column)[:, 0] * (draft_present & (drafted >= 0))
     sampled = sampled.float()
     rare = (p < epsilon).float() * sampled
     rare_mass = torch.where(probs < epsilon, probs, 0).sum(dim=-1) * sampled
@@ -98,7 +108,16 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
     return torch.stack([valid.float(), greedy.float(), mismatch.float(), p * sampled, rare, rare_mass, p2,
                         emitted.float(), target.float(), variance, pit,
                         torch.where(present, surprise.gather(-1, column)[:, 0], -math.log(epsilon)) * sampled,
-                        entropy * sampled, surprise_var], dim=-1)
+                        entropy * sampled, surprise_var, drafted.float(), p_drafted * sampled], dim=-1)
+
+
+def _column(token: torch.Tensor, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each row's ``token`` (N, 1) sits in the distribution's columns, and (N,) whether it is
+    there at all: its vocabulary id, or its place among the candidate ``ids`` of a truncated one."""
+    if ids is None:
+        return token, torch.ones(token.shape[0], dtype=torch.bool, device=token.device)
+    match = ids == token
+    return match.int().argmax(dim=-1, keepdim=True), match.any(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -148,11 +167,13 @@ class Auditor:
 
     def submit(self, logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
                slots: Sequence[Slot], top_k: torch.Tensor | None = None,
-               top_p: torch.Tensor | None = None) -> None:
-        """Judge one audited step's slots (arguments of :func:`token_stats`, ``slots`` naming each row)
-        on the device and queue the asynchronous copy of the result."""
+               top_p: torch.Tensor | None = None, drafted: torch.Tensor | None = None) -> None:
+        """Judge one audited step's slots (arguments of :func:`token_stats`, ``slots`` naming each row,
+        a request's slots in the order of their positions) on the device and queue the asynchronous
+        copy of the result."""
         stats = token_stats(logits, emitted, temperature, top_k, top_p, self.epsilon,
-                            torch.rand(logits.shape[0], device=logits.device, generator=self._generator(logits.device)))
+                            torch.rand(logits.shape[0], device=logits.device, generator=self._generator(logits.device)),
+                            drafted)
         ready = None
         if stats.is_cuda:
             # PyTorch's caching host allocator hands back a pinned block whose last copy completed:
@@ -190,13 +211,16 @@ class Auditor:
 
     def _report(self, rows: list[list[float]], slots: Sequence[Slot]) -> None:
         per_request: dict[tuple[str, str], dict] = {}
+        last: dict[tuple[str, str], tuple[list[float], Slot]] = {}  # each request's last emitted slot
         for row, slot in zip(rows, slots):
             if not row[_VALID]:
                 continue
             total = per_request.setdefault((slot.request_id, slot.sampling), {
                 "tokens": 0, "mismatches": 0, "rare": 0, "rare_expected": 0.0, "p_sum": 0.0, "p2_sum": 0.0,
                 "p_var_sum": 0.0, "pit": [0] * PIT_BINS, "surprise_sum": 0.0, "entropy_sum": 0.0,
-                "surprise_var_sum": 0.0, "entropy_max": 0.0, "example": None})
+                "surprise_var_sum": 0.0, "entropy_max": 0.0, "recovered": 0, "recovered_as_draft": 0,
+                "recovered_p_sum": 0.0, "example": None})
+            last[slot.request_id, slot.sampling] = row, slot
             total["tokens"] += 1
             total["mismatches"] += int(row[_MISMATCH])
             total["rare"] += int(row[_RARE])
@@ -214,6 +238,18 @@ class Auditor:
                 total["example"] = {"position": slot.position, "emitted_token": int(row[_EMITTED]),
                                     "target_argmax": int(row[_TARGET]),
                                     "target_probability": None if row[_GREEDY] else row[_P]}
+        for key, (row, slot) in last.items():
+            if row[_DRAFTED] < 0 or row[_GREEDY]:  # a bonus slot, or greedy: the argmax check judges it
+                continue
+            total = per_request[key]  # the step ended on a rejection at this draft position
+            total["recovered"] += 1
+            total["recovered_p_sum"] += row[_P_DRAFTED]
+            if row[_EMITTED] == row[_DRAFTED]:
+                total["recovered_as_draft"] += 1
+                if total["example"] is None:
+                    total["example"] = {"position": slot.position, "emitted_token": int(row[_EMITTED]),
+                                        "draft_token": int(row[_DRAFTED]), "target_argmax": int(row[_TARGET]),
+                                        "target_probability": row[_P]}
         for (request_id, sampling), total in per_request.items():
             total["pit"] = tuple(total["pit"])
             self._emit(LosslessAudit(self.run_id, self.rank, request_id, sampling, epsilon=self.epsilon,

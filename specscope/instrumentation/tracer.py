@@ -246,14 +246,16 @@ class Tracer:
         return self.auditor.due()
 
     def record_audit(self, logits: Any, emitted: Any, temperature: Any, slots: Sequence[AuditSlot],
-                     top_k: Any = None, top_p: Any = None) -> None:
+                     top_k: Any = None, top_p: Any = None, drafted: Any = None) -> None:
         """Audit one verify step's emitted tokens against the target (tensors on the engine's device:
         ``logits`` (N, V) at each slot's position before temperature, ``emitted`` (N,) with -1 for an
-        empty slot, ``temperature`` (N,), optional ``top_k`` / ``top_p`` (N,); ``slots`` names each
-        row's request, sampling group and position). Computed on the device, copied asynchronously,
-        stored as :class:`~specscope.events.LosslessAudit` events; never raises into the engine."""
+        empty slot, ``temperature`` (N,), optional ``top_k`` / ``top_p`` (N,) and ``drafted`` (N,): the
+        draft token verified at each slot, -1 at the bonus slot; ``slots`` names each row's request,
+        sampling group and position, a request's slots in position order). Computed on the device,
+        copied asynchronously, stored as :class:`~specscope.events.LosslessAudit` events; never raises
+        into the engine."""
         try:
-            self.auditor.submit(logits, emitted, temperature, slots, top_k, top_p)
+            self.auditor.submit(logits, emitted, temperature, slots, top_k, top_p, drafted)
         except Exception as exc:  # noqa: BLE001 - observing must not change what the engine does
             self._hook_failed("record_audit", exc)
 

@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from specscope import events as ev
-from specscope.event_checks import SURPRISE_COLUMNS
+from specscope.event_checks import RECOVERED_COLUMNS, SURPRISE_COLUMNS
 from specscope.storage import _summaries, schema
 
 Row = dict[str, Any]
@@ -168,13 +168,15 @@ def _load_report(e: ev.LoadReport) -> tuple:
 
 _LOSSLESS_AUDIT = _plain("lossless_audit", ("run_id", "rank", "request_id", "sampling", "tokens", "mismatches", "rare",
                                            "rare_expected", "p_sum", "p2_sum", "epsilon", "example", "ts_wall", "p_var_sum",
-                                           *(f"pit_{b}" for b in range(ev.PIT_BINS)), *SURPRISE_COLUMNS))
+                                           *(f"pit_{b}" for b in range(ev.PIT_BINS)), *SURPRISE_COLUMNS,
+                                           *RECOVERED_COLUMNS))
 
 
 def _lossless_audit(e: ev.LosslessAudit) -> tuple:
     return (e.run_id, e.rank, e.request_id, e.sampling, e.tokens, e.mismatches, e.rare, e.rare_expected,
             e.p_sum, e.p2_sum, e.epsilon, None if e.example is None else _json(e.example), e.ts_wall,
-            e.p_var_sum, *(e.pit or (0,) * ev.PIT_BINS), *_surprise(e).values())
+            e.p_var_sum, *(e.pit or (0,) * ev.PIT_BINS), *_surprise(e).values(),
+            *(getattr(e, name) for name in RECOVERED_COLUMNS))
 
 
 def _surprise(a: ev.LosslessAudit) -> dict[str, float]:

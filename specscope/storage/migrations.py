@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from specscope.event_checks import SURPRISE_COLUMNS
+from specscope.event_checks import RECOVERED_COLUMNS, SURPRISE_COLUMNS
 from specscope.storage import _steps, _summaries, schema
 from specscope.storage.views import VIEWS, create_view_sql
 
@@ -140,12 +140,24 @@ def audit_surprise(conn: Connection) -> None:
     audited before, which add nothing to the test); the views are recreated after the step
     (``v_lossless_audit``, ``v_replay_audit``)."""
     for table in ("lossless_audit", "replay_requests"):
-        present = {c["name"] for c in sa.inspect(conn).get_columns(table)}
-        for name in SURPRISE_COLUMNS:
-            if name not in present:
-                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} "
-                                     f"{schema.lossless_audit.c[name].type.compile(dialect=conn.dialect)} "
-                                     "NOT NULL DEFAULT 0")
+        _add_zero_columns(conn, table, SURPRISE_COLUMNS)
+
+
+def _add_zero_columns(conn: Connection, table: str, names: tuple[str, ...]) -> None:
+    """Add the ``lossless_audit`` columns ``names`` to ``table`` where missing, 0 on every row."""
+    present = {c["name"] for c in sa.inspect(conn).get_columns(table)}
+    for name in names:
+        if name not in present:
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} "
+                                 f"{schema.lossless_audit.c[name].type.compile(dialect=conn.dialect)} "
+                                 "NOT NULL DEFAULT 0")
+
+
+def audit_recovered(conn: Connection) -> None:
+    """Version 15: the losslessness audit's recovered-token check: ``recovered``, ``recovered_as_draft``
+    and ``recovered_p_sum`` on ``lossless_audit`` (0 on rows audited before: nothing checked there);
+    the views are recreated after the step (``v_lossless_audit``)."""
+    _add_zero_columns(conn, "lossless_audit", RECOVERED_COLUMNS)
 
 
 WIDE_COUNTERS = {"acceptance_masks": ("steps", "proposed", "accepted"), "tensor_shapes": ("events", "nonfinite"),
@@ -185,6 +197,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "token_ids_and_replay", token_ids_and_replay),
     Migration(13, "wide_counters_and_unique_steps", wide_counters_and_unique_steps),
     Migration(14, "audit_surprise", audit_surprise),
+    Migration(15, "audit_recovered", audit_recovered),
 )
 
 

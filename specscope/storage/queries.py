@@ -226,8 +226,9 @@ LOSSLESS_AUDIT = Query("lossless_audit", f"""
     SELECT sampling, requests, tokens_audited, greedy_mismatches, rare_observed, rare_expected,
            rare_threshold, mean_p_emitted, mean_p_expected, epsilon, scored_tokens, p_excess,
            p_excess_threshold, detectable_p_shift, {", ".join(f"pit_{b}" for b in range(PIT_BINS))},
-           pit_threshold, pit_worst_bin, detectable_pit_excess, {_SURPRISE}, junk_failed, mean_failed, pit_failed,
-           surprise_failed, verdict
+           pit_threshold, pit_worst_bin, detectable_pit_excess, {_SURPRISE}, recovered_audited, recovered_as_draft,
+           recovered_p_expected, detectable_recovered_from_p, junk_failed, mean_failed, pit_failed,
+           surprise_failed, recovered_failed, verdict
     FROM v_lossless_audit WHERE run_id = :run_id ORDER BY sampling""")
 """The losslessness audit of a run per sampling group, with its verdict."""
 

@@ -35,7 +35,7 @@ from sqlalchemy import (
 from specscope.event_checks import SURPRISE_COLUMNS
 from specscope.events import PIT_BINS
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 metadata = MetaData()
 
@@ -257,6 +257,10 @@ lossless_audit = Table(  # one row per request and audited batch of verify steps
     *(Column(f"pit_{b}", Integer, nullable=False, server_default="0") for b in range(PIT_BINS)),
     # the surprise test's figures (version 14): 0 on rows audited before it, which add nothing to it
     *(Column(name, Float, nullable=False, server_default="0") for name in SURPRISE_COLUMNS),
+    # the recovered-token check's figures (version 15): 0 on rows audited before it (nothing checked)
+    Column("recovered", Integer, nullable=False, server_default="0"),
+    Column("recovered_as_draft", Integer, nullable=False, server_default="0"),
+    Column("recovered_p_sum", Float, nullable=False, server_default="0"),
     Index("ix_lossless_audit_run", "run_id", "sampling"),
 )
 

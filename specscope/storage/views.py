@@ -29,7 +29,7 @@ host gone). A lost run that is heard from again reads ``'running'`` again. Its `
 stores the doctor's verdict when a rank ends: docs/design.md, "Reading a run"); a live run's current
 verdict is computed by :mod:`specscope.readmodel`.
 | ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate, p_0 of each sampling group |
-| ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT, surprise), bounds, power, verdict |
+| ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT, surprise), recovered tokens, power, verdict |
 | ``v_replay_audit`` | run, sampling group | the same over a replay against the target alone, with departures, near-ties, margins |
 
 Acceptance as a distribution (:mod:`specscope.storage._distribution_views`):
@@ -102,26 +102,36 @@ def _pit_threshold(scored: str) -> str:
     return bernstein_threshold(f"{scored} * {share * (1 - share)!r}", math.log(2 * PIT_BINS / _TEST_ALPHA))
 
 
-def _audit_verdict(table: str, extra: str = "") -> str:
+def _audit_verdict(table: str, extra: str = "", recovered: bool = False) -> str:
     """Per run and sampling group of ``table`` (``lossless_audit`` or ``replay_requests``: the same
     columns ``tokens``, ``mismatches``, ``rare``, ``rare_expected``, ``p_sum``, ``p2_sum``,
     ``p_var_sum``, ``epsilon``, ``pit_0..9``, the surprise columns), the greedy check and the sampled
     tests' figures,
     thresholds, power and verdict (docs/design.md, "Losslessness audit"); ``extra``: more aggregate
-    columns of ``table`` for the innermost grouping."""
+    columns of ``table`` for the innermost grouping; ``recovered``: ``table`` has the recovered-token
+    check's columns (the live audit, which sees the drafts; a replay does not)."""
     bins = [f"pit_{b}" for b in range(PIT_BINS)]
     row_scored = "(" + " + ".join(bins) + ")"
     pit_off = " OR ".join(f"ABS({b} - scored_tokens * {1 / PIT_BINS!r}) >= pit_threshold" for b in bins)
     below, above = _surprise_thresholds()
     worst_bin = " ".join(f"WHEN ABS({b} - scored_tokens * {1 / PIT_BINS!r}) >= pit_threshold THEN {i}"
                          for i, b in enumerate(bins))
+    recovered_failed, recovered_flag, recovered_sums = "", "", ""
+    if recovered:
+        recovered_failed = " OR recovered_failed = 1"
+        recovered_flag = """
+             CASE WHEN recovered_as_draft > 0 THEN 1 ELSE 0 END AS recovered_failed,
+             1 - EXP(-recovered_p_expected) AS detectable_recovered_from_p,"""
+        recovered_sums = """,
+                         SUM(recovered) AS recovered_audited, SUM(recovered_as_draft) AS recovered_as_draft,
+                         SUM(recovered_p_sum) AS recovered_p_expected"""
     return f"""
 SELECT t.*,
        CASE WHEN greedy_mismatches > 0 OR junk_failed = 1 OR mean_failed = 1 OR pit_failed = 1
-                 OR surprise_failed = 1 THEN 'violation'
+                 OR surprise_failed = 1{recovered_failed} THEN 'violation'
             WHEN sampling <> 'greedy' AND (scored_tokens = 0 OR detectable_p_shift > {MAX_JUDGED_SHIFT!r})
             THEN 'too few tokens' ELSE 'passed' END AS verdict
-FROM (SELECT s.*,
+FROM (SELECT s.*,{recovered_flag}
              CASE WHEN rare_observed >= rare_threshold THEN 1 ELSE 0 END AS junk_failed,
              CASE WHEN scored_tokens > 0 AND ABS(p_excess) >= p_excess_threshold THEN 1 ELSE 0 END AS mean_failed,
              CASE WHEN scored_tokens > 0 AND ({pit_off}) THEN 1 ELSE 0 END AS pit_failed,
@@ -161,7 +171,7 @@ FROM (SELECT s.*,
                               AS mean_surprise_expected,
                          SUM(surprise_sum) - SUM(entropy_sum) AS surprise_excess,
                          SUM(surprise_var_sum) AS surprise_variance, MAX(entropy_max) AS entropy_max,
-                         {", ".join(f"SUM({b}) AS {b}" for b in bins)}{extra}
+                         {", ".join(f"SUM({b}) AS {b}" for b in bins)}{recovered_sums}{extra}
                   FROM {table}
                   GROUP BY run_id, sampling) a) s) t
 """
@@ -322,7 +332,7 @@ FROM verify_steps v
 JOIN requests q ON q.run_id = v.run_id AND q.request_id = v.request_id
 GROUP BY v.run_id, COALESCE(q.sampling, 'unknown')
 """,
-    "v_lossless_audit": _audit_verdict("lossless_audit"),
+    "v_lossless_audit": _audit_verdict("lossless_audit", recovered=True),
     # the same tests over the replay against the target alone (docs/design.md, "Replay against the target")
     "v_replay_audit": _audit_verdict("replay_requests", _REPLAY_COLUMNS),
     # Runs joined to their acceptance summary rows, grouped by the run's columns.

@@ -45,8 +45,9 @@ def attach(runner: Any, tracer: Tracer) -> Swap:
             tracer.hook_state.failed("vllm verifier audit", exc)
         output = original(metadata, draft_probs, logits, sampling_metadata)
         if audit is not None:
-            rows, temperature, top_k, top_p, slots = audit
-            tracer.record_audit(rows, output.sampled_token_ids.reshape(-1), temperature, slots, top_k, top_p)
+            rows, temperature, top_k, top_p, slots, drafted = audit
+            tracer.record_audit(rows, output.sampled_token_ids.reshape(-1), temperature, slots, top_k, top_p,
+                                drafted)
         return output
 
     return Swap(verifier, "forward", forward)
@@ -65,9 +66,10 @@ def _plain_sampling(sampling_metadata: Any) -> bool:
 
 
 def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> tuple:
-    """``(rows, temperature, top_k, top_p, slots)`` of every emitted-token slot of the batch, slot
-    (i, j) = request i's position j: rows (B * W, V) copied from ``logits``; per-slot settings on the
-    device; slot names from host-side values (the runner's request states)."""
+    """``(rows, temperature, top_k, top_p, slots, drafted)`` of every emitted-token slot of the batch,
+    slot (i, j) = request i's position j: rows (B * W, V) copied from ``logits``; per-slot settings and
+    the draft token verified there (-1 at the bonus slot) on the device; slot names from host-side
+    values (the runner's request states)."""
     num_draft = list(metadata.num_draft_tokens)
     width = metadata.max_spec_len + 1
     device = logits.device
@@ -85,12 +87,15 @@ def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata:
     flat = [min(f, max(starts - 1, 0)) for f in flat]  # a last request without drafts reads its bonus row
     owner_t = torch.tensor(owner).to(device, non_blocking=True)
     target_rows = metadata.target_logits_indices
+    is_draft_t = torch.tensor(is_draft).to(device, non_blocking=True)
     if target_rows.numel():
-        draft_rows = target_rows[torch.tensor(flat).to(device, non_blocking=True)]
+        flat_t = torch.tensor(flat).to(device, non_blocking=True)
+        draft_rows = target_rows[flat_t]
+        drafted = torch.where(is_draft_t, metadata.draft_token_ids[flat_t].long(), -1)
     else:  # no request drafted this step: every slot reads its bonus row
         draft_rows = metadata.bonus_logits_indices[owner_t]
-    index = torch.where(torch.tensor(is_draft).to(device, non_blocking=True), draft_rows,
-                        metadata.bonus_logits_indices[owner_t])
+        drafted = torch.full((len(flat),), -1, device=device)
+    index = torch.where(is_draft_t, draft_rows, metadata.bonus_logits_indices[owner_t])
     rows = logits[index].float()  # a copy: vLLM may change ``logits`` in place
     temperature = sampling_metadata.temperature
     if sampling_metadata.all_greedy or temperature is None:
@@ -98,7 +103,7 @@ def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata:
     temperature = torch.where(temperature < GREEDY_BELOW, torch.zeros_like(temperature), temperature)
     top_k = None if sampling_metadata.top_k is None else sampling_metadata.top_k[owner_t]
     top_p = None if sampling_metadata.top_p is None else sampling_metadata.top_p[owner_t]
-    return rows, temperature[owner_t], top_k, top_p, slots
+    return rows, temperature[owner_t], top_k, top_p, slots, drafted
 
 
 def greedy_zero(temperature: float) -> float:
