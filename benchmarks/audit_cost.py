@@ -3,7 +3,8 @@
 Run: ``python -m benchmarks.audit_cost [--slots 5] [--repeats 31]``.
 
 One audited verify step costs one :func:`specscope.instrumentation.token_stats` call over its slots
-(k + 1 per request: the drafts and the bonus token) at the target's vocabulary; the audit runs it on
+(k + 1 per request: the drafts and the bonus token, each with the draft token verified there, which
+the recovered-token check reads) at the target's vocabulary; the audit runs it on
 one verify step in ``SPECSCOPE_AUDIT_EVERY`` (default 4). The baseline is the verify forward itself:
 the reference target (SmolLM2-135M, float32) scoring k + 1 = 5 tokens on a 64-token KV cache, the
 forward a single-request verify step makes. Both are timed in this thread's CPU time on one torch
@@ -54,6 +55,7 @@ def main() -> None:
     temperature = torch.tensor([0.0, 0.8] * args.slots)[:args.slots]
     top_k, top_p = torch.full((args.slots,), 20), torch.full((args.slots,), 0.9)
     uniform = torch.rand(args.slots, generator=generator)
+    drafted = torch.cat([torch.randint(0, vocab, (args.slots - 1,), generator=generator), torch.tensor([-1])])
 
     with torch.inference_mode():
         cache = model(prompt, use_cache=True).past_key_values
@@ -63,10 +65,10 @@ def main() -> None:
             cache.crop(-draft.shape[1])  # the next round verifies on the same 64-token cache
 
         def audit() -> None:  # requests with top-k / top-p: vLLM's cut, found among each row's largest logits
-            token_stats(logits, emitted, temperature, top_k, top_p, uniform=uniform)
+            token_stats(logits, emitted, temperature, top_k, top_p, uniform=uniform, drafted=drafted)
 
         def audit_plain() -> None:  # greedy and temperature-only requests: no truncation, no sort
-            token_stats(logits, emitted, temperature, uniform=uniform)
+            token_stats(logits, emitted, temperature, uniform=uniform, drafted=drafted)
 
         jobs = {"verify forward": verify, "token_stats, top-k/top-p": audit, "token_stats, no truncation": audit_plain}
         times: dict[str, list[float]] = {name: [] for name in jobs}
