@@ -47,7 +47,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser prometheus
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -99,8 +99,9 @@ def check_verify_group(e: Any) -> None:
 
 def check_lossless_audit(e: Any) -> None:
     """``tokens`` in 1..MAX_COUNT, ``mismatches`` / ``rare`` / ``recovered`` within it,
-    ``recovered_as_draft`` within ``recovered``, sums and ``epsilon`` finite and >= 0, ``pit`` empty
-    or :data:`PIT_BINS` counts summing to at most ``tokens``."""
+    ``recovered_as_draft`` within ``recovered``, sums finite and >= 0, sums of probabilities at most
+    their count, ``epsilon`` in [0, 1), ``pit`` empty or :data:`PIT_BINS` counts summing to at most
+    ``tokens``."""
     if not (is_int(e.tokens) and 1 <= e.tokens <= MAX_COUNT):
         raise InvalidEvent(f"lossless audit: tokens must be an int in 1..{MAX_COUNT}, got {e.tokens!r}")
     for name in ("mismatches", "rare", "recovered"):
@@ -114,6 +115,12 @@ def check_lossless_audit(e: Any) -> None:
         value = getattr(e, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise InvalidEvent(f"lossless audit: {name} must be a finite number >= 0, got {value!r}")
+    if not e.epsilon < 1:  # a probability threshold; 0: no junk tail judged
+        raise InvalidEvent(f"lossless audit: epsilon must lie in [0, 1), got {e.epsilon!r}")
+    # a probability per token: float32 sums of them may pass the count by rounding, never by more
+    for name, count in (("p_sum", e.tokens), ("p2_sum", e.tokens), ("recovered_p_sum", e.recovered)):
+        if getattr(e, name) > count * (1 + 1e-3) + 1e-6:
+            raise InvalidEvent(f"lossless audit: {name}={getattr(e, name)!r} exceeds its {count} probabilities")
     if e.example is not None and not isinstance(e.example, dict):
         raise InvalidEvent(f"lossless audit: example must be a dict or None, got {type(e.example).__name__}")
     pit = e.pit

@@ -9,9 +9,11 @@ what the Triton kernel does; vLLM picks it up when its worker registers the CPU 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from pathlib import Path
 from unittest.mock import patch
 
 import torch
@@ -23,6 +25,31 @@ SHIFTS: dict[str, str] = {
     "recovered-from-p": "a rejected draft position's recovered token drawn from p, where p without the draft "
                         "token belongs (vLLM's drafts carry no probabilities: q is one-hot)",
 }
+
+
+PROMPT_COUNT = 12
+# Per 6 prompts: one greedy, four T=0.8 and one T=0.8 top-p 0.9 request. The T=0.8 group's 8 x 128
+# tokens are sized for the weakest shift (temperature twice: a mean emitted probability about 0.05
+# high, measured), which 300 tokens could not tell from chance (by the mean test; the surprise test
+# added since needs half the tokens in simulation, tests/test_lossless_audit.py: not re-measured here).
+BATCH = {"temperatures": (0.0, 0.8, 0.8, 0.8, 0.8, 0.8), "top_ps": (1.0, 1.0, 1.0, 1.0, 1.0, 0.9)}
+TOKENS = 128
+
+
+def serve(db: str, folder: Path, shift: str | None = None, compiled: bool = False):
+    """The batch of greedy and sampled requests served by the corrected vLLM (with ``shift`` injected
+    into its verifier; ``compiled``: vLLM's default mode) into ``db``, audited at every verify step."""
+    from specscope.adapters import vllm_demo
+    from specscope.adapters.vllm import ENV_AUDIT_EVERY
+    from specscope.engine import demo_prompts
+
+    os.environ[ENV_AUDIT_EVERY] = "1"
+    try:
+        with corrected_sampler(), shifted(shift) if shift else nullcontext():
+            return vllm_demo.run(db, prompts=demo_prompts(PROMPT_COUNT), max_new_tokens=TOKENS, compiled=compiled,
+                                 workdir=folder / f"work-{shift or ('compiled' if compiled else 'eager')}", **BATCH)
+    finally:
+        del os.environ[ENV_AUDIT_EVERY]
 
 
 def expand_kernel(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,

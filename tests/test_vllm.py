@@ -36,10 +36,10 @@ PROMPTS = demo_prompts(3)
 # T=0.8 requests in one batch, and greedy requests through a verifier that emits the draft's token.
 AUDITED = {"sampled": {"temperatures": (0.8,)}, "mixed": {"temperatures": (0.0, 0.8)},
            "emit-draft-token": {"fault": "emit-draft-token"}}
-# vLLM's default mode (torch.compile): healthy, and two targets that capture the right layer ids but
-# the wrong value (the sublayer output without the residual; the first layer's value three times).
-COMPILED = {"compiled": None, "compiled-aux-no-residual": "aux-no-residual",
-            "compiled-aux-first-repeated": "aux-first-repeated"}
+# vLLM's default mode (torch.compile): two targets that capture the right layer ids but the wrong
+# value (the sublayer output without the residual; the first layer's value three times). The healthy
+# compiled run is the session's (``vllm_compiled``, tests/conftest.py).
+COMPILED = {"compiled-aux-no-residual": "aux-no-residual", "compiled-aux-first-repeated": "aux-first-repeated"}
 
 
 @pytest.fixture(scope="module")
@@ -489,12 +489,13 @@ def test_openai_server_plugin_and_watch_equal_vllms_counters(tmp_path):
     assert [tuple(row) for row in status] == [("finished",)]
 
 
-def test_compiled_vllm_still_shows_its_capture_layers(runs):
+@pytest.mark.timeout(900)  # may wait for the session's compiled vLLM run
+def test_compiled_vllm_still_shows_its_capture_layers(vllm_compiled):
     """The target compiled by torch.compile: its capture layers reach specscope through the
     ``specscope::observe`` op inside the compiled graph, so provenance matches the configured layers."""
-    db, done = runs
-    run_id = done["compiled"].run_id
-    assert done["compiled"].error is None
+    db, run = vllm_compiled
+    run_id = run.run_id
+    assert run.error is None
     with open_store(db, read_only=True) as store:
         modes = _rows(store, "SELECT graph_mode FROM run_ranks WHERE run_id = :r", run_id)
         received = _rows(store, "SELECT DISTINCT received FROM provenance WHERE run_id = :r", run_id)

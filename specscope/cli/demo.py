@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from specscope.cli._types import host, int_in, non_negative_int, port
+from specscope.cli._types import host, int_in, non_negative_int, port, positive_int
 from specscope.engine.faults import FAULTS, parse_rank_fault
 from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"the per-rank run's fault (default {DEFAULT_RANK_FAULT})")
     p.add_argument("--k", type=int_in(1, MAX_POSITIONS), default=4,
                    help=f"draft tokens per verify step (1-{MAX_POSITIONS}, the positions a store records; default 4)")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=positive_int, default=48)
     p.add_argument("--compiled", action="store_true",
                    help="--engine vllm: serve vLLM's default compiled mode (torch.compile) instead of eager")
     p.add_argument("--no-dashboard", action="store_true", help="run once and print the doctor summary")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 
 from specscope import metrics
+from specscope.cli._types import int_in, positive_int
 from specscope.engine.faults import FAULTS, SAMPLED_PATH_FAULTS
+from specscope.storage.schema import MAX_POSITIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,8 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "with the reference EAGLE-3 draft; prints the text and the acceptance "
                                    "figures of docs/design.md ('Acceptance figures').")
     p.add_argument("--prompt", required=True, help="user message (the chat template is applied)")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per verify step (default 4)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--k", type=int_in(1, MAX_POSITIONS), default=4,
+                   help=f"draft tokens per verify step (1-{MAX_POSITIONS}; default 4)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--fault", choices=sorted(set(FAULTS) - set(SAMPLED_PATH_FAULTS)), default=None,
                    help="reproduce a serving failure (greedy decoding: the sampled path's faults do not apply)")
     p.set_defaults(func=run)

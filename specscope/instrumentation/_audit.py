@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specscope.errors import ConfigError
+from specscope.errors import ConfigError, InvalidEvent
 from specscope.events import PIT_BINS, LosslessAudit
 from specscope.instrumentation._truncate import truncated_support
 
@@ -250,7 +250,14 @@ class Auditor:
                     total["example"] = {"position": slot.position, "emitted_token": int(row[_EMITTED]),
                                         "draft_token": int(row[_DRAFTED]), "target_argmax": int(row[_TARGET]),
                                         "target_probability": row[_P]}
+        refused = None
         for (request_id, sampling), total in per_request.items():
             total["pit"] = tuple(total["pit"])
-            self._emit(LosslessAudit(self.run_id, self.rank, request_id, sampling, epsilon=self.epsilon,
-                                     **total))
+            try:
+                audit = LosslessAudit(self.run_id, self.rank, request_id, sampling, epsilon=self.epsilon, **total)
+            except InvalidEvent as exc:  # one request's non-finite logits: the batch's other audits still count
+                refused = exc
+                continue
+            self._emit(audit)
+        if refused is not None:
+            raise refused

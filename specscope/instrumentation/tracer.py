@@ -251,7 +251,9 @@ class Tracer:
         ``logits`` (N, V) at each slot's position before temperature, ``emitted`` (N,) with -1 for an
         empty slot, ``temperature`` (N,), optional ``top_k`` / ``top_p`` (N,) and ``drafted`` (N,): the
         draft token verified at each slot, -1 at the bonus slot; ``slots`` names each row's request,
-        sampling group and position, a request's slots in position order). Computed on the device,
+        sampling group and position, a request's slots in position order). Hand over the step as the
+        verifier returned it, before any cut at the end of sequence or the token budget: a step whose last
+        slot is a draft position reads as a rejection there (the recovered-token check). Computed on the device,
         copied asynchronously, stored as :class:`~specscope.events.LosslessAudit` events; never raises
         into the engine."""
         try:

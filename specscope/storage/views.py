@@ -59,6 +59,9 @@ DETECTABLE_Z = 1.2816
 MAX_JUDGED_SHIFT = 0.1
 """A sampled group whose audit could not detect a shift of the mean emitted probability this large is
 "too few tokens to judge", not passed."""
+EXP_SATURATED = 40.0
+"""Past this, 1 - exp(-x) is 1 in double precision; PostgreSQL's EXP raises on underflow (from about
+x = 745) where SQLite returns 0, so a long run's power reads 1 on both."""
 
 
 def bernstein_threshold(variance: str, log_inverse_alpha: float, bound: str = "1") -> str:
@@ -119,9 +122,10 @@ def _audit_verdict(table: str, extra: str = "", recovered: bool = False) -> str:
     recovered_failed, recovered_flag, recovered_sums = "", "", ""
     if recovered:
         recovered_failed = " OR recovered_failed = 1"
-        recovered_flag = """
+        recovered_flag = f"""
              CASE WHEN recovered_as_draft > 0 THEN 1 ELSE 0 END AS recovered_failed,
-             1 - EXP(-recovered_p_expected) AS detectable_recovered_from_p,"""
+             CASE WHEN recovered_p_expected > {EXP_SATURATED!r} THEN 1.0
+                  ELSE 1 - EXP(-recovered_p_expected) END AS detectable_recovered_from_p,"""
         recovered_sums = """,
                          SUM(recovered) AS recovered_audited, SUM(recovered_as_draft) AS recovered_as_draft,
                          SUM(recovered_p_sum) AS recovered_p_expected"""

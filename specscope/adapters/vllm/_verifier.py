@@ -39,15 +39,17 @@ def attach(runner: Any, tracer: Tracer) -> Swap:
     def forward(metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
         audit = None
         try:
-            if not _warm_up(runner, metadata) and tracer.audit_due() and _plain_sampling(sampling_metadata):
+            if not _warm_up(runner, metadata) and tracer.audit_due():
                 audit = _gather(runner, metadata, logits, sampling_metadata)
         except Exception as exc:  # noqa: BLE001 - observing must not change what vLLM does
             tracer.hook_state.failed("vllm verifier audit", exc)
         output = original(metadata, draft_probs, logits, sampling_metadata)
         if audit is not None:
-            rows, temperature, top_k, top_p, slots, drafted = audit
-            tracer.record_audit(rows, output.sampled_token_ids.reshape(-1), temperature, slots, top_k, top_p,
-                                drafted)
+            rows, temperature, top_k, top_p, slots, drafted, kept = audit
+            emitted = output.sampled_token_ids.reshape(-1)
+            if kept is not None:  # other requests' slots read as empty: not audited
+                emitted = torch.where(kept, emitted, -1)
+            tracer.record_audit(rows, emitted, temperature, slots, top_k, top_p, drafted)
         return output
 
     return Swap(verifier, "forward", forward)
@@ -59,31 +61,43 @@ def _warm_up(runner: Any, metadata: Any) -> bool:
     return len(runner.input_batch.req_ids) < len(metadata.num_draft_tokens)
 
 
-def _plain_sampling(sampling_metadata: Any) -> bool:
-    """The verifier's distribution is the target's logits under temperature / top-k / top-p only."""
-    return (sampling_metadata.no_penalties and sampling_metadata.allowed_token_ids_mask is None
-            and not sampling_metadata.bad_words_token_ids)
+def plain_sampling(request: Any) -> bool:
+    """The verifier's distribution for this request is the target's logits under temperature / top-k /
+    top-p alone. vLLM applies penalties, allowed and banned tokens, min_tokens (the end of sequence
+    masked until then) and a thinking budget to the verified rows, and min-p and logit bias to the bonus
+    row only: the audit would test another distribution than the one verified, so such a request's
+    slots are not audited (the batch's other requests are)."""
+    params = request.sampling_params
+    return (params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1
+            and not params.logit_bias and params.min_p == 0 and not params.allowed_token_ids
+            and not params.bad_words and params.thinking_token_budget is None
+            and len(request.output_token_ids) >= params.min_tokens)
 
 
 def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> tuple:
-    """``(rows, temperature, top_k, top_p, slots, drafted)`` of every emitted-token slot of the batch,
-    slot (i, j) = request i's position j: rows (B * W, V) copied from ``logits``; per-slot settings and
-    the draft token verified there (-1 at the bonus slot) on the device; slot names from host-side
-    values (the runner's request states)."""
+    """``(rows, temperature, top_k, top_p, slots, drafted, kept)`` of every emitted-token slot of the
+    batch, slot (i, j) = request i's position j: rows (B * W, V) copied from ``logits``; per-slot
+    settings and the draft token verified there (-1 at the bonus slot) on the device; slot names from
+    host-side values (the runner's request states); ``kept``: the slots of requests the audit can judge
+    (:func:`plain_sampling`) on the device, None when that is all of them; None instead of the tuple when none."""
     num_draft = list(metadata.num_draft_tokens)
     width = metadata.max_spec_len + 1
     device = logits.device
-    starts, flat, is_draft, owner, slots = 0, [], [], [], []
+    starts, flat, is_draft, owner, slots, kept = 0, [], [], [], [], []
     req_ids = runner.input_batch.req_ids
     for i, n in enumerate(num_draft):
-        params = runner.requests[req_ids[i]].sampling_params
+        request = runner.requests[req_ids[i]]
+        params = request.sampling_params
         label = sampling_label(greedy_zero(params.temperature), params.top_p, params.top_k)
+        kept += [plain_sampling(request)] * width
         for j in range(width):
             flat.append(starts + min(j, max(n - 1, 0)))
             is_draft.append(j < n)
             owner.append(i)
             slots.append(AuditSlot(req_ids[i], label, j))
         starts += n
+    if not any(kept):
+        return None
     flat = [min(f, max(starts - 1, 0)) for f in flat]  # a last request without drafts reads its bonus row
     owner_t = torch.tensor(owner).to(device, non_blocking=True)
     target_rows = metadata.target_logits_indices
@@ -103,7 +117,8 @@ def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata:
     temperature = torch.where(temperature < GREEDY_BELOW, torch.zeros_like(temperature), temperature)
     top_k = None if sampling_metadata.top_k is None else sampling_metadata.top_k[owner_t]
     top_p = None if sampling_metadata.top_p is None else sampling_metadata.top_p[owner_t]
-    return rows, temperature[owner_t], top_k, top_p, slots, drafted
+    kept_t = None if all(kept) else torch.tensor(kept).to(device, non_blocking=True)
+    return rows, temperature[owner_t], top_k, top_p, slots, drafted, kept_t
 
 
 def greedy_zero(temperature: float) -> float:
