@@ -327,6 +327,9 @@ def test_sql_reference_is_plain_markdown_with_the_readme_tables(monkeypatch, two
     at = visit(app(monkeypatch, two_runs), "sql")
     text = "\n".join(m.value for m in at.markdown)
     assert "`v_tensor_contract`" in text and ":mod:" not in text and "``" not in text
+    # one table of every view: its header once, no separator row inside it
+    assert text.count("| view | one row per | what |") == 1 and text.count("|---|---|---|") == 1
+    assert "`v_acceptance_histogram`" in text and "`v_lossless_audit`" in text
     from specscope.storage import schema
 
     tables = [e.label for e in at.expander]

@@ -61,6 +61,16 @@ def test_unknown_run_is_bad_input(db, capsys):
     assert err.count("\n") == 1 and "no run 'missing'" in err and "no-aux" in err
 
 
+def test_a_store_without_runs_is_bad_input_not_a_pass(tmp_path, capsys):
+    """A store the engine never wrote to (a typo'd path the dashboard created): a `doctor || fail`
+    gate must not pass on it."""
+    path = str(tmp_path / "empty.db")
+    open_store(path).close()
+    for extra in ((), ("--json",)):
+        status, out, err = doctor(capsys, "--db", path, *extra)
+        assert (status, out) == (2, "") and err.count("\n") == 1 and "no runs in" in err
+
+
 def test_missing_store_is_bad_input(tmp_path, capsys):
     path = tmp_path / "absent.db"
     status, out, err = doctor(capsys, "--db", str(path), "--json")

@@ -2,8 +2,8 @@
 checkpoint findings stored with each run (labelled so; docs/design.md, "Finding codes").
 
 The store is opened read-only (never created nor upgraded). Exit status: 0 no error finding, 1 at
-least one error finding, 2 unusable input (missing store, unknown run or ambiguous run id prefix: one
-line on stderr).
+least one error finding, 2 unusable input (missing store, a store without runs, unknown run or
+ambiguous run id prefix: one line on stderr).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 
 from specscope.cli._types import add_db_argument, add_json_argument
 from specscope.doctor import render_text
+from specscope.errors import ConfigError
 from specscope.readmodel import report as verdict
 from specscope.results import to_json
 from specscope.storage import open_store
@@ -35,5 +36,7 @@ def run(args: argparse.Namespace) -> int:
     with open_store(args.db, create=False, read_only=True) as store:
         # the verdict the dashboard and the exporter show: a stored checkpoint error fails the run too
         report = verdict(store, args.run, distributions=args.json)
+    if not report.runs:  # a gate (`doctor || fail`) must not pass on a store nothing was written to
+        raise ConfigError(f"no runs in {args.db}: nothing to diagnose (is --db the store the engine writes to?)")
     print(to_json(report.to_dict()) if args.json else render_text(report))
     return report.exit_code

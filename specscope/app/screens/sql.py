@@ -22,7 +22,8 @@ st.title("SQL")
 def reference() -> None:
     """The views (from :mod:`specscope.storage.views`' own table, as Markdown) and every table."""
     lines = [line for line in views.__doc__.splitlines() if line.startswith("|")]
-    st.markdown("\n".join(lines).replace("``", "`"))
+    header = lines[:2]  # the docstring's later tables repeat it: one table here
+    st.markdown("\n".join(header + [line for line in lines[2:] if line not in header]).replace("``", "`"))
     st.caption("Acceptance: AL = 1 + accepted / verify steps, rate = accepted / proposed, "
                "p_i = steps with position i accepted / verify steps. Filter views by `run_id`.")
     st.subheader("Tables")
