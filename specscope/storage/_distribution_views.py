@@ -6,7 +6,7 @@ denominator, every sum weighted by ``verify_steps.steps``.
 A verify step's *accepted drafts* (0..k) is only known for rows whose steps share one accepted mask
 (``accepted_mask <> ''``, or nothing proposed): a row of totals without per-position data (a recorded
 plain response, a watched window) is left out of the histogram, as ``v_position_acceptance`` leaves
-it out of p_i.
+it out of p_i (``request_accepts`` keeps it under accepted drafts -1, ``storage/_summaries.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ ALL_REQUESTS = "all"
 """The ``sampling`` label of ``v_request_acceptance_distribution``'s row over every request of a run."""
 
 _SAMPLING = "COALESCE(q.sampling, 'unknown')"
-_KNOWN_MASK = "(v.accepted_mask <> '' OR v.proposed = 0) AND v.steps > 0"
 
 
 def _run_filter(alias: str, run: str | None) -> str:
@@ -36,9 +35,10 @@ def _run_filter(alias: str, run: str | None) -> str:
 
 def histogram_sql(run: str | None = None) -> str:
     """Per run, sampling group and accepted drafts 0..k (k: the most drafts a step of the group
-    proposed): verify steps; zero buckets included. One pass over the run's steps, grouped per request
-    before the requests' sampling labels are joined (a lookup per request, not per step), the group
-    totals by window functions over it, the buckets by the ``positions`` table. ``run``: None for
+    proposed): verify steps; zero buckets included. Read from the per-request summary
+    ``request_accepts`` (its rows of known accepted drafts: a few per request) joined to the requests'
+    sampling labels, the group totals by window functions over it, the buckets by the ``positions``
+    table. ``run``: None for
     the view over every run, or the SQL of one run id (a named query's parameter), applied where it
     reaches the index (SQLite does not push a view's filter through window functions)."""
     return f"""
@@ -49,10 +49,8 @@ SELECT c.run_id, c.sampling, p.pos AS accepted_drafts, c.k,
 FROM (SELECT b.*, MAX(b.drafts) OVER g AS k, SUM(b.steps) OVER g AS group_steps
       FROM (SELECT r.run_id, {_SAMPLING} AS sampling, r.accepted_drafts, MAX(r.drafts) AS drafts,
                    SUM(r.steps) AS steps
-            FROM (SELECT v.run_id, v.request_id, v.accepted / v.steps AS accepted_drafts,
-                         MAX(v.proposed / v.steps) AS drafts, SUM(v.steps) AS steps
-                  FROM verify_steps v WHERE {_KNOWN_MASK}{_run_filter('v', run)}
-                  GROUP BY v.run_id, v.request_id, v.accepted / v.steps) r
+            FROM (SELECT a.run_id, a.request_id, a.accepted_drafts, a.drafts, a.steps
+                  FROM request_accepts a WHERE a.accepted_drafts >= 0{_run_filter('a', run)}) r
             JOIN requests q ON q.run_id = r.run_id AND q.request_id = r.request_id
             GROUP BY r.run_id, {_SAMPLING}, r.accepted_drafts) b
       WINDOW g AS (PARTITION BY b.run_id, b.sampling)) c

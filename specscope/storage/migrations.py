@@ -160,6 +160,14 @@ def audit_recovered(conn: Connection) -> None:
     _add_zero_columns(conn, "lossless_audit", RECOVERED_COLUMNS)
 
 
+def request_summary(conn: Connection) -> None:
+    """Version 16: the per-request summary ``request_accepts``, filled from the stored verify steps
+    (``_summaries.rebuild``; one scan of ``verify_steps``); the views are recreated after the step over
+    it (``v_request_acceptance``, ``v_sampling_acceptance``, ``v_acceptance_histogram``)."""
+    schema.request_accepts.create(conn, checkfirst=True)
+    _summaries.rebuild(conn, [schema.request_accepts])
+
+
 WIDE_COUNTERS = {"acceptance_masks": ("steps", "proposed", "accepted"), "tensor_shapes": ("events", "nonfinite"),
                  "run_ranks": ("events_written", "events_dropped", "hook_calls", "hook_errors")}
 """The counters version 13 widened to 64 bits, by table."""
@@ -198,6 +206,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "wide_counters_and_unique_steps", wide_counters_and_unique_steps),
     Migration(14, "audit_surprise", audit_surprise),
     Migration(15, "audit_recovered", audit_recovered),
+    Migration(16, "request_summary", request_summary),
 )
 
 

@@ -83,7 +83,10 @@ steps: ``t_s`` (slice start, s since the run started), ``verify_steps``, ``accep
 :data:`ROLLING_STEPS` - 1 previous slices with steps, weighted by steps). Steps outside the lifetime
 go to the nearest end."""
 
-_DRAFT_CONTRACT_EVENTS = f" AND v.hook_point LIKE '{points.DRAFT_PREFIX}%' AND v.expected_width IS NOT NULL"
+# every draft hook point, as a range an index reaches ('/' sorts right after '.'), where LIKE 'draft.%'
+# is read row by row (SQLite's LIKE ignores case, so it never narrows an index range)
+_DRAFT_POINTS = f"hook_point >= '{points.DRAFT_PREFIX}' AND hook_point < '{points.DRAFT_PREFIX[:-1]}/'"
+_DRAFT_CONTRACT_EVENTS = f" AND v.{_DRAFT_POINTS} AND v.expected_width IS NOT NULL"
 DRAFT_INPUTS_OVER_TIME = Query("draft_inputs_over_time", f"""{_sliced(
     "tensor_events", "v.rank, v.hook_point, v.width, v.expected_width", _DRAFT_CONTRACT_EVENTS)}
     SELECT rank, hook_point, width, expected_width, slice, slice * MAX(COALESCE(dt, 0)) AS t_s,
@@ -329,10 +332,9 @@ RUNS_RANK_HEALTH = Query("runs_rank_health", "SELECT run_id, rank, events_droppe
                          "WHERE run_id IN :runs", expanding=("runs",))
 RUNS_REQUEST_AL = Query("runs_request_al", request_al_buckets_sql(":runs"), expanding=("runs",))
 """Per run, its requests' AL as cumulative histogram buckets (``storage/_distribution_views.py``)."""
-# every draft input with a width contract (vLLM: the fc input), as a range: '/' sorts right after '.'
+# every draft input with a width contract (vLLM: the fc input)
 RUNS_DRAFT_CONTRACT = Query("runs_draft_contract", "SELECT run_id, rank, hook_point, expected_width, width, "
-                            "calls FROM v_tensor_contract WHERE run_id IN :runs "
-                            f"AND hook_point >= '{points.DRAFT_PREFIX}' AND hook_point < '{points.DRAFT_PREFIX[:-1]}/' "
+                            f"calls FROM v_tensor_contract WHERE run_id IN :runs AND {_DRAFT_POINTS} "
                             "AND expected_width IS NOT NULL", expanding=("runs",))
 
 QUERIES: tuple[Query, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Query))

@@ -35,7 +35,7 @@ from sqlalchemy import (
 from specscope.event_checks import SURPRISE_COLUMNS
 from specscope.events import PIT_BINS
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 metadata = MetaData()
 
@@ -174,6 +174,27 @@ acceptance_masks = Table(
     Column("last_wall", Float, nullable=False),
     Column("step_detail", Integer, nullable=False),  # 1: some row is a per-step row (step >= 0)
     PrimaryKeyConstraint("run_id", "rank", "accepted_mask"),
+)
+
+# Per request (version 16): the per-request views (v_request_acceptance, v_sampling_acceptance, the
+# acceptance histogram and the per-request AL spread) and the doctor's drift and outlier rules read a
+# few rows per request here instead of every verify step of the run.
+request_accepts = Table(
+    "request_accepts", metadata,
+    Column("run_id", String(64), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    # draft tokens each of these steps accepted (0..k): rows whose steps share an accepted mask, or
+    # that proposed nothing; -1 (_summaries.UNKNOWN_DRAFTS) where not known (totals without a mask)
+    Column("accepted_drafts", Integer, nullable=False),
+    Column("steps", BigInteger, nullable=False),  # sum of verify_steps.steps
+    Column("proposed", BigInteger, nullable=False),
+    Column("accepted", BigInteger, nullable=False),
+    Column("position0_steps", BigInteger, nullable=False),  # steps whose first draft was accepted
+    Column("drafts", Integer, nullable=False),  # most drafts one step proposed (0 where not known)
+    Column("first_wall", Float, nullable=False),
+    Column("last_wall", Float, nullable=False),
+    Column("step_detail", Integer, nullable=False),  # 1: some row is a per-step row (step >= 0)
+    PrimaryKeyConstraint("run_id", "request_id", "accepted_drafts"),
 )
 
 tensor_shapes = Table(
