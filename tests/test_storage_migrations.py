@@ -226,7 +226,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
                                          (8, "summary_tables"), (9, "sampling_and_audit"), (10, "lost_runs_view"),
                                          (11, "audit_pit"), (12, "token_ids_and_replay"),
                                          (13, "wide_counters_and_unique_steps"), (14, "audit_surprise"),
-                                          (15, "audit_recovered"), (16, "request_summary")]
+                                          (15, "audit_recovered"), (16, "request_and_second_summaries")]
 
 
 def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
@@ -262,7 +262,7 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
         assert store.query("SELECT tokens_audited, verdict FROM v_lossless_audit")[1] == [(5, "passed")]
     assert _versions(store_url)[8:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit"),
                                          (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps"),
-                                         (14, "audit_surprise"), (15, "audit_recovered"), (16, "request_summary")]
+                                         (14, "audit_surprise"), (15, "audit_recovered"), (16, "request_and_second_summaries")]
 
 
 def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store_url: str, monkeypatch) -> None:
@@ -430,7 +430,7 @@ def test_a_version_13_store_with_audits_upgrades_to_the_surprise_test(store_url:
         store.write([sharpened, ev.ReplayResult("r", "new", "folder", 0.25, sharpened)])
         assert store.query(query)[1] == [(2000, -500.0, 1, "violation")]
         assert store.query("SELECT surprise_excess, surprise_failed FROM v_replay_audit")[1] == [(-500.0, 1)]
-    assert _versions(store_url)[13:] == [(14, "audit_surprise"), (15, "audit_recovered"), (16, "request_summary")]
+    assert _versions(store_url)[13:] == [(14, "audit_surprise"), (15, "audit_recovered"), (16, "request_and_second_summaries")]
 
 
 def test_a_version_14_store_with_audits_upgrades_to_the_recovered_token_check(store_url: str, monkeypatch) -> None:
@@ -461,13 +461,14 @@ def test_a_version_14_store_with_audits_upgrades_to_the_recovered_token_check(st
         store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=4, epsilon=1e-4, recovered=1,
                                       recovered_as_draft=1, recovered_p_sum=0.3)])
         assert store.query(query)[1] == [(14, 1, 1, 1, "violation")]
-    assert _versions(store_url)[14:] == [(15, "audit_recovered"), (16, "request_summary")]
+    assert _versions(store_url)[14:] == [(15, "audit_recovered"), (16, "request_and_second_summaries")]
 
 
 def test_a_version_15_store_with_verify_steps_upgrades_to_the_request_summary(store_url: str, monkeypatch) -> None:
-    """A version-15 store's verify steps (no per-request summary) are summed into ``request_accepts`` by
-    the upgrade to version 16: the per-request views read them as before, and steps written since add
-    to them."""
+    """A version-15 store's verify steps (no per-request or per-second summary) are summed into
+    ``request_accepts`` and ``step_seconds`` by the upgrade to version 16, and its indexes take
+    ``ts_wall``: the per-request views and acceptance over time read them as before, and steps written
+    since add to them."""
     from specscope import events as ev
     from specscope.storage import queries
 
@@ -480,7 +481,12 @@ def test_a_version_15_store_with_verify_steps_upgrades_to_the_request_summary(st
     with engine.begin() as conn:  # step 1 builds today's tables: take the store back to version 15
         for name in reversed(VIEWS):
             conn.exec_driver_sql(f"DROP VIEW {name}")
-        conn.exec_driver_sql("DROP TABLE request_accepts")
+        for table in ("request_accepts", "step_seconds", "draft_input_seconds"):
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+        for index, columns in (("ix_verify_steps_run_rank", "verify_steps (run_id, rank)"),
+                               ("ix_tensor_events_run", "tensor_events (run_id, hook_point, rank)")):
+            conn.exec_driver_sql(f"DROP INDEX {index}")
+            conn.exec_driver_sql(f"CREATE INDEX {index} ON {columns}")
         conn.exec_driver_sql("INSERT INTO verify_steps (run_id, request_id, rank, step, proposed, accepted, "
                              "accepted_mask, ts_wall, steps) VALUES ('r', 'q', 0, 0, 4, 2, '1100', 2.0, 1), "
                              "('r', 'q', 0, 1, 4, 0, '0000', 3.0, 1), ('r', 'q', 0, -1, 8, 2, '', 4.0, 2)")
@@ -495,4 +501,10 @@ def test_a_version_15_store_with_verify_steps_upgrades_to_the_request_summary(st
         assert store.fetch(queries.SAMPLING_ACCEPTANCE, run_id="r")[0]["position0_acceptance"] == 0.25
         store.write([ev.VerifyStep("r", "q", 0, step=2, proposed=4, accepted=4, ts_wall=5.0)])
         assert store.query(query)[1] == [(5, 20, 8, 2.0, 5.0, 1)]
-    assert _versions(store_url)[15:] == [(16, "request_summary")]
+        assert [(r["verify_steps"], r["accepted"]) for r in store.fetch(queries.ACCEPTANCE_OVER_TIME, run_id="r",
+                                                                        buckets=1)] == [(5, 8)]
+        with store.connect() as conn:
+            indexes = {ix["name"]: ix["column_names"] for table in ("verify_steps", "tensor_events")
+                       for ix in sa.inspect(conn).get_indexes(table)}
+        assert indexes["ix_verify_steps_run_rank"][-1] == indexes["ix_tensor_events_run"][-1] == "ts_wall"
+    assert _versions(store_url)[15:] == [(16, "request_and_second_summaries")]

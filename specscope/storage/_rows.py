@@ -118,7 +118,7 @@ def _request_end(e: ev.RequestEnd) -> Row:
 
 _VERIFY_STEPS = _plain("verify_steps", ("run_id", "request_id", "rank", "step", "proposed", "accepted", "accepted_mask",
                                        "draft_s", "verify_s", "emitted", "ts_wall", "steps"), _summaries.acceptance_masks,
-                       _summaries.request_accepts)
+                       _summaries.request_accepts, _summaries.step_seconds)
 
 
 def _verify_step(e: ev.VerifyStep) -> tuple:
@@ -137,7 +137,8 @@ def _verify_group(e: ev.VerifyGroup) -> tuple:
 
 _TENSOR_EVENTS = _plain("tensor_events", ("run_id", "rank", "hook_point", "call_index", "shape", "width", "dtype", "device",
                                          "expected_shape", "expected_width", "absmax", "mean", "nonfinite", "request_id",
-                                         "step", "graph_phase", "ts_wall"), _summaries.tensor_shapes)
+                                         "step", "graph_phase", "ts_wall"), _summaries.tensor_shapes,
+                        _summaries.draft_input_seconds)
 
 
 def _tensor(e: ev.TensorEvent) -> tuple:
@@ -370,9 +371,9 @@ def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
 
 
 def summary_rows(grouped: Mapping[str, list[Row | tuple]]) -> dict[str, list[Row]]:
-    """The summary rows of a batch (:func:`group_rows`), per summary table."""
-    return {summary.table.name: summary.fold(grouped[s.name]) for s in STATEMENTS if grouped.get(s.name)
-            for summary in s.summaries}
+    """The summary rows of a batch (:func:`group_rows`), per summary table that has some."""
+    folded = ((u.table.name, u.fold(grouped[s.name])) for s in STATEMENTS if grouped.get(s.name) for u in s.summaries)
+    return {name: rows for name, rows in folded if rows}
 
 
 def write_statements(insert: Insert) -> dict[str, sa.Executable]:
