@@ -1,5 +1,5 @@
 """The per-second summaries ``step_seconds`` and ``draft_input_seconds`` and the views over time that
-read them (acceptance over time, the draft's inputs over time): whatever the slices, a second inside
+read them (acceptance over time and in windows, the draft's inputs over time): whatever the slices, a second inside
 one slice counted at once and the raw rows of a second across a boundary give what slicing every raw
 row gives (in Python, the oracle), on SQLite and PostgreSQL."""
 
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from specscope import events as ev
 from specscope.storage import queries
+from specscope.storage._distribution_views import ACCEPTANCE_WINDOWS
 
 T0 = 1_000.0
 FUSED, HIDDEN = 1728, 576
@@ -70,6 +71,17 @@ def test_views_over_time_slice_like_their_raw_rows(store, steps, tensors, bucket
         accepted[_slice(step.ts_wall, t0, dt, buckets)] += step.accepted
     assert [(round(r["t_s"] / dt) if dt > 0 else 0, r["verify_steps"], r["accepted"]) for r in over_time] == [
         (s, by_slice[s], accepted[s]) for s in sorted(by_slice)]
+
+    (w0, w1), = store.query("SELECT MIN(first_wall), MAX(last_wall) FROM acceptance_masks WHERE run_id = :run_id "
+                            "AND steps > 0", {"run_id": run_id})[1]
+    windows: Counter = Counter()
+    for step in verify:
+        wdt = (w1 - w0) / ACCEPTANCE_WINDOWS
+        at = (0 if wdt <= 0 or step.ts_wall <= w0 else ACCEPTANCE_WINDOWS - 1
+              if step.ts_wall >= w0 + wdt * ACCEPTANCE_WINDOWS else math.floor((step.ts_wall - w0) / wdt))
+        windows[step.rank, at] += 1
+    assert {(r["rank"], r["window_index"]): r["verify_steps"]
+            for r in store.fetch(queries.ACCEPTANCE_WINDOWS, run_id=run_id)} == dict(windows)
 
     inputs = store.fetch(queries.DRAFT_INPUTS_OVER_TIME, run_id=run_id, buckets=buckets)
     expected = Counter((e.rank, e.hook_point, e.shape[-1], e.expected_shape[-1], _slice(e.ts_wall, t0, dt, buckets))

@@ -88,26 +88,37 @@ def request_distribution_sql(run: str | None = None) -> str:
             + _request_distribution(f"'{ALL_REQUESTS}'", run))
 
 
+def _window(wall: str) -> str:
+    """SQL of the window (0..:data:`ACCEPTANCE_WINDOWS` - 1) of the run's span ``b.t0`` / ``b.dt`` that
+    wall time ``wall`` falls in; never decreases as ``wall`` grows."""
+    return f"""CASE WHEN b.dt <= 0 OR {wall} <= b.t0 THEN 0
+                  WHEN {wall} >= b.t0 + b.dt * {ACCEPTANCE_WINDOWS} THEN {ACCEPTANCE_WINDOWS - 1}
+                  ELSE {floor_sql(f"({wall} - b.t0) / b.dt")} END"""
+
+
 def windows_sql(run: str | None = None) -> str:
     """Per run, rank and window: the run's span of verify steps (first to last, from the summary
     table ``acceptance_masks``) cut into :data:`ACCEPTANCE_WINDOWS` windows of ``window_s`` seconds;
-    ``run`` as in :func:`histogram_sql`."""
-    last = ACCEPTANCE_WINDOWS - 1
+    ``run`` as in :func:`histogram_sql`. Counted per second (``step_seconds``): a second whose first
+    and last step fall in one window counts there at once, the steps of one across a window boundary
+    (at most 31 per rank) are read one by one."""
+    bounds = f"""(SELECT run_id, MIN(first_wall) AS t0, (MAX(last_wall) - MIN(first_wall)) / {ACCEPTANCE_WINDOWS} AS dt
+            FROM acceptance_masks m WHERE m.steps > 0{_run_filter('m', run)} GROUP BY run_id) b"""
     return f"""
 SELECT run_id, rank, window_index, t0 + window_index * dt AS window_start_wall, dt AS window_s,
        SUM(steps) AS verify_steps, SUM(accepted) AS accepted,
        {mean_acceptance_length("SUM(accepted)", "SUM(steps)")} AS mean_acceptance_length
-FROM (SELECT v.run_id, v.rank, v.steps, v.accepted, b.t0, b.dt,
-             CASE WHEN b.dt <= 0 OR v.ts_wall <= b.t0 THEN 0
-                  WHEN v.ts_wall >= b.t0 + b.dt * {ACCEPTANCE_WINDOWS} THEN {last}
-                  ELSE {floor_sql("(v.ts_wall - b.t0) / b.dt")} END AS window_index
-      FROM verify_steps v
-      JOIN (SELECT run_id, MIN(first_wall) AS t0,
-                   (MAX(last_wall) - MIN(first_wall)) / {ACCEPTANCE_WINDOWS} AS dt
-            FROM acceptance_masks m WHERE m.steps > 0{_run_filter('m', run)} GROUP BY run_id) b
-           ON b.run_id = v.run_id
-      WHERE v.steps > 0{_run_filter('v', run)}) w
+FROM (SELECT s.run_id, s.rank, s.steps, s.accepted, b.t0, b.dt, {_window("s.first_wall")} AS window_index
+      FROM step_seconds s JOIN {bounds} ON b.run_id = s.run_id
+      WHERE {_window("s.first_wall")} = {_window("s.last_wall")}{_run_filter('s', run)}
+      UNION ALL
+      SELECT v.run_id, v.rank, v.steps, v.accepted, b.t0, b.dt, {_window("v.ts_wall")}
+      FROM step_seconds s JOIN {bounds} ON b.run_id = s.run_id
+      JOIN verify_steps v ON v.run_id = s.run_id AND v.rank = s.rank AND v.ts_wall >= s.first_wall
+           AND v.ts_wall <= s.last_wall
+      WHERE {_window("s.first_wall")} <> {_window("s.last_wall")} AND v.steps > 0{_run_filter('s', run)}) w
 GROUP BY run_id, rank, window_index, t0, dt
+HAVING SUM(steps) > 0
 """
 
 
