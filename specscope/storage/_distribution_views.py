@@ -101,7 +101,7 @@ def windows_sql(run: str | None = None) -> str:
     table ``acceptance_masks``) cut into :data:`ACCEPTANCE_WINDOWS` windows of ``window_s`` seconds;
     ``run`` as in :func:`histogram_sql`. Counted per second (``step_seconds``): a second whose first
     and last step fall in one window counts there at once, the steps of one across a window boundary
-    (at most 31 per rank) are read one by one."""
+    (at most 31 per rank) are read one by one (CROSS JOIN: looked up per such second, not a scan)."""
     bounds = f"""(SELECT run_id, MIN(first_wall) AS t0, (MAX(last_wall) - MIN(first_wall)) / {ACCEPTANCE_WINDOWS} AS dt
             FROM acceptance_masks m WHERE m.steps > 0{_run_filter('m', run)} GROUP BY run_id) b"""
     return f"""
@@ -114,9 +114,9 @@ FROM (SELECT s.run_id, s.rank, s.steps, s.accepted, b.t0, b.dt, {_window("s.firs
       UNION ALL
       SELECT v.run_id, v.rank, v.steps, v.accepted, b.t0, b.dt, {_window("v.ts_wall")}
       FROM step_seconds s JOIN {bounds} ON b.run_id = s.run_id
-      JOIN verify_steps v ON v.run_id = s.run_id AND v.rank = s.rank AND v.ts_wall >= s.first_wall
-           AND v.ts_wall <= s.last_wall
-      WHERE {_window("s.first_wall")} <> {_window("s.last_wall")} AND v.steps > 0{_run_filter('s', run)}) w
+      CROSS JOIN verify_steps v
+      WHERE {_window("s.first_wall")} <> {_window("s.last_wall")}{_run_filter('s', run)} AND v.run_id = s.run_id
+            AND v.rank = s.rank AND v.ts_wall >= s.first_wall AND v.ts_wall <= s.last_wall AND v.steps > 0) w
 GROUP BY run_id, rank, window_index, t0, dt
 HAVING SUM(steps) > 0
 """

@@ -67,7 +67,8 @@ def _sliced(summary: str, table: str, keys: dict[str, str], sums: dict[str, str]
     the run: the keys, the sums, ``first_wall`` and ``last_wall`` of one wall-clock second): a second
     whose first and last row fall in one slice counts there at once; the rows of one that straddles a
     slice boundary (at most ``buckets`` - 1 per key) are read one by one, between its first and last
-    wall time."""
+    wall time (CROSS JOIN: SQLite then looks them up per straddling second, instead of scanning the
+    run's rows for a second each)."""
     names = ", ".join([*keys, *sums])
     match = "".join(f" AND {raw} = s.{name}" for name, raw in keys.items())
     raw = ", ".join([*(f"s.{name}" for name in keys), *sums.values()])
@@ -81,9 +82,9 @@ def _sliced(summary: str, table: str, keys: dict[str, str], sums: dict[str, str]
     sliced AS (SELECT first_slice AS slice, dt, {names} FROM seconds WHERE first_slice = last_slice
                UNION ALL
                SELECT {_slice("v.ts_wall")}, dt, {raw}
-               FROM seconds s JOIN {table} v ON v.run_id = :run_id{match}
-                    AND v.ts_wall >= s.first_wall AND v.ts_wall <= s.last_wall{where}
-               WHERE s.first_slice <> s.last_slice)"""
+               FROM seconds s CROSS JOIN {table} v
+               WHERE s.first_slice <> s.last_slice AND v.run_id = :run_id{match}
+                     AND v.ts_wall >= s.first_wall AND v.ts_wall <= s.last_wall{where})"""
 
 
 ACCEPTANCE_OVER_TIME = Query("acceptance_over_time", f"""{_sliced(
