@@ -246,6 +246,7 @@ def test_unsupported_locations_are_store_errors(url: str) -> None:
     ("v_run_summary", "run_id = 'r'"), ("v_request_acceptance", "run_id = 'r'"),
     ("v_position_acceptance", "run_id = 'r'"),
     ("v_request_position_acceptance", "run_id = 'r' AND request_id = 'q'"), ("v_tensor_contract", "run_id = 'r'"),
+    ("v_sampling_acceptance", "run_id = 'r'"),
 ])
 def test_a_run_filter_reaches_an_index(tmp_path, view: str, where: str) -> None:
     """SQLite's plan for a filtered view reads verify_steps and the summary tables through an index
@@ -254,9 +255,10 @@ def test_a_run_filter_reaches_an_index(tmp_path, view: str, where: str) -> None:
     open_store(str(tmp_path / "plan.db")).close()
     with sa.create_engine(f"sqlite:///{tmp_path / 'plan.db'}").connect() as conn:
         plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN SELECT * FROM {view} WHERE {where}")]
-    tables = (" verify_steps", " acceptance_masks", " tensor_shapes")
+    tables = (" verify_steps", " acceptance_masks", " request_accepts", " tensor_shapes")
     on_steps = [step for step in plan if any(table in step for table in tables)
-                or step.startswith(("SCAN v ", "SEARCH v ", "SCAN g", "SEARCH g", "SCAN m ", "SEARCH m "))]
+                or step.startswith(("SCAN v ", "SEARCH v ", "SCAN g", "SEARCH g", "SCAN m ", "SEARCH m ",
+                                    "SCAN a ", "SEARCH a "))]
     assert on_steps and all(step.startswith("SEARCH") for step in on_steps), plan
 
 

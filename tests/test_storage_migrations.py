@@ -211,7 +211,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         with store.connect() as conn:
             index = next(ix for ix in sa.inspect(conn).get_indexes("verify_steps")
                          if ix["name"] == "ix_verify_steps_masks")
@@ -226,7 +226,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
                                          (8, "summary_tables"), (9, "sampling_and_audit"), (10, "lost_runs_view"),
                                          (11, "audit_pit"), (12, "token_ids_and_replay"),
                                          (13, "wide_counters_and_unique_steps"), (14, "audit_surprise"),
-                                          (15, "audit_recovered")]
+                                          (15, "audit_recovered"), (16, "request_and_second_summaries")]
 
 
 def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
@@ -253,7 +253,7 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=3, temperature=0.0),
                      ev.VerifyStep(run_id="r", request_id="new", rank=0, step=0, proposed=4, accepted=4),
                      ev.LosslessAudit(run_id="r", rank=0, request_id="new", sampling="greedy", tokens=5)])
@@ -262,7 +262,7 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
         assert store.query("SELECT tokens_audited, verdict FROM v_lossless_audit")[1] == [(5, "passed")]
     assert _versions(store_url)[8:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit"),
                                          (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps"),
-                                         (14, "audit_surprise"), (15, "audit_recovered")]
+                                         (14, "audit_surprise"), (15, "audit_recovered"), (16, "request_and_second_summaries")]
 
 
 def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store_url: str, monkeypatch) -> None:
@@ -287,7 +287,7 @@ def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         assert store.query("SELECT tokens_audited, rare_observed, scored_tokens, verdict FROM v_lossless_audit"
                            )[1] == [(500, 1, 0, "too few tokens")]
         store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=1000, p_sum=300.0, p2_sum=300.0,
@@ -318,7 +318,7 @@ def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         assert store.query("SELECT COUNT(*) FROM request_tokens")[1] == [(0,)]
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=2, temperature=0.0),
                      ev.RequestTokens("r", 0, "new", (1, 2), (3,)),
@@ -355,7 +355,7 @@ def test_a_version_12_store_with_counters_upgrades_to_wide_counters(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         store.write([group], counters={("r", 0): (window, 0)})
         assert store.query("SELECT verify_steps, proposed, events_written FROM v_run_summary")[1] == [
             (2 * window, 2 * window, 2 * window)]
@@ -386,7 +386,7 @@ def test_a_version_12_store_with_duplicate_verify_steps_keeps_each_once(store_ur
         assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(8, 16)]
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         assert store.query("SELECT step, accepted FROM verify_steps WHERE step >= 0 ORDER BY step")[1] == [
             (0, 4), (1, 0)]
         assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(2 + 4, 4 + 4)]
@@ -422,7 +422,7 @@ def test_a_version_13_store_with_audits_upgrades_to_the_surprise_test(store_url:
     monkeypatch.undo()
     query = "SELECT tokens_audited, surprise_excess, surprise_failed, verdict FROM v_lossless_audit"
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         assert store.query(query)[1] == [(1000, 0.0, 0, "passed")]
         # 1000 tokens of a sharpened verifier: surprise 0.5 per token below an entropy of 1.0 (variance 0.5)
         sharpened = dataclasses.replace(old, request_id="new", surprise_sum=500.0, entropy_sum=1000.0,
@@ -430,7 +430,7 @@ def test_a_version_13_store_with_audits_upgrades_to_the_surprise_test(store_url:
         store.write([sharpened, ev.ReplayResult("r", "new", "folder", 0.25, sharpened)])
         assert store.query(query)[1] == [(2000, -500.0, 1, "violation")]
         assert store.query("SELECT surprise_excess, surprise_failed FROM v_replay_audit")[1] == [(-500.0, 1)]
-    assert _versions(store_url)[13:] == [(14, "audit_surprise"), (15, "audit_recovered")]
+    assert _versions(store_url)[13:] == [(14, "audit_surprise"), (15, "audit_recovered"), (16, "request_and_second_summaries")]
 
 
 def test_a_version_14_store_with_audits_upgrades_to_the_recovered_token_check(store_url: str, monkeypatch) -> None:
@@ -456,9 +456,55 @@ def test_a_version_14_store_with_audits_upgrades_to_the_recovered_token_check(st
     query = ("SELECT tokens_audited, recovered_audited, recovered_as_draft, recovered_failed, verdict "
              "FROM v_lossless_audit")
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 15
+        assert store.schema_version == SCHEMA_VERSION == 16
         assert store.query(query)[1] == [(10, 0, 0, 0, "too few tokens")]
         store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=4, epsilon=1e-4, recovered=1,
                                       recovered_as_draft=1, recovered_p_sum=0.3)])
         assert store.query(query)[1] == [(14, 1, 1, 1, "violation")]
-    assert _versions(store_url)[14:] == [(15, "audit_recovered")]
+    assert _versions(store_url)[14:] == [(15, "audit_recovered"), (16, "request_and_second_summaries")]
+
+
+def test_a_version_15_store_with_verify_steps_upgrades_to_the_request_summary(store_url: str, monkeypatch) -> None:
+    """A version-15 store's verify steps (no per-request or per-second summary) are summed into
+    ``request_accepts`` and ``step_seconds`` by the upgrade to version 16, and its indexes take
+    ``ts_wall``: the per-request views and acceptance over time read them as before, and steps written
+    since add to them."""
+    from specscope import events as ev
+    from specscope.storage import queries
+
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 15)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:15])
+    with open_store(store_url) as store:
+        store.write([ev.RunStart("r", "e", "0", "t", "d", {}, ts_wall=1.0),
+                     ev.RequestStart("r", "q", 0, prompt_tokens=3, temperature=0.0, ts_wall=1.0)])
+    engine = _engine(store_url)
+    with engine.begin() as conn:  # step 1 builds today's tables: take the store back to version 15
+        for name in reversed(VIEWS):
+            conn.exec_driver_sql(f"DROP VIEW {name}")
+        for table in ("request_accepts", "step_seconds", "draft_input_seconds"):
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+        for index, columns in (("ix_verify_steps_run_rank", "verify_steps (run_id, rank)"),
+                               ("ix_tensor_events_run", "tensor_events (run_id, hook_point, rank)")):
+            conn.exec_driver_sql(f"DROP INDEX {index}")
+            conn.exec_driver_sql(f"CREATE INDEX {index} ON {columns}")
+        conn.exec_driver_sql("INSERT INTO verify_steps (run_id, request_id, rank, step, proposed, accepted, "
+                             "accepted_mask, ts_wall, steps) VALUES ('r', 'q', 0, 0, 4, 2, '1100', 2.0, 1), "
+                             "('r', 'q', 0, 1, 4, 0, '0000', 3.0, 1), ('r', 'q', 0, -1, 8, 2, '', 4.0, 2)")
+    engine.dispose()
+    monkeypatch.undo()
+    query = "SELECT verify_steps, proposed, accepted, first_wall, last_wall, step_detail FROM v_request_acceptance"
+    with open_store(store_url) as store:
+        assert store.schema_version == SCHEMA_VERSION == 16
+        assert store.query(query)[1] == [(4, 16, 4, 2.0, 4.0, 1)]
+        assert [(h["accepted_drafts"], h["verify_steps"]) for h in store.fetch(queries.ACCEPTANCE_HISTOGRAM,
+                                                                               run_id="r")] == [(0, 1), (1, 0), (2, 1), (3, 0), (4, 0)]
+        assert store.fetch(queries.SAMPLING_ACCEPTANCE, run_id="r")[0]["position0_acceptance"] == 0.25
+        store.write([ev.VerifyStep("r", "q", 0, step=2, proposed=4, accepted=4, ts_wall=5.0)])
+        assert store.query(query)[1] == [(5, 20, 8, 2.0, 5.0, 1)]
+        assert [(r["verify_steps"], r["accepted"]) for r in store.fetch(queries.ACCEPTANCE_OVER_TIME, run_id="r",
+                                                                        buckets=1)] == [(5, 8)]
+        with store.connect() as conn:
+            indexes = {ix["name"]: ix["column_names"] for table in ("verify_steps", "tensor_events")
+                       for ix in sa.inspect(conn).get_indexes(table)}
+        assert indexes["ix_verify_steps_run_rank"][-1] == indexes["ix_tensor_events_run"][-1] == "ts_wall"
+    assert _versions(store_url)[15:] == [(16, "request_and_second_summaries")]

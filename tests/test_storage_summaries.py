@@ -1,6 +1,8 @@
-"""The summary tables (``acceptance_masks``, ``tensor_shapes``) that the run-level views and the shape
-contract read: however the rows arrive in batches, what the store keeps equals the summary computed
-from scratch over the raw rows (``Store.rebuild_summaries``), on SQLite and PostgreSQL."""
+"""The summary tables (``acceptance_masks``, ``request_accepts``, ``step_seconds``,
+``draft_input_seconds``, ``tensor_shapes``) that the run-level, per-request and over-time views and
+the shape contract read: however the rows arrive in batches, what the store
+keeps equals the summary computed from scratch over the raw rows (``Store.rebuild_summaries``), on
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -17,6 +19,12 @@ from specscope import metrics
 RUN = "r"  # replaced per example
 SUMMARIES = ("SELECT run_id, rank, accepted_mask, steps, proposed, accepted, first_wall, last_wall, step_detail "
              "FROM acceptance_masks ORDER BY run_id, rank, accepted_mask",
+             "SELECT run_id, request_id, accepted_drafts, steps, proposed, accepted, position0_steps, drafts, "
+             "first_wall, last_wall, step_detail FROM request_accepts ORDER BY run_id, request_id, accepted_drafts",
+             "SELECT run_id, rank, wall_second, steps, accepted, first_wall, last_wall FROM step_seconds "
+             "ORDER BY run_id, rank, wall_second",
+             "SELECT run_id, rank, hook_point, width, expected_width, wall_second, events, first_wall, last_wall "
+             "FROM draft_input_seconds ORDER BY run_id, rank, hook_point, width, expected_width, wall_second",
              "SELECT run_id, rank, hook_point, shape, dtype, device, expected_shape, graph_phase, width, "
              "expected_width, events, first_call, last_call, first_wall, last_wall, nonfinite "
              "FROM tensor_shapes ORDER BY run_id, rank, hook_point, shape, dtype, device, expected_shape, "

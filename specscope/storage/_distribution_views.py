@@ -6,7 +6,7 @@ denominator, every sum weighted by ``verify_steps.steps``.
 A verify step's *accepted drafts* (0..k) is only known for rows whose steps share one accepted mask
 (``accepted_mask <> ''``, or nothing proposed): a row of totals without per-position data (a recorded
 plain response, a watched window) is left out of the histogram, as ``v_position_acceptance`` leaves
-it out of p_i.
+it out of p_i (``request_accepts`` keeps it under accepted drafts -1, ``storage/_summaries.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ ALL_REQUESTS = "all"
 """The ``sampling`` label of ``v_request_acceptance_distribution``'s row over every request of a run."""
 
 _SAMPLING = "COALESCE(q.sampling, 'unknown')"
-_KNOWN_MASK = "(v.accepted_mask <> '' OR v.proposed = 0) AND v.steps > 0"
 
 
 def _run_filter(alias: str, run: str | None) -> str:
@@ -36,9 +35,10 @@ def _run_filter(alias: str, run: str | None) -> str:
 
 def histogram_sql(run: str | None = None) -> str:
     """Per run, sampling group and accepted drafts 0..k (k: the most drafts a step of the group
-    proposed): verify steps; zero buckets included. One pass over the run's steps, grouped per request
-    before the requests' sampling labels are joined (a lookup per request, not per step), the group
-    totals by window functions over it, the buckets by the ``positions`` table. ``run``: None for
+    proposed): verify steps; zero buckets included. Read from the per-request summary
+    ``request_accepts`` (its rows of known accepted drafts: a few per request) joined to the requests'
+    sampling labels, the group totals by window functions over it, the buckets by the ``positions``
+    table. ``run``: None for
     the view over every run, or the SQL of one run id (a named query's parameter), applied where it
     reaches the index (SQLite does not push a view's filter through window functions)."""
     return f"""
@@ -49,10 +49,8 @@ SELECT c.run_id, c.sampling, p.pos AS accepted_drafts, c.k,
 FROM (SELECT b.*, MAX(b.drafts) OVER g AS k, SUM(b.steps) OVER g AS group_steps
       FROM (SELECT r.run_id, {_SAMPLING} AS sampling, r.accepted_drafts, MAX(r.drafts) AS drafts,
                    SUM(r.steps) AS steps
-            FROM (SELECT v.run_id, v.request_id, v.accepted / v.steps AS accepted_drafts,
-                         MAX(v.proposed / v.steps) AS drafts, SUM(v.steps) AS steps
-                  FROM verify_steps v WHERE {_KNOWN_MASK}{_run_filter('v', run)}
-                  GROUP BY v.run_id, v.request_id, v.accepted / v.steps) r
+            FROM (SELECT a.run_id, a.request_id, a.accepted_drafts, a.drafts, a.steps
+                  FROM request_accepts a WHERE a.accepted_drafts >= 0{_run_filter('a', run)}) r
             JOIN requests q ON q.run_id = r.run_id AND q.request_id = r.request_id
             GROUP BY r.run_id, {_SAMPLING}, r.accepted_drafts) b
       WINDOW g AS (PARTITION BY b.run_id, b.sampling)) c
@@ -90,26 +88,37 @@ def request_distribution_sql(run: str | None = None) -> str:
             + _request_distribution(f"'{ALL_REQUESTS}'", run))
 
 
+def _window(wall: str) -> str:
+    """SQL of the window (0..:data:`ACCEPTANCE_WINDOWS` - 1) of the run's span ``b.t0`` / ``b.dt`` that
+    wall time ``wall`` falls in; never decreases as ``wall`` grows."""
+    return f"""CASE WHEN b.dt <= 0 OR {wall} <= b.t0 THEN 0
+                  WHEN {wall} >= b.t0 + b.dt * {ACCEPTANCE_WINDOWS} THEN {ACCEPTANCE_WINDOWS - 1}
+                  ELSE {floor_sql(f"({wall} - b.t0) / b.dt")} END"""
+
+
 def windows_sql(run: str | None = None) -> str:
     """Per run, rank and window: the run's span of verify steps (first to last, from the summary
     table ``acceptance_masks``) cut into :data:`ACCEPTANCE_WINDOWS` windows of ``window_s`` seconds;
-    ``run`` as in :func:`histogram_sql`."""
-    last = ACCEPTANCE_WINDOWS - 1
+    ``run`` as in :func:`histogram_sql`. Counted per second (``step_seconds``): a second whose first
+    and last step fall in one window counts there at once, the steps of one across a window boundary
+    (at most 31 per rank) are read one by one (CROSS JOIN: looked up per such second, not a scan)."""
+    bounds = f"""(SELECT run_id, MIN(first_wall) AS t0, (MAX(last_wall) - MIN(first_wall)) / {ACCEPTANCE_WINDOWS} AS dt
+            FROM acceptance_masks m WHERE m.steps > 0{_run_filter('m', run)} GROUP BY run_id) b"""
     return f"""
 SELECT run_id, rank, window_index, t0 + window_index * dt AS window_start_wall, dt AS window_s,
        SUM(steps) AS verify_steps, SUM(accepted) AS accepted,
        {mean_acceptance_length("SUM(accepted)", "SUM(steps)")} AS mean_acceptance_length
-FROM (SELECT v.run_id, v.rank, v.steps, v.accepted, b.t0, b.dt,
-             CASE WHEN b.dt <= 0 OR v.ts_wall <= b.t0 THEN 0
-                  WHEN v.ts_wall >= b.t0 + b.dt * {ACCEPTANCE_WINDOWS} THEN {last}
-                  ELSE {floor_sql("(v.ts_wall - b.t0) / b.dt")} END AS window_index
-      FROM verify_steps v
-      JOIN (SELECT run_id, MIN(first_wall) AS t0,
-                   (MAX(last_wall) - MIN(first_wall)) / {ACCEPTANCE_WINDOWS} AS dt
-            FROM acceptance_masks m WHERE m.steps > 0{_run_filter('m', run)} GROUP BY run_id) b
-           ON b.run_id = v.run_id
-      WHERE v.steps > 0{_run_filter('v', run)}) w
+FROM (SELECT s.run_id, s.rank, s.steps, s.accepted, b.t0, b.dt, {_window("s.first_wall")} AS window_index
+      FROM step_seconds s JOIN {bounds} ON b.run_id = s.run_id
+      WHERE {_window("s.first_wall")} = {_window("s.last_wall")}{_run_filter('s', run)}
+      UNION ALL
+      SELECT v.run_id, v.rank, v.steps, v.accepted, b.t0, b.dt, {_window("v.ts_wall")}
+      FROM step_seconds s JOIN {bounds} ON b.run_id = s.run_id
+      CROSS JOIN verify_steps v
+      WHERE {_window("s.first_wall")} <> {_window("s.last_wall")}{_run_filter('s', run)} AND v.run_id = s.run_id
+            AND v.rank = s.rank AND v.ts_wall >= s.first_wall AND v.ts_wall <= s.last_wall AND v.steps > 0) w
 GROUP BY run_id, rank, window_index, t0, dt
+HAVING SUM(steps) > 0
 """
 
 

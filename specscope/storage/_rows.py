@@ -35,7 +35,7 @@ class Statement:
       are dicts.
     - ``key`` / ``keep_last``: one row per key in a batch, the first event's or the last one's
       (PostgreSQL refuses an ON CONFLICT DO UPDATE that touches one row twice in a statement).
-    - ``summary``: the summary table its rows also update, in the same transaction.
+    - ``summaries``: the summary tables its rows also update, in the same transaction.
     """
 
     name: str
@@ -44,7 +44,7 @@ class Statement:
     build: Callable[[Insert], sa.Executable] | None = None
     key: tuple[str, ...] = ()
     keep_last: bool = False
-    summary: _summaries.Summary | None = None
+    summaries: tuple[_summaries.Summary, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,8 @@ class Route:
     row: Callable[[Any], Row | tuple]
 
 
-def _plain(name: str, columns: tuple[str, ...],
-           summary: Callable[[tuple[str, ...]], _summaries.Summary] | None = None) -> Statement:
-    return Statement(name, schema.metadata.tables[name], columns, summary=None if summary is None else summary(columns))
+def _plain(name: str, columns: tuple[str, ...], *summaries: Callable[[tuple[str, ...]], _summaries.Summary]) -> Statement:
+    return Statement(name, schema.metadata.tables[name], columns, summaries=tuple(s(columns) for s in summaries))
 
 
 def _json(value: Any) -> str:
@@ -118,7 +117,8 @@ def _request_end(e: ev.RequestEnd) -> Row:
 
 
 _VERIFY_STEPS = _plain("verify_steps", ("run_id", "request_id", "rank", "step", "proposed", "accepted", "accepted_mask",
-                                       "draft_s", "verify_s", "emitted", "ts_wall", "steps"), _summaries.acceptance_masks)
+                                       "draft_s", "verify_s", "emitted", "ts_wall", "steps"), _summaries.acceptance_masks,
+                       _summaries.request_accepts, _summaries.step_seconds)
 
 
 def _verify_step(e: ev.VerifyStep) -> tuple:
@@ -137,7 +137,8 @@ def _verify_group(e: ev.VerifyGroup) -> tuple:
 
 _TENSOR_EVENTS = _plain("tensor_events", ("run_id", "rank", "hook_point", "call_index", "shape", "width", "dtype", "device",
                                          "expected_shape", "expected_width", "absmax", "mean", "nonfinite", "request_id",
-                                         "step", "graph_phase", "ts_wall"), _summaries.tensor_shapes)
+                                         "step", "graph_phase", "ts_wall"), _summaries.tensor_shapes,
+                        _summaries.draft_input_seconds)
 
 
 def _tensor(e: ev.TensorEvent) -> tuple:
@@ -370,16 +371,16 @@ def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
 
 
 def summary_rows(grouped: Mapping[str, list[Row | tuple]]) -> dict[str, list[Row]]:
-    """The summary rows of a batch (:func:`group_rows`), per summary table."""
-    return {s.summary.table.name: s.summary.fold(grouped[s.name]) for s in STATEMENTS
-            if s.summary is not None and grouped.get(s.name)}
+    """The summary rows of a batch (:func:`group_rows`), per summary table that has some."""
+    folded = ((u.table.name, u.fold(grouped[s.name])) for s in STATEMENTS if grouped.get(s.name) for u in s.summaries)
+    return {name: rows for name, rows in folded if rows}
 
 
 def write_statements(insert: Insert) -> dict[str, sa.Executable]:
     """The statements that are not plain inserts (upserts, the request-end update, the summary upserts),
     by name, built with the dialect's ``insert``."""
     built = {s.name: s.build(insert) for s in STATEMENTS if s.build is not None}
-    return built | {s.summary.table.name: s.summary.upsert(insert) for s in STATEMENTS if s.summary is not None}
+    return built | {summary.table.name: summary.upsert(insert) for s in STATEMENTS for summary in s.summaries}
 
 
 def _dedupe(rows: list[Row], key: tuple[str, ...], keep_last: bool) -> list[Row]:

@@ -1,18 +1,26 @@
-"""The summary tables (``acceptance_masks``, ``tensor_shapes``): how a batch of verify-step and
-tensor-event rows updates them, and how they are rebuilt from the raw rows.
+"""The summary tables (``acceptance_masks``, ``request_accepts``, ``step_seconds``,
+``draft_input_seconds``, ``tensor_shapes``): how a batch of verify-step and tensor-event rows updates
+them, and how they are rebuilt from the raw rows.
 
 A summary row aggregates the raw rows of one key: for ``acceptance_masks`` (run, rank, accepted mask)
 the summed ``steps`` / ``proposed`` / ``accepted``, the first and last ``ts_wall`` and whether any row
-is a per-step row; for ``tensor_shapes`` (run, rank, hook point, shape, dtype, device, expected shape,
-graph phase) the event count, first / last call index and wall time and the summed non-finite
-elements. A :class:`Summary` folds one write's rows per key in Python, then its upsert adds them to
-the stored rows (sums add, first / last take the min / max), in the write's own transaction: a reader
-sees the raw rows and their summary together, or neither. Both aggregates are associative, so any
-split into batches gives the rows :func:`rebuild` computes from scratch (a test checks it).
+is a per-step row; for ``request_accepts`` (run, request, accepted drafts per step: -1 for a row whose
+steps' accepted drafts are not known) the same sums, bounds and detail flag, the steps whose first
+draft was accepted and the most drafts one step proposed; for ``step_seconds`` (run, rank, wall-clock
+second) the summed ``steps`` / ``accepted`` and the first and last ``ts_wall``; for
+``draft_input_seconds`` (run, rank, draft hook point, width, expected width, second: the draft's
+inputs with a width contract) the event count and the first and last ``ts_wall``; for
+``tensor_shapes`` (run, rank, hook point, shape, dtype, device, expected shape, graph phase) the event
+count, first / last call index and wall time and the summed non-finite elements. A :class:`Summary`
+folds one write's rows per key in Python, then its upsert adds them to the stored rows (sums add,
+first / last take the min / max), in the write's own transaction: a reader sees the raw rows and
+their summary together, or neither. Every aggregate is associative, so any split into batches gives
+the rows :func:`rebuild` computes from scratch (a test checks it).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -20,6 +28,7 @@ from operator import itemgetter
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from specscope import points
 from specscope.storage import schema
 
 Row = dict[str, object]
@@ -89,6 +98,88 @@ def acceptance_masks(columns: tuple[str, ...]) -> Summary:
                    ("last_wall", "step_detail"), fold)
 
 
+_REQUEST_KEY = ("run_id", "request_id", "accepted_drafts")
+UNKNOWN_DRAFTS = -1
+"""``request_accepts.accepted_drafts`` of rows whose steps' accepted drafts are not known: totals without
+an accepted mask for drafts proposed (a recorded plain response, a watched window), or no step."""
+
+
+def request_accepts(columns: tuple[str, ...]) -> Summary:
+    """The per-request summary of ``verify_steps`` rows (tuples in ``columns`` order): one row per
+    request and accepted drafts per step (``v_acceptance_histogram``'s unit; :data:`UNKNOWN_DRAFTS`
+    where not known)."""
+    run, request, step, proposed, accepted, mask, wall, steps = (_getter(columns, c) for c in (
+        "run_id", "request_id", "step", "proposed", "accepted", "accepted_mask", "ts_wall", "steps"))
+
+    def drafts_key(row: tuple) -> tuple:
+        n = steps(row)
+        known = n > 0 and (mask(row) != "" or proposed(row) == 0)
+        return run(row), request(row), accepted(row) // n if known else UNKNOWN_DRAFTS
+
+    def fold(rows: Sequence[tuple]) -> list[Row]:
+        return [{"run_id": run_id, "request_id": request_id, "accepted_drafts": drafts,
+                 "steps": sum(map(steps, group)), "proposed": sum(map(proposed, group)),
+                 "accepted": sum(map(accepted, group)),
+                 "position0_steps": sum(steps(r) for r in group if mask(r)[:1] == "1"),
+                 "drafts": max(proposed(r) // steps(r) for r in group) if drafts >= 0 else 0,
+                 "first_wall": min(map(wall, group)), "last_wall": max(map(wall, group)),
+                 "step_detail": 1 if max(map(step, group)) >= 0 else 0}
+                for (run_id, request_id, drafts), group in sorted(_groups(rows, drafts_key).items())]
+
+    return Summary(schema.request_accepts, _REQUEST_KEY, ("steps", "proposed", "accepted", "position0_steps"),
+                   ("first_wall",), ("last_wall", "step_detail", "drafts"), fold)
+
+
+def _second(wall: sa.ColumnElement) -> sa.ColumnElement:
+    """SQL of floor(``wall``), the wall-clock second (math.floor in a fold): PostgreSQL's CAST rounds,
+    SQLite's truncates; one below a rounded-up CAST is the floor on both."""
+    whole = sa.cast(wall, sa.BigInteger)
+    return sa.case((whole > wall, whole - 1), else_=whole)
+
+
+def step_seconds(columns: tuple[str, ...]) -> Summary:
+    """The summary of ``verify_steps`` rows by wall-clock second: one row per run, rank and second."""
+    run, rank, wall, steps, accepted = (_getter(columns, c) for c in
+                                        ("run_id", "rank", "ts_wall", "steps", "accepted"))
+
+    def fold(rows: Sequence[tuple]) -> list[Row]:
+        groups = _groups(rows, lambda row: (run(row), rank(row), math.floor(wall(row))))
+        return [{"run_id": run_id, "rank": r, "wall_second": second, "steps": sum(map(steps, group)),
+                 "accepted": sum(map(accepted, group)), "first_wall": min(map(wall, group)),
+                 "last_wall": max(map(wall, group))}
+                for (run_id, r, second), group in sorted(groups.items())]
+
+    return Summary(schema.step_seconds, ("run_id", "rank", "wall_second"), ("steps", "accepted"), ("first_wall",),
+                   ("last_wall",), fold)
+
+
+NO_WIDTH = -1
+"""``draft_input_seconds.width`` of a tensor without one (a scalar): NULL in ``tensor_events``, and a NULL
+in a key would never conflict."""
+
+_DRAFT_INPUT_KEY = ("run_id", "rank", "hook_point", "width", "expected_width", "wall_second")
+
+
+def draft_input_seconds(columns: tuple[str, ...]) -> Summary:
+    """The summary of ``tensor_events`` rows at a draft hook point with a width contract by wall-clock
+    second: one row per run, rank, hook point, observed and expected width and second."""
+    run, rank, point, width, expected, wall = (_getter(columns, c) for c in
+                                               ("run_id", "rank", "hook_point", "width", "expected_width", "ts_wall"))
+
+    def key(row: tuple) -> tuple:
+        observed = width(row)
+        return (run(row), rank(row), point(row), NO_WIDTH if observed is None else observed, expected(row),
+                math.floor(wall(row)))
+
+    def fold(rows: Sequence[tuple]) -> list[Row]:
+        drafts = [row for row in rows if expected(row) is not None and point(row).startswith(points.DRAFT_PREFIX)]
+        return [dict(zip(_DRAFT_INPUT_KEY, k), events=len(group), first_wall=min(map(wall, group)),
+                     last_wall=max(map(wall, group)))
+                for k, group in sorted(_groups(drafts, key).items())]
+
+    return Summary(schema.draft_input_seconds, _DRAFT_INPUT_KEY, ("events",), ("first_wall",), ("last_wall",), fold)
+
+
 _SHAPE_KEY = ("run_id", "rank", "hook_point", "shape", "dtype", "device", "expected_shape", "graph_phase")
 _SHAPE_ROW = itemgetter(*_SHAPE_KEY)
 
@@ -116,9 +207,23 @@ def tensor_shapes(columns: tuple[str, ...]) -> Summary:
                    ("last_call", "last_wall"), fold)
 
 
-def rebuild(conn: Connection) -> None:
-    """Recompute both summary tables from every row of ``verify_steps`` and ``tensor_events`` (the
-    upgrade that adds the tables to a store with rows, and rows written around the Store)."""
+def _request_accepts_select() -> sa.Select:
+    steps = schema.verify_steps.c
+    known = sa.and_(steps.steps > 0, sa.or_(steps.accepted_mask != "", steps.proposed == 0))
+    drafts = sa.case((known, steps.accepted // steps.steps), else_=UNKNOWN_DRAFTS)
+    return sa.select(
+        steps.run_id, steps.request_id, drafts, sa.func.sum(steps.steps), sa.func.sum(steps.proposed),
+        sa.func.sum(steps.accepted),
+        sa.func.sum(sa.case((sa.func.substr(steps.accepted_mask, 1, 1) == "1", steps.steps), else_=0)),
+        sa.func.max(sa.case((known, steps.proposed // steps.steps), else_=0)),
+        sa.func.min(steps.ts_wall), sa.func.max(steps.ts_wall), sa.func.max(sa.case((steps.step >= 0, 1), else_=0)),
+    ).group_by(steps.run_id, steps.request_id, drafts)
+
+
+def rebuild(conn: Connection, tables: Sequence[sa.Table] | None = None) -> None:
+    """Recompute the summary tables (``tables``, default all) from every row of ``verify_steps`` and
+    ``tensor_events`` (the upgrades that add a table to a store with rows, and rows written around the
+    Store)."""
     steps, events = schema.verify_steps.c, schema.tensor_events.c
     masks = sa.select(
         steps.run_id, steps.rank, steps.accepted_mask, sa.func.sum(steps.steps), sa.func.sum(steps.proposed),
@@ -133,6 +238,22 @@ def rebuild(conn: Connection) -> None:
         sa.func.max(events.ts_wall), sa.func.sum(sa.func.coalesce(events.nonfinite, 0)),
     ).group_by(events.run_id, events.rank, events.hook_point, events.shape, events.dtype, events.device,
                expected, events.graph_phase)
-    for table, select in ((schema.acceptance_masks, masks), (schema.tensor_shapes, shapes)):
+    step_second = _second(steps.ts_wall)
+    by_second = sa.select(
+        steps.run_id, steps.rank, step_second, sa.func.sum(steps.steps), sa.func.sum(steps.accepted),
+        sa.func.min(steps.ts_wall), sa.func.max(steps.ts_wall),
+    ).group_by(steps.run_id, steps.rank, step_second)
+    width, event_second = sa.func.coalesce(events.width, NO_WIDTH), _second(events.ts_wall)
+    draft_inputs = sa.select(
+        events.run_id, events.rank, events.hook_point, width, events.expected_width, event_second, sa.func.count(),
+        sa.func.min(events.ts_wall), sa.func.max(events.ts_wall),
+    ).where(sa.func.substr(events.hook_point, 1, len(points.DRAFT_PREFIX)) == points.DRAFT_PREFIX,
+            events.expected_width.is_not(None),
+            ).group_by(events.run_id, events.rank, events.hook_point, width, events.expected_width, event_second)
+    selects = {schema.acceptance_masks: masks, schema.request_accepts: _request_accepts_select(),
+               schema.step_seconds: by_second, schema.draft_input_seconds: draft_inputs,
+               schema.tensor_shapes: shapes}
+    for table in selects if tables is None else tables:
+        select = selects[table]
         conn.execute(table.delete())
         conn.execute(table.insert().from_select([c.name for c in table.columns], select))

@@ -160,6 +160,20 @@ def audit_recovered(conn: Connection) -> None:
     _add_zero_columns(conn, "lossless_audit", RECOVERED_COLUMNS)
 
 
+def request_and_second_summaries(conn: Connection) -> None:
+    """Version 16: the per-request summary ``request_accepts`` and the per-second ``step_seconds`` and
+    ``draft_input_seconds``, filled from the stored rows (``_summaries.rebuild``), and ``ts_wall`` at
+    the end of ``ix_verify_steps_run_rank`` and ``ix_tensor_events_run`` (the raw rows of one second);
+    the views are recreated after the step over the summaries (``v_request_acceptance``,
+    ``v_sampling_acceptance``, ``v_acceptance_histogram``)."""
+    tables = [schema.request_accepts, schema.step_seconds, schema.draft_input_seconds]
+    schema.metadata.create_all(conn, tables=tables)
+    for table, name in ((schema.verify_steps, "ix_verify_steps_run_rank"), (schema.tensor_events, "ix_tensor_events_run")):
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+        next(ix for ix in table.indexes if ix.name == name).create(conn)
+    _summaries.rebuild(conn, tables)
+
+
 WIDE_COUNTERS = {"acceptance_masks": ("steps", "proposed", "accepted"), "tensor_shapes": ("events", "nonfinite"),
                  "run_ranks": ("events_written", "events_dropped", "hook_calls", "hook_errors")}
 """The counters version 13 widened to 64 bits, by table."""
@@ -198,6 +212,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "wide_counters_and_unique_steps", wide_counters_and_unique_steps),
     Migration(14, "audit_surprise", audit_surprise),
     Migration(15, "audit_recovered", audit_recovered),
+    Migration(16, "request_and_second_summaries", request_and_second_summaries),
 )
 
 

@@ -25,6 +25,7 @@ from specscope.storage._fetch import Query as Query
 from specscope.storage._fetch import fetch as fetch
 from specscope.storage._fetch import records as records
 from specscope.storage._formulas import floor_sql, mean_acceptance_length
+from specscope.storage._summaries import NO_WIDTH
 
 # -- runs ----------------------------------------------------------------------------------------
 
@@ -50,25 +51,44 @@ ROLLING_STEPS = 10
 """Slices in :data:`ACCEPTANCE_OVER_TIME`'s rolling acceptance length (this one and 9 before)."""
 
 # The run's lifetime (first rank start to last time a rank was heard from) cut into :buckets slices.
-_SLICE = floor_sql("(v.ts_wall - b.t0) / b.dt")
+def _slice(wall: str) -> str:
+    """SQL of the slice of the run's lifetime that wall time ``wall`` falls in, over ``t0`` / ``dt`` (a
+    row of the CTE ``bounds``); times outside the lifetime go to the nearest end. Never decreases as
+    ``wall`` grows: rows between two of one slice are in it."""
+    return f"""CASE WHEN dt IS NULL OR dt <= 0 OR {wall} <= t0 THEN 0
+                     WHEN {wall} - t0 >= dt * :buckets THEN :buckets - 1
+                     ELSE {floor_sql(f"({wall} - t0) / dt")} END"""
 
 
-def _sliced(table: str, columns: str, where: str = "") -> str:
-    """The CTEs ``bounds`` and ``sliced``: the rows of ``table`` (alias ``v``) of run ``:run_id``
-    (and ``where``) with their ``slice`` of the run's lifetime, its length ``dt`` and ``columns``.
-    Rows outside the lifetime go to the nearest end."""
+def _sliced(summary: str, table: str, keys: dict[str, str], sums: dict[str, str], where: str = "") -> str:
+    """The CTEs ``bounds``, ``seconds`` and ``sliced``: the rows of ``table`` (alias ``v``) of run
+    ``:run_id`` (and ``where``) with their ``slice`` of the run's lifetime, its length ``dt``, the
+    ``keys`` and the ``sums`` (name: SQL over ``v``), counted per second from ``summary`` (its rows of
+    the run: the keys, the sums, ``first_wall`` and ``last_wall`` of one wall-clock second): a second
+    whose first and last row fall in one slice counts there at once; the rows of one that straddles a
+    slice boundary (at most ``buckets`` - 1 per key) are read one by one, between its first and last
+    wall time (CROSS JOIN: SQLite then looks them up per straddling second, instead of scanning the
+    run's rows for a second each)."""
+    names = ", ".join([*keys, *sums])
+    match = "".join(f" AND {raw} = s.{name}" for name, raw in keys.items())
+    raw = ", ".join([*(f"s.{name}" for name in keys), *sums.values()])
     return f"""
     WITH bounds AS (SELECT MIN(started_wall) AS t0,
                            (MAX(last_seen_wall) - MIN(started_wall)) / :buckets AS dt
                     FROM run_ranks WHERE run_id = :run_id),
-    sliced AS (SELECT CASE WHEN b.dt IS NULL OR b.dt <= 0 OR v.ts_wall <= b.t0 THEN 0
-                           WHEN v.ts_wall - b.t0 >= b.dt * :buckets THEN :buckets - 1
-                           ELSE {_SLICE} END AS slice,
-                      b.dt, {columns}
-               FROM {table} v CROSS JOIN bounds b WHERE v.run_id = :run_id{where})"""
+    seconds AS (SELECT s.*, b.t0, b.dt, {_slice("s.first_wall")} AS first_slice,
+                       {_slice("s.last_wall")} AS last_slice
+                FROM {summary} s CROSS JOIN bounds b WHERE s.run_id = :run_id),
+    sliced AS (SELECT first_slice AS slice, dt, {names} FROM seconds WHERE first_slice = last_slice
+               UNION ALL
+               SELECT {_slice("v.ts_wall")}, dt, {raw}
+               FROM seconds s CROSS JOIN {table} v
+               WHERE s.first_slice <> s.last_slice AND v.run_id = :run_id{match}
+                     AND v.ts_wall >= s.first_wall AND v.ts_wall <= s.last_wall{where})"""
 
 
-ACCEPTANCE_OVER_TIME = Query("acceptance_over_time", f"""{_sliced("verify_steps", "v.accepted, v.steps")},
+ACCEPTANCE_OVER_TIME = Query("acceptance_over_time", f"""{_sliced(
+    "step_seconds", "verify_steps", {"rank": "v.rank"}, {"accepted": "v.accepted", "steps": "v.steps"})},
     per_slice AS (SELECT slice, slice * MAX(COALESCE(dt, 0)) AS t_s, SUM(steps) AS verify_steps,
                          SUM(accepted) AS accepted FROM sliced GROUP BY slice)
     SELECT t_s, verify_steps, accepted,
@@ -83,18 +103,20 @@ steps: ``t_s`` (slice start, s since the run started), ``verify_steps``, ``accep
 :data:`ROLLING_STEPS` - 1 previous slices with steps, weighted by steps). Steps outside the lifetime
 go to the nearest end."""
 
-_DRAFT_CONTRACT_EVENTS = f" AND v.hook_point LIKE '{points.DRAFT_PREFIX}%' AND v.expected_width IS NOT NULL"
 DRAFT_INPUTS_OVER_TIME = Query("draft_inputs_over_time", f"""{_sliced(
-    "tensor_events", "v.rank, v.hook_point, v.width, v.expected_width", _DRAFT_CONTRACT_EVENTS)}
-    SELECT rank, hook_point, width, expected_width, slice, slice * MAX(COALESCE(dt, 0)) AS t_s,
-           COUNT(*) AS events
+    "draft_input_seconds", "tensor_events",
+    {"rank": "v.rank", "hook_point": "v.hook_point", "width": f"COALESCE(v.width, {NO_WIDTH})",
+     "expected_width": "v.expected_width"}, {"events": "1"})}
+    SELECT rank, hook_point, NULLIF(width, {NO_WIDTH}) AS width, expected_width, slice,
+           slice * MAX(COALESCE(dt, 0)) AS t_s, SUM(events) AS events
     FROM sliced GROUP BY rank, hook_point, width, expected_width, slice
     ORDER BY rank, hook_point, expected_width, width, slice""")
 """The draft's recorded inputs that carry a width contract, per slice of the run's lifetime
 (``buckets`` slices, as :data:`ACCEPTANCE_OVER_TIME`): ``rank``, ``hook_point``, ``width``,
 ``expected_width``, ``slice``, ``t_s`` (slice start, s since the run started) and ``events``
 (recorded events: hooks record a sample of the calls, so a slice without a row is a slice where no
-call was sampled, not one without calls). Reads ``tensor_events`` through ``ix_tensor_events_run``."""
+call was sampled, not one without calls). Reads the summary ``draft_input_seconds``, and the raw
+``tensor_events`` of the seconds that straddle a slice boundary through ``ix_tensor_events_run``."""
 
 POSITION_ACCEPTANCE = Query("position_acceptance", """
     SELECT position, accepted_steps, verify_steps, acceptance FROM v_position_acceptance

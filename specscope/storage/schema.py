@@ -35,7 +35,7 @@ from sqlalchemy import (
 from specscope.event_checks import SURPRISE_COLUMNS
 from specscope.events import PIT_BINS
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 metadata = MetaData()
 
@@ -119,7 +119,8 @@ verify_steps = Table(
     # out of step detail and from watched servers (``specscope watch``); the views weight by it.
     Column("steps", Integer, nullable=False, server_default=text("1")),
     Index("ix_verify_steps_run_req", "run_id", "request_id", "step"),
-    Index("ix_verify_steps_run_rank", "run_id", "rank"),
+    # ts_wall (version 16): the raw steps of a second that straddles a slice boundary (step_seconds)
+    Index("ix_verify_steps_run_rank", "run_id", "rank", "ts_wall"),
     # Covers v_position_acceptance's grouping by mask and v_run_acceptance's sums (``steps`` included:
     # the views sum it).
     Index("ix_verify_steps_masks", "run_id", "accepted_mask", "proposed", "accepted", "steps"),
@@ -148,7 +149,8 @@ tensor_events = Table(
     # Per-run lookups by hook point (SQL users, the doctor's non-finite drill-down). A prefix, not a
     # covering index of the shape contract: that is read from ``tensor_shapes``, and every insert pays
     # for a smaller B-tree.
-    Index("ix_tensor_events_run", "run_id", "hook_point", "rank"),
+    # ts_wall (version 16): the raw events of a second that straddles a slice boundary (draft_input_seconds).
+    Index("ix_tensor_events_run", "run_id", "hook_point", "rank", "ts_wall"),
     # The doctor's non-finite check reads only the rare rows with inf/nan.
     Index("ix_tensor_events_nonfinite", "run_id", "hook_point", sqlite_where=text("nonfinite > 0"),
           postgresql_where=text("nonfinite > 0")),
@@ -174,6 +176,56 @@ acceptance_masks = Table(
     Column("last_wall", Float, nullable=False),
     Column("step_detail", Integer, nullable=False),  # 1: some row is a per-step row (step >= 0)
     PrimaryKeyConstraint("run_id", "rank", "accepted_mask"),
+)
+
+# Per request (version 16): the per-request views (v_request_acceptance, v_sampling_acceptance, the
+# acceptance histogram and the per-request AL spread) and the doctor's drift and outlier rules read a
+# few rows per request here instead of every verify step of the run.
+request_accepts = Table(
+    "request_accepts", metadata,
+    Column("run_id", String(64), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    # draft tokens each of these steps accepted (0..k): rows whose steps share an accepted mask, or
+    # that proposed nothing; -1 (_summaries.UNKNOWN_DRAFTS) where not known (totals without a mask)
+    Column("accepted_drafts", Integer, nullable=False),
+    Column("steps", BigInteger, nullable=False),  # sum of verify_steps.steps
+    Column("proposed", BigInteger, nullable=False),
+    Column("accepted", BigInteger, nullable=False),
+    Column("position0_steps", BigInteger, nullable=False),  # steps whose first draft was accepted
+    Column("drafts", Integer, nullable=False),  # most drafts one step proposed (0 where not known)
+    Column("first_wall", Float, nullable=False),
+    Column("last_wall", Float, nullable=False),
+    Column("step_detail", Integer, nullable=False),  # 1: some row is a per-step row (step >= 0)
+    PrimaryKeyConstraint("run_id", "request_id", "accepted_drafts"),
+)
+
+# By wall-clock second (version 16): the views of a run over time (acceptance over time, the draft's
+# inputs over time) count a second's rows at once when the whole second falls in one slice of the run,
+# and read the raw rows of the few seconds that straddle a slice boundary (queries._sliced).
+step_seconds = Table(
+    "step_seconds", metadata,
+    Column("run_id", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("wall_second", BigInteger, nullable=False),  # floor(ts_wall)
+    Column("steps", BigInteger, nullable=False),  # sum of verify_steps.steps
+    Column("accepted", BigInteger, nullable=False),
+    Column("first_wall", Float, nullable=False),
+    Column("last_wall", Float, nullable=False),
+    PrimaryKeyConstraint("run_id", "rank", "wall_second"),
+)
+
+draft_input_seconds = Table(  # tensor_events at draft.* hook points with an expected width
+    "draft_input_seconds", metadata,
+    Column("run_id", String(64), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("hook_point", String(255), nullable=False),
+    Column("width", Integer, nullable=False),  # -1 (_summaries.NO_WIDTH) for a tensor without one
+    Column("expected_width", Integer, nullable=False),
+    Column("wall_second", BigInteger, nullable=False),  # floor(ts_wall)
+    Column("events", BigInteger, nullable=False),
+    Column("first_wall", Float, nullable=False),
+    Column("last_wall", Float, nullable=False),
+    PrimaryKeyConstraint("run_id", "rank", "hook_point", "width", "expected_width", "wall_second"),
 )
 
 tensor_shapes = Table(

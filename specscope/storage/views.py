@@ -7,9 +7,11 @@ with no verify step, or nothing proposed, gets NULL, never a division error. The
 between SQLite and PostgreSQL (no engine-specific functions); ratios are cast to DOUBLE PRECISION so
 PostgreSQL returns floats, not NUMERIC. Run- and rank-level figures and the shape contract read the
 summary tables (``acceptance_masks``, ``tensor_shapes``: a few rows per run, kept by the store's
-writes, ``storage/_summaries.py``); per-request figures read ``verify_steps``, written so that
-``WHERE run_id = ...`` (and ``request_id``) reaches its indexes on SQLite too (the filter is pushed
-into one grouping level, not through a join with a grouped subquery).
+writes, ``storage/_summaries.py``); per-request and per-sampling-group figures read the per-request
+summary ``request_accepts`` (a few rows per request), written so that ``WHERE run_id = ...`` (and
+``request_id``) reaches its primary key on SQLite too (the filter is pushed into one grouping level,
+not through a join with a grouped subquery); per-position figures of one request read its
+``verify_steps``.
 
 | view | one row per | what |
 |---|---|---|
@@ -220,16 +222,10 @@ def _total(expression: str) -> str:
 
 
 def _summed(alias: str = "") -> str:
-    """:func:`_acceptance_columns` over ``acceptance_masks`` rows (``alias``: its alias with the dot)."""
+    """:func:`_acceptance_columns` over summary rows (``acceptance_masks``, ``request_accepts``; ``alias``:
+    its alias with the dot)."""
     return _acceptance_columns(_total(f"{alias}steps"), _total(f"{alias}proposed"), _total(f"{alias}accepted"),
                                f"MIN({alias}first_wall)", f"MAX({alias}last_wall)", f"MAX({alias}step_detail)")
-
-
-def _from_steps(alias: str) -> str:
-    """:func:`_acceptance_columns` over ``verify_steps`` rows (a row stands for ``steps`` steps)."""
-    return _acceptance_columns(f"SUM({alias}steps)", f"SUM({alias}proposed)", f"SUM({alias}accepted)",
-                               f"MIN({alias}ts_wall)", f"MAX({alias}ts_wall)",
-                               f"MAX(CASE WHEN {alias}step >= 0 THEN 1 ELSE 0 END)")
 
 
 _POSITION_HIT = "SUBSTR({alias}.accepted_mask, {position} + 1, 1) = '1'"
@@ -304,16 +300,16 @@ FROM acceptance_masks GROUP BY run_id
 SELECT run_id, rank, {_summed()}
 FROM acceptance_masks GROUP BY run_id, rank
 """,
-    # Requests joined to their steps and grouped by the request's own columns: a filter on run_id (or
-    # request_id) is pushed into the grouping and reaches ix_verify_steps_run_req, so one run's
-    # requests cost one index range, not an aggregate over every run's steps.
+    # Requests joined to their summary rows (a few per request) and grouped by the request's own
+    # columns: a filter on run_id (or request_id) is pushed into the grouping and reaches the summary's
+    # primary key, so one run's requests cost one index range, not an aggregate over every run's.
     "v_request_acceptance": f"""
 SELECT r.run_id, r.request_id, r.rank, r.prompt_tokens, r.output_tokens,
-       {_from_steps("v.")},
+       {_summed("a.")},
        r.started_wall, r.finished_wall,
        r.finished_wall - r.started_wall AS duration_s
 FROM requests r
-LEFT JOIN verify_steps v ON v.run_id = r.run_id AND v.request_id = r.request_id
+LEFT JOIN request_accepts a ON a.run_id = r.run_id AND a.request_id = r.request_id
 GROUP BY r.run_id, r.request_id, r.rank, r.prompt_tokens, r.output_tokens, r.started_wall, r.finished_wall
 """,
     "v_position_acceptance": _positions("acceptance_masks", "run_id"),
@@ -325,16 +321,16 @@ SELECT run_id, rank, hook_point, shape, width, dtype, device, NULLIF(expected_sh
        nonfinite
 FROM tensor_shapes
 """,
-    # Acceptance per sampling group: the requests' steps grouped by the requests' label.
+    # Acceptance per sampling group: the requests' summary rows grouped by the requests' label
+    # (``position0_steps``: the steps whose mask has position 0 accepted, _POSITION_HIT at 0).
     "v_sampling_acceptance": f"""
-SELECT v.run_id, COALESCE(q.sampling, 'unknown') AS sampling, COUNT(DISTINCT v.request_id) AS requests,
-       {_from_steps("v.")},
-       CASE WHEN SUM(v.steps) > 0
-            THEN CAST(SUM(CASE WHEN {_POSITION_HIT.format(alias="v", position="0")} THEN v.steps ELSE 0 END)
-                      AS DOUBLE PRECISION) / SUM(v.steps) END AS position0_acceptance
-FROM verify_steps v
-JOIN requests q ON q.run_id = v.run_id AND q.request_id = v.request_id
-GROUP BY v.run_id, COALESCE(q.sampling, 'unknown')
+SELECT a.run_id, COALESCE(q.sampling, 'unknown') AS sampling, COUNT(DISTINCT a.request_id) AS requests,
+       {_summed("a.")},
+       CASE WHEN SUM(a.steps) > 0
+            THEN CAST(SUM(a.position0_steps) AS DOUBLE PRECISION) / SUM(a.steps) END AS position0_acceptance
+FROM request_accepts a
+JOIN requests q ON q.run_id = a.run_id AND q.request_id = a.request_id
+GROUP BY a.run_id, COALESCE(q.sampling, 'unknown')
 """,
     "v_lossless_audit": _audit_verdict("lossless_audit", recovered=True),
     # the same tests over the replay against the target alone (docs/design.md, "Replay against the target")
