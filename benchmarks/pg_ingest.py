@@ -13,7 +13,9 @@ where the two strategies ran one after the other (alternately), so both saw the 
    - rows: the same prebuilt rows (``storage.group_rows``) through each strategy of
      ``storage.bulk_strategy`` in one transaction: the insert itself (target: 5x, docs/design.md, "Budgets");
    - Store.write: events in batches of 5,000 through ``open_store(bulk=...)``, event-to-row conversion
-     and the upserts included: what a collector sees.
+     and the upserts included: what a collector sees; with the CPU seconds it cost this process and
+     the server processes of its sessions (read from ``/proc``: a server on this host only), whose
+     sum bounds the speed-up where writers share the CPUs (below).
 2. W writer processes (spawned; default 8: 4 ranks of one run and 4 single-rank runs) each pushing
    N / W events through its own Collector and Store into one fresh store at once, with COPY and then
    with executemany (target: COPY 5x executemany under this load); the figure is all events over
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -56,13 +59,39 @@ def fresh_schema(url: str) -> Iterator[str]:
         admin.dispose()
 
 
-def time_store_write(url: str, events: list[ev.Event], bulk: str) -> float:
-    """Seconds for Store.write over batches of BATCH events into a fresh store with ``bulk``."""
-    with fresh_schema(url) as schema_url, open_store(schema_url, bulk=bulk) as store:
-        start = time.perf_counter()
-        for i in range(0, len(events), BATCH):
-            store.write(events[i:i + BATCH])
-        return time.perf_counter() - start
+def store_write_costs(url: str, events: list[ev.Event], bulk: str) -> tuple[float, float, float | None]:
+    """(wall seconds, this process's CPU seconds, the server's CPU seconds or None) of Store.write over
+    batches of BATCH events into a fresh store with ``bulk``."""
+    app = f"specscope-bench-{uuid.uuid4().hex[:8]}"
+    with fresh_schema(url) as schema_url:
+        named = sa.make_url(schema_url).update_query_dict({"application_name": app}).render_as_string(
+            hide_password=False)
+        with open_store(named, bulk=bulk) as store:
+            store.write(events[:1])  # the write session exists before timing starts
+            server = _server_cpu_s(url, app)
+            start, cpu = time.perf_counter(), time.process_time()
+            for i in range(1, len(events), BATCH):
+                store.write(events[i:i + BATCH])
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            after = _server_cpu_s(url, app)
+    return wall, cpu, None if server is None or after is None else after - server
+
+
+def _server_cpu_s(url: str, app: str) -> float | None:
+    """CPU seconds (user + system) so far of the server processes of the sessions named ``app``; None
+    where their ``/proc`` entries cannot be read (a server on another host)."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            pids = conn.execute(sa.text("SELECT pid FROM pg_stat_activity WHERE application_name = :app"),
+                                {"app": app}).scalars().all()
+    finally:
+        engine.dispose()
+    try:
+        fields = [open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split() for pid in pids]
+    except OSError:
+        return None
+    return sum(int(f[11]) + int(f[12]) for f in fields) / os.sysconf("SC_CLK_TCK") if pids else None
 
 
 def time_rows(url: str, events: list[ev.Event], bulk: str) -> float:
@@ -97,12 +126,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"PostgreSQL ingest of {len(events):,} events (decode mix), {args.repeat} repeats, strategies "
           "alternated: median [min..max]")
     print(f"{'what':<12}{'bulk':<13}{'events/s':>28}{'copy speed-up':>22}")
-    for what, timer in (("rows", time_rows), ("Store.write", time_store_write)):
-        times: dict[str, list[float]] = {"executemany": [], "copy": []}
-        for _ in range(args.repeat):  # alternate, so both see the same machine load
-            for bulk in times:
-                times[bulk].append(timer(args.url, events, bulk))
-        _report(what, len(events), times)
+    times: dict[str, list[float]] = {"executemany": [], "copy": []}
+    for _ in range(args.repeat):  # alternate, so both see the same machine load
+        for bulk in times:
+            times[bulk].append(time_rows(args.url, events, bulk))
+    _report("rows", len(events), times)
+    costs: dict[str, list[tuple[float, float, float | None]]] = {"executemany": [], "copy": []}
+    for _ in range(args.repeat):
+        for bulk in costs:
+            costs[bulk].append(store_write_costs(args.url, events, bulk))
+    _report("Store.write", len(events), {bulk: [c[0] for c in runs] for bulk, runs in costs.items()})
+    _report_cpu(len(events), costs)
 
     per_writer = args.events // args.writers
     layout = writer_layout(args.writers)
@@ -120,6 +154,22 @@ def main(argv: list[str] | None = None) -> None:
             dropped += sum(r[3] for r in reports)
     _report(f"{args.writers} writers", per_writer * len(layout), times)
     print(f"dropped: {dropped}")
+
+
+def _report_cpu(events: int, costs: dict[str, list[tuple[float, float, float | None]]]) -> None:
+    """Median CPU seconds per 100k events of Store.write, client and server, and the speed-up their
+    sums allow where the CPUs are the bottleneck (the writers' load on this machine)."""
+    totals = {}
+    for bulk, runs in costs.items():
+        client = statistics.median(c[1] for c in runs) * 1e5 / events
+        servers = [c[2] for c in runs if c[2] is not None]
+        server = statistics.median(servers) * 1e5 / events if servers else None
+        totals[bulk] = None if server is None else client + server
+        print(f"Store.write CPU per 100k events, {bulk}: client {client:.2f} s, server "
+              + ("n/a (not on this host)" if server is None else f"{server:.2f} s"))
+    if None not in totals.values():
+        print(f"CPU-bound ceiling of the COPY speed-up (executemany CPU / COPY CPU): "
+              f"{totals['executemany'] / totals['copy']:.1f}x")
 
 
 def _report(what: str, events: int, times: dict[str, list[float]]) -> None:

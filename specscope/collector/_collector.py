@@ -144,7 +144,7 @@ class Collector:
             self._refuse(event, reason)
             return
         queue, writer = self._queue, self._writer
-        if writer.closing or len(queue) + writer.in_flight >= self._capacity:
+        if writer.closing or len(queue) >= self._capacity:
             self._drop(event)
             return
         queue.append(event)

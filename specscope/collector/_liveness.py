@@ -44,6 +44,8 @@ class Liveness:
         ``on_run_end`` for each run a rank ended."""
         now = time.monotonic()
         self._live.update((key, now) for key in keys if key[0] is not None)
+        if RankStatus not in map(type, events):  # searched in C: the writer runs this per batch
+            return
         ended: list[str] = []
         for event in events:
             if isinstance(event, RankStatus) and event.finished:

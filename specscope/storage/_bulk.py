@@ -2,7 +2,7 @@
 (``_rows.INSERT_COLUMNS``: verify steps, tensor events, provenance, load reports, findings) reach
 the database inside the caller's transaction.
 
-- ``executemany``: the driver's executemany of one compiled INSERT (SQLite; PostgreSQL on request).
+- ``executemany``: the driver cursor's executemany of one compiled INSERT (SQLite; PostgreSQL on request).
 - ``copy``: PostgreSQL ``COPY table (columns) FROM STDIN (FORMAT BINARY)`` through psycopg 3's
   ``cursor.copy()``, rows written with ``write_row``; the binary column types come from the
   schema's column types (:data:`_PG_BINARY_TYPES`). A stream per statement instead of a bound
@@ -34,8 +34,14 @@ BulkInsert = Callable[[Connection, str, str, Sequence[tuple]], None]
 
 
 def executemany(conn: Connection, name: str, insert_sql: str, rows: Sequence[tuple]) -> None:
-    """The compiled INSERT of ``name``, executemany over ``rows``."""
-    conn.exec_driver_sql(insert_sql, rows)
+    """The compiled INSERT of ``name``, executemany over ``rows`` on a cursor of the driver connection
+    under ``conn``, so inside its transaction (SQLAlchemy's handling of a statement would add
+    nothing to rows that are already driver parameters)."""
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        cursor.executemany(insert_sql, rows)
+    finally:
+        cursor.close()
 
 
 @functools.cache
