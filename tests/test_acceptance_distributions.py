@@ -61,3 +61,7 @@ def test_acceptance_by_output_position_buckets_generated_tokens(store, run):
     assert rows[32]["verify_steps"] == 8 and rows[64]["verify_steps"] == 16 and rows[128]["verify_steps"] == 8
     assert rows[0]["verify_steps"] == 4 + 2 + 4 + 3
     assert sum(r["verify_steps"] for r in rows.values()) == 49
+    # the view over every run (run id carried through) reads as the one-run query
+    _, view = store.query("SELECT run_id, output_position, verify_steps, accepted FROM "
+                          "v_acceptance_by_output_position WHERE run_id = :r ORDER BY output_position", {"r": run})
+    assert [tuple(r) for r in view] == [(run, p, rows[p]["verify_steps"], rows[p]["accepted"]) for p in sorted(rows)]
