@@ -1,7 +1,10 @@
 """``python -m benchmarks`` (``make bench``): every benchmark in turn, each printing its own table;
-the vLLM decode benchmark (eager, every comparison) where vLLM is installed."""
+the vLLM decode benchmark, eager then compiled, where vLLM is installed (each in a process of its
+own: the plugin records one run per process)."""
 
 import importlib.util
+import subprocess
+import sys
 
 from benchmarks import (
     audit_cost,
@@ -16,10 +19,10 @@ from benchmarks import (
 
 modules = [engine_decode, hook_overhead, audit_cost, token_ids, collector_ingest, pg_ingest, dashboard_queries,
            inspect_memory]
-if importlib.util.find_spec("vllm") is not None:
-    from benchmarks import vllm_decode
-
-    modules.insert(1, vllm_decode)
 for module in modules:
     print(f"\n=== {module.__name__} ===", flush=True)
     module.main()
+    if module is engine_decode and importlib.util.find_spec("vllm") is not None:
+        for mode in ([], ["--compiled"]):
+            print(f"\n=== benchmarks.vllm_decode {' '.join(mode)} ===", flush=True)
+            subprocess.run([sys.executable, "-m", "benchmarks.vllm_decode", *mode], check=True)

@@ -1,6 +1,6 @@
-"""vLLM decode with the specscope plugin on vs off, in one engine, calibrated to resolve 1%.
+"""vLLM decode with the specscope plugin on vs off, side by side in one process, calibrated to resolve 1%.
 
-Run: ``python -m benchmarks.vllm_decode [--pairs P] [--batch B] [--max-new-tokens T]
+Run: ``python -m benchmarks.vllm_decode [--compiled] [--pairs P] [--batch B] [--max-new-tokens T]
 [--only NAME ...] [--budget-s S]`` (names: ``plugin``, ``audit-4``, ``audit-1``, ``token-ids``; default all).
 
 One process holds one vLLM engine (offline ``LLM``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: scheduler,
@@ -14,7 +14,11 @@ the placement bias of two server processes (several percent, larger than the 1% 
 enter. A batch is ``batch`` held-out prompts (chat template), greedy, ``max_new_tokens`` each with
 the end-of-sequence token ignored, timed from ``generate`` until the plugin's writer has stored what
 the batch recorded (``flush``; the observed side pays for its writes, the paused side's flush has
-nothing to wait for). Every batch must return the very token ids of the first one (checked): same
+nothing to wait for; a garbage collection runs before each batch, outside its time). vLLM's CPU
+backend is told to leave one core to the threads outside its OpenMP team (``VLLM_CPU_NUM_OF_RESERVED_CPU=1``,
+its knob for serving threads): by default its team takes both cores of this machine and spins between
+kernels, so any other thread, the plugin's writer as the kernel's own, preempts the decode, and two
+identical batches scattered by 4-6% a pair (1.8% with the core left). Every batch must return the very token ids of the first one (checked): same
 tokens, same verify steps, so a different acceptance cannot pass for a speed difference.
 
 Comparisons (side A, the baseline, vs side B), timed in interleaved ABBA rounds with the A/A
@@ -29,16 +33,26 @@ within +-0.5%):
   batch (token ids kept for none in both);
 - ``token-ids``: the plugin with the audit every 4th and token ids for none vs for every request.
 
-The engine is eager (``enforce_eager``): ``paused()`` refuses a compiled target (taking the capture
-layers' hooks out of a target vLLM compiled with them in crashed its compiled forward), so vLLM's
-compiled mode has no figure from this method. At the end the run's requests are counted: exactly those
-of the observed batches are recorded (nothing while paused).
+The engine is eager (``enforce_eager``). ``--compiled``: vLLM's default mode, the models compiled
+(torch.compile, inductor). A compiled target keeps the wrappers its graph was traced through, even
+paused (taking them out crashed it), so a paused compiled engine is not a bare one. The process then
+holds three compiled engines, built one after the other: the observed one (``SPECSCOPE_DB`` set) and
+two built with it unset, which vLLM builds with nothing of specscope in their models. Their batches
+run inside ``paused()``, so vLLM's scheduler and runner classes are vLLM's own. The A/A is bare vs
+the other bare engine: a bias between two engines of one process (memory placement; the threads and
+cores are the same) shows there, and must lie within +-0.5% as above. ``plugin`` is bare vs
+observed; the audit and token-id comparisons switch the observed engine itself. The observed engine
+also decodes one batch paused, during warm-up, which must record nothing.
+
+At the end the run's requests are counted: exactly those of the observed batches must be recorded
+(nothing while paused), else the benchmark fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import tempfile
 from dataclasses import dataclass
@@ -49,6 +63,9 @@ from specscope.paired import AA, compare, report, timed
 
 EVERY = 1 << 30
 """A token-id budget no benchmark spends: every request's ids are kept."""
+RESERVED_CPU = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+"""vLLM's CPU backend binds its OpenMP threads to every core but this many, which it leaves to the
+serving threads (set to 1 here unless the environment says otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -70,27 +87,38 @@ COMPARISONS = {
 
 
 class Bench:
-    """The engine, the batch and the reference token ids every batch must reproduce."""
+    """The engines (the observed one first), the batch and the reference token ids every batch must
+    reproduce."""
 
-    def __init__(self, batch: int, max_new_tokens: int) -> None:
-        from vllm import LLM, SamplingParams
+    def __init__(self, batch: int, max_new_tokens: int, compiled: bool) -> None:
+        from vllm import SamplingParams
 
-        from specscope.engine import DEFAULT_DRAFT_DIR, heldout_prompts, target_folder
+        from specscope.adapters.vllm import ENV_DB
+        from specscope.engine import heldout_prompts
 
-        self.llm = LLM(model=str(target_folder()), dtype="float32", max_model_len=1024,
-                       enforce_eager=True, kv_cache_memory_bytes=1 << 30, seed=0,
-                       speculative_config={"method": "eagle3", "model": str(DEFAULT_DRAFT_DIR),
-                                           "num_speculative_tokens": 4})
-        tokenizer = self.llm.get_tokenizer()
+        self.engines = [_engine(compiled)]
+        if compiled:  # two bare engines: vLLM builds nothing of specscope into an engine without ENV_DB
+            db = os.environ.pop(ENV_DB)
+            self.engines += [_engine(compiled), _engine(compiled)]
+            os.environ[ENV_DB] = db
+        tokenizer = self.engines[0].get_tokenizer()
         self.chats = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                                     add_generation_prompt=True) for p in heldout_prompts()[:batch]]
         self.params = SamplingParams(temperature=0, max_tokens=max_new_tokens, ignore_eos=True)
         self.reference: list[list[int]] | None = None
         self.observed_requests = 0
 
-    def side(self, state: State):
-        """The side that runs one batch in ``state`` and returns its time (seconds)."""
+    def baseline(self, second: bool = False) -> int:
+        """The engine a paused side runs on: the observed one itself (eager), else a bare one."""
+        return 0 if len(self.engines) == 1 else 1 + second
+
+    def side(self, state: State, engine: int | None = None):
+        """The side that runs one batch in ``state`` on ``engine`` (an index into ``engines``; default:
+        the observed engine when observed, else :meth:`baseline`) and returns its time (seconds)."""
         from specscope.adapters import vllm as plugin
+
+        engine = (0 if state.observed else self.baseline()) if engine is None else engine
+        llm = self.engines[engine]
 
         def run() -> float:
             with contextlib.ExitStack() as stack:
@@ -100,7 +128,8 @@ class Bench:
                 else:
                     stack.enter_context(plugin.paused())
                 outputs = []
-                seconds = timed(lambda: (outputs.extend(self.llm.generate(self.chats, self.params, use_tqdm=False)),
+                gc.collect()  # a collection the garbage of earlier batches made due lands outside the time
+                seconds = timed(lambda: (outputs.extend(llm.generate(self.chats, self.params, use_tqdm=False)),
                                          plugin.flush()))
             ids = [list(o.outputs[0].token_ids) for o in outputs]
             self.reference = self.reference or ids
@@ -110,45 +139,71 @@ class Bench:
 
         return run
 
+    def shutdown(self) -> None:
+        for llm in self.engines:
+            llm.llm_engine.engine_core.shutdown()
+
+
+def _engine(compiled: bool):
+    """One vLLM engine serving the reference target with the shipped EAGLE-3 draft."""
+    from vllm import LLM
+
+    from specscope.engine import DEFAULT_DRAFT_DIR, target_folder
+
+    return LLM(model=str(target_folder()), dtype="float32", max_model_len=1024, enforce_eager=not compiled,
+               kv_cache_memory_bytes=1 << 30, seed=0,
+               speculative_config={"method": "eagle3", "model": str(DEFAULT_DRAFT_DIR), "num_speculative_tokens": 4})
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=24, help="pairs per comparison")
+    parser.add_argument("--pairs", type=int, default=64, help="pairs per comparison")
     parser.add_argument("--batch", type=int, default=4, help="requests per batch")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--only", nargs="+", choices=list(COMPARISONS), default=None)
-    parser.add_argument("--budget-s", type=float, default=300.0, help="start no round after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=720.0, help="start no round after this many seconds")
+    parser.add_argument("--compiled", action="store_true",
+                        help="vLLM's compiled mode: the observed engine against two bare ones")
     args = parser.parse_args(argv)
     names = args.only or list(COMPARISONS)
     with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):  # the environment restored after
         db = str(Path(tmp) / "plugin.db")
         os.environ.update({"SPECSCOPE_DB": db, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+        os.environ.setdefault(RESERVED_CPU, "1")
         os.environ.pop("SPECSCOPE_RUN_ID", None)
         from specscope.adapters import vllm as plugin
 
         plugin.register()
         load = os.getloadavg()[0]
-        bench = Bench(args.batch, args.max_new_tokens)
+        bench = Bench(args.batch, args.max_new_tokens, args.compiled)
         results = {}
         try:
             for state in {OFF, *(s for n in names for s in COMPARISONS[n][1:])}:  # warm every state once
                 bench.side(state)()
-            sides = {AA: (bench.side(OFF), bench.side(OFF))}
+            if args.compiled:
+                bench.side(OFF, bench.baseline(second=True))()
+                bench.side(OFF, 0)()  # the compiled observed engine, paused: must record nothing
+            sides = {AA: (bench.side(OFF), bench.side(OFF, bench.baseline(second=True)))}
             sides.update({COMPARISONS[n][0]: (bench.side(COMPARISONS[n][1]), bench.side(COMPARISONS[n][2]))
                           for n in names})
             seconds = timed(lambda: results.update(compare(sides, args.pairs, args.budget_s)))
         finally:
-            bench.llm.llm_engine.engine_core.shutdown()
+            bench.shutdown()
             plugin.close()
         requests, steps, al = _recorded(db)
-    print(f"vLLM decode (eager), one engine, plugin switched per batch: {results[AA].n} ABBA pairs per comparison, "
-          f"batches of {args.batch} greedy requests x {args.max_new_tokens} tokens; load average "
-          f"{load:.2f} at start, {os.getloadavg()[0]:.2f} at end; B's time over A's:")
+    how = ("compiled, three engines in one process (observed, two bare)" if args.compiled
+           else "eager, one engine, plugin switched per batch")
+    print(f"vLLM decode ({how}): {results[AA].n} ABBA pairs per comparison, batches of {args.batch} greedy "
+          f"requests x {args.max_new_tokens} tokens; load average {load:.2f} at start, {os.getloadavg()[0]:.2f} at "
+          f"end; B's time over A's:")
     for line in report(results):
         print(line)
     print(f"{2 * results[AA].n * len(sides)} timed batches in {seconds:.0f} s")
-    print(f"recorded: {requests} requests (served observed: {bench.observed_requests}), {steps} verify steps, "
-          f"AL {al:.3f}; every batch decoded the same tokens")
+    if requests != bench.observed_requests:
+        raise RuntimeError(f"the run recorded {requests} requests, the observed batches served "
+                           f"{bench.observed_requests}: a paused batch was recorded, or an observed one lost")
+    print(f"recorded: {requests} requests, exactly those served observed; {steps} verify steps, AL {al:.3f}; "
+          f"every batch decoded the same tokens")
 
 
 def _recorded(db: str) -> tuple[int, int, float]:

@@ -114,3 +114,32 @@ def test_a_compiled_target_captured_into_a_cuda_graph_writes_the_replay_buffer()
     replayed = {e.hook_point for e in sink.of(TensorEvent) if e.graph_phase == "replay"}
     assert replayed == {f"target.layers.{i}:input" for i in AUX}
     assert [e.received for e in sink.of(ProvenanceEvent)] == [AUX]
+
+
+def test_a_paused_compiled_target_keeps_its_graph_and_records_nothing_until_resumed():
+    """Taking a wrapper out from under vLLM's compiled target crashed it. Paused, a compiled tracer's
+    wrappers stay where the graph was traced through them and pass through; resumed, they record."""
+    config = RunConfig(aux_layer_ids_resolved=(0, 1, 2), target_hidden_size=8, expected_fused_width=24,
+                       k=2, num_target_layers=4)
+    sink = ListSink()
+    tracer = Tracer(sink, engine="compiled", engine_version="0", target_model="t", draft_model="d",
+                    config=config, first_calls=10_000, compiled=True)
+    target = Target()
+    instrument(tracer, draft=Draft(), target=target, draft_hidden_size=8)
+    wrappers = [layer.__dict__.get("forward") for layer in target.layers]
+    assert wrappers[0] is not None
+    compiled = torch.compile(target, backend="aot_eager")
+    x = torch.randn(3, 8)
+    expected = compiled(x)
+    recorded = len(sink.of(TensorEvent))
+    assert recorded > 0
+    tracer.pause()
+    assert [layer.__dict__.get("forward") for layer in target.layers] == wrappers  # left in place
+    assert torch.equal(compiled(x), expected)
+    target(x)  # an eager call passes through too
+    assert len(sink.of(TensorEvent)) == recorded
+    tracer.resume()
+    compiled(x)
+    assert len(sink.of(TensorEvent)) > recorded
+    tracer.close()
+    assert tracer.hook_errors == 0

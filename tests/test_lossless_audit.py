@@ -34,6 +34,21 @@ def test_greedy_slots_mismatch_only_below_the_maximum():
     assert stats[:, 8].tolist() == [1, 1, 1]  # the target's own token (first of a tie)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 12))
+def test_an_all_greedy_batch_is_judged_alike_without_the_distributions(seed, rows):
+    """vLLM says on the host when every request of a batch is greedy: the audit then skips the
+    passes over the vocabulary that only sampled slots read, and its result is the very same."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, 300, generator=generator)
+    logits[0, 1] = logits[0].max()  # a tie: no mismatch either way
+    emitted = torch.randint(-1, 300, (rows,), generator=generator)
+    emitted[: rows // 2] = logits[: rows // 2].argmax(-1)
+    drafted = torch.randint(-1, 300, (rows,), generator=generator)
+    full = token_stats(logits, emitted, torch.zeros(rows), drafted=drafted)
+    assert torch.equal(token_stats(logits, emitted, torch.zeros(rows), drafted=drafted, all_greedy=True), full)
+
+
 def test_sampled_slots_measure_rare_tokens_against_the_mass_below_epsilon():
     probs = torch.tensor([0.6, 0.39995, 0.00004, 0.00001])
     logits = probs.log()[None].repeat(2, 1)

@@ -349,7 +349,7 @@ class _State:
             sampler = self.sampler
             tracer.record_audit(out.logits[0, : m + 1], torch.tensor(new), torch.full((m + 1,), sampler.temperature),
                                 slots, torch.full((m + 1,), sampler.top_k), torch.full((m + 1,), sampler.top_p),
-                                torch.tensor([*drafts, -1][: m + 1]))
+                                torch.tensor([*drafts, -1][: m + 1]), all_greedy=sampler.temperature == 0)
         if k - m:
             self.cache.crop(-(k - m))  # transformers 5: a negative count of tokens to drop
         self.dcache.crop(n)  # drop the chained entries; the accepted tokens are re-run target-fed

@@ -52,7 +52,7 @@ DEFAULT_EPSILON = 1e-4
 def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
                 top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
                 epsilon: float = DEFAULT_EPSILON, uniform: torch.Tensor | None = None,
-                drafted: torch.Tensor | None = None) -> torch.Tensor:
+                drafted: torch.Tensor | None = None, all_greedy: bool = False) -> torch.Tensor:
     """Judge each emitted-token slot against the target (float32 (N, 16), on the logits' device).
 
     Args:
@@ -65,6 +65,10 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
             tokens as probable as it); None puts it mid-atom (not exactly uniform: for tests only).
         drafted: (N,) the draft token verified at each slot, negative where none was (the bonus
             slot); None: no draft known (a replay). Read by :class:`Auditor` at each step's last slot.
+        all_greedy: the caller knows on the host that every temperature is 0 (vLLM's
+            ``SamplingMetadata.all_greedy``): the result is the same, without the distributions'
+            passes over the vocabulary that only sampled slots read (a greedy slot needs its row's
+            maximum alone).
 
     The PIT orders the vocabulary by target probability, most probable first, tokens of equal
     probability forming one atom: ``u = mass of more probable tokens + uniform * mass of the atom``.
@@ -79,6 +83,12 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
     greedy = temperature == 0
     top, target = logits.max(dim=-1)  # the first of a tie, as argmax
     mismatch = greedy & valid & (logits.gather(-1, token)[:, 0] < top)
+    drafted = torch.full_like(emitted, -1) if drafted is None else drafted.to(logits.device).long()
+    if all_greedy:
+        zero = torch.zeros_like(top)
+        return torch.stack([valid.float(), greedy.float(), mismatch.float(), zero, zero, zero, zero,
+                            emitted.float(), target.float(), zero, zero, zero, zero, zero, drafted.float(), zero],
+                           dim=-1)
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     sampled = ~greedy & valid
     # (N, M): the vocabulary, or where every sampled row is truncated, its candidates (ids: their
@@ -88,7 +98,6 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
     probs = log_probs.exp()
     column, present = _column(token, ids)
     p = probs.gather(-1, column)[:, 0] * present
-    drafted = torch.full_like(emitted, -1) if drafted is None else drafted.to(logits.device).long()
     draft_column, draft_present = _column(drafted.clamp(min=0)[:, None], ids)
     p_drafted = probs.gather(-1, draft_column)[:, 0] * (draft_present & (drafted >= 0))
     sampled = sampled.float()
@@ -167,13 +176,14 @@ class Auditor:
 
     def submit(self, logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
                slots: Sequence[Slot], top_k: torch.Tensor | None = None,
-               top_p: torch.Tensor | None = None, drafted: torch.Tensor | None = None) -> None:
+               top_p: torch.Tensor | None = None, drafted: torch.Tensor | None = None,
+               all_greedy: bool = False) -> None:
         """Judge one audited step's slots (arguments of :func:`token_stats`, ``slots`` naming each row,
         a request's slots in the order of their positions) on the device and queue the asynchronous
         copy of the result."""
         stats = token_stats(logits, emitted, temperature, top_k, top_p, self.epsilon,
                             torch.rand(logits.shape[0], device=logits.device, generator=self._generator(logits.device)),
-                            drafted)
+                            drafted, all_greedy)
         ready = None
         if stats.is_cuda:
             # PyTorch's caching host allocator hands back a pinned block whose last copy completed:

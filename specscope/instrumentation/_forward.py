@@ -123,15 +123,17 @@ class ForwardTap:
             if self._previous_key is not None:
                 del module.__dict__[self._previous_key]
 
-    def suspend(self) -> None:
+    def suspend(self, in_place: bool = False) -> None:
         """Until :meth:`resume`, the module runs its previous ``forward`` as if never wrapped (when a
-        later wrapper covers ours, ours stays under it and passes through). Idempotent; nothing
-        after :meth:`remove`."""
+        later wrapper covers ours, ours stays under it and passes through). ``in_place``: ours stays
+        the module's ``forward`` and passes through, and a compiled graph's op finds no observer
+        (for a module compiled through the wrapper: vLLM's compiled target crashed when it was taken
+        out). Idempotent; nothing after :meth:`remove`."""
         module = self._module
         if module is None or self._suspended:
             return
         self._switch(False)
-        self._suspended = self._outermost(module)
+        self._suspended = not in_place and self._outermost(module)
         if self._suspended:
             self._restore_previous(module)
 

@@ -29,7 +29,7 @@ class Removable(Protocol):
 
     def remove(self) -> None: ...
 
-    def suspend(self) -> None: ...
+    def suspend(self, in_place: bool = False) -> None: ...
 
     def resume(self) -> None: ...
 
@@ -101,11 +101,11 @@ class HookState:
             handle.remove()
         self._handles.clear()
 
-    def suspend(self) -> None:
+    def suspend(self, in_place: bool = False) -> None:
         """Take every installed hook out until :meth:`resume` (the last installed first, as
-        :meth:`remove`). Idempotent."""
+        :meth:`remove`); ``in_place``: leave each wrapper where it is, passing through. Idempotent."""
         for handle in reversed(self._handles):
-            handle.suspend()
+            handle.suspend(in_place)
 
     def resume(self) -> None:
         """Put back what :meth:`suspend` took out (the first installed first). Idempotent."""

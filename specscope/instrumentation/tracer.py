@@ -136,10 +136,12 @@ class Tracer:
     def pause(self) -> None:
         """Take the hooks out of the modules :func:`~specscope.instrumentation.instrument` hooked until
         :meth:`resume`: each runs its own ``forward`` again, at no cost (a hook another wrapper has
-        covered since passes through instead). Not for a model compiled while hooked: vLLM's compiled
-        target crashed when its hooks were taken out (the vLLM plugin's ``paused()`` refuses it). The run, its counters and
-        the request / verify-step calls the engine makes stay as they are. Idempotent."""
-        self.hook_state.suspend()
+        covered since passes through instead). A tracer of a compiled engine (``compiled``) leaves
+        its wrappers in place, passing through: the engine's graphs were traced through them (vLLM's
+        compiled target crashed when they were taken out), and the ``specscope::observe`` op those
+        graphs call finds no observer and returns. The run, its counters and the request /
+        verify-step calls the engine makes stay as they are. Idempotent."""
+        self.hook_state.suspend(in_place=self.compiled)
 
     def resume(self) -> None:
         """Put back the hooks :meth:`pause` took out; nothing once closed. Idempotent."""
@@ -246,18 +248,19 @@ class Tracer:
         return self.auditor.due()
 
     def record_audit(self, logits: Any, emitted: Any, temperature: Any, slots: Sequence[AuditSlot],
-                     top_k: Any = None, top_p: Any = None, drafted: Any = None) -> None:
+                     top_k: Any = None, top_p: Any = None, drafted: Any = None, all_greedy: bool = False) -> None:
         """Audit one verify step's emitted tokens against the target (tensors on the engine's device:
         ``logits`` (N, V) at each slot's position before temperature, ``emitted`` (N,) with -1 for an
         empty slot, ``temperature`` (N,), optional ``top_k`` / ``top_p`` (N,) and ``drafted`` (N,): the
         draft token verified at each slot, -1 at the bonus slot; ``slots`` names each row's request,
-        sampling group and position, a request's slots in position order). Hand over the step as the
+        sampling group and position, a request's slots in position order; ``all_greedy``: every
+        temperature is 0, known on the host, which spares the sampled slots' passes over the vocabulary). Hand over the step as the
         verifier returned it, before any cut at the end of sequence or the token budget: a step whose last
         slot is a draft position reads as a rejection there (the recovered-token check). Computed on the device,
         copied asynchronously, stored as :class:`~specscope.events.LosslessAudit` events; never raises
         into the engine."""
         try:
-            self.auditor.submit(logits, emitted, temperature, slots, top_k, top_p, drafted)
+            self.auditor.submit(logits, emitted, temperature, slots, top_k, top_p, drafted, all_greedy)
         except Exception as exc:  # noqa: BLE001 - observing must not change what the engine does
             self._hook_failed("record_audit", exc)
 

