@@ -101,6 +101,7 @@ requests = Table(
 
 verify_steps = Table(
     "verify_steps", metadata,
+    # the order rows were stored in: the schema-13 upgrade keeps the first of a step stored twice
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", String(64), nullable=False),
     Column("request_id", String(128), nullable=False),
