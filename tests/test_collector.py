@@ -23,6 +23,14 @@ def _tensor(i: int, rank: int = 0) -> ev.TensorEvent:
                           shape=(1, 1, 1728), dtype="float32", device="cpu", ts_wall=1000.0 + i)
 
 
+def _stored_calls(store: Store) -> list[int]:
+    """``call_index`` of the stored tensor events in the order they were inserted: tensor_events has no
+    serial key (schema 17), so by SQLite's rowid, or by heap position on PostgreSQL (append-only rows
+    of a fresh table, never updated)."""
+    order = "rowid" if store.dialect == "sqlite" else "ctid"
+    return [row[0] for row in store.query(f"SELECT call_index FROM tensor_events ORDER BY {order}")[1]]
+
+
 def _count(store: Store, table: str = "tensor_events") -> int:
     return store.query(f"SELECT COUNT(*) FROM {table}")[1][0][0]
 
@@ -50,8 +58,7 @@ def test_events_are_written_in_batches_with_counters(store: Store) -> None:
         assert _count(store) == 50
         assert _rank_counters(store, 0) == (26, 0)
         assert _rank_counters(store, 1) == (25, 0)
-        calls = [row[0] for row in store.query("SELECT call_index FROM tensor_events ORDER BY id")[1]]
-        assert calls == list(range(50))  # emit order kept
+        assert _stored_calls(store) == list(range(50))  # emit order kept
 
 
 def test_flush_covers_everything_emitted_before_it(tmp_path) -> None:
@@ -91,8 +98,7 @@ def test_full_buffer_drops_and_counts_per_rank(tmp_path) -> None:
     assert not collector.flush(timeout_s=120)  # everything kept is written, but 15 were dropped
     assert (collector.written, collector.dropped, collector.write_errors) == (10, 15, 0)
     assert collector.flush(timeout_s=120)  # nothing dropped since the previous flush
-    assert [r[0] for r in store.query("SELECT call_index FROM tensor_events ORDER BY id")[1]] == list(
-        range(10))
+    assert _stored_calls(store) == list(range(10))
     collector.close()
     assert _rank_counters(store) == (10, 15)
     store.close()

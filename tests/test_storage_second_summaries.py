@@ -111,7 +111,7 @@ def test_straddling_seconds_are_looked_up_not_scanned(tmp_path) -> None:
                              "('step_seconds', 'sqlite_autoindex_step_seconds_1', '70912 142 139 1'), "
                              "('run_ranks', 'sqlite_autoindex_run_ranks_1', '511 1 1'), "
                              "('verify_steps', 'ix_verify_steps_run_rank', '1000000 2000 1957 1'), "
-                             "('tensor_events', 'ix_tensor_events_run', '5000000 10000 2500 2447 2')")
+                             "('tensor_events', 'ix_tensor_events_run', '5000000 10000 9785 2')")
     with sa.create_engine(f"sqlite:///{tmp_path / 'plan.db'}").connect() as conn:
         for query in (queries.ACCEPTANCE_OVER_TIME, queries.ACCEPTANCE_WINDOWS, queries.DRAFT_INPUTS_OVER_TIME):
             sql = re.sub(r":(run_id)\b", "'r'", query.sql).replace(":buckets", "60")

@@ -47,12 +47,17 @@ def add_tensor_contract_index(conn: Connection) -> None:
                          "(run_id, hook_point, rank, shape, expected_shape, dtype, graph_phase, ts_wall)")
 
 
+MASKS_INDEX = "CREATE INDEX IF NOT EXISTS ix_verify_steps_masks ON verify_steps (run_id, accepted_mask, proposed, accepted{})"
+"""``ix_verify_steps_masks`` of versions 3 to 16 (``, steps`` from version 6 on): covered the views'
+grouping by mask until the ``acceptance_masks`` summary took it over (version 8); dropped in version 17."""
+
+
 def add_position_and_nonfinite_indexes(conn: Connection) -> None:
     """Version 3: ``ix_verify_steps_masks`` (per-position acceptance grouped by mask) and the partial
     ``ix_tensor_events_nonfinite``; views are recreated after the step (new v_position_acceptance)."""
-    for table, name in ((schema.verify_steps, "ix_verify_steps_masks"),
-                        (schema.tensor_events, "ix_tensor_events_nonfinite")):
-        next(ix for ix in table.indexes if ix.name == name).create(conn, checkfirst=True)
+    conn.exec_driver_sql(MASKS_INDEX.format(""))
+    next(ix for ix in schema.tensor_events.indexes if ix.name == "ix_tensor_events_nonfinite").create(
+        conn, checkfirst=True)
 
 
 def filterable_views(conn: Connection) -> None:
@@ -76,7 +81,7 @@ def weighted_verify_steps(conn: Connection) -> None:
         return
     conn.exec_driver_sql("ALTER TABLE verify_steps ADD COLUMN steps INTEGER NOT NULL DEFAULT 1")
     conn.exec_driver_sql("DROP INDEX IF EXISTS ix_verify_steps_masks")
-    next(ix for ix in schema.verify_steps.indexes if ix.name == "ix_verify_steps_masks").create(conn)
+    conn.exec_driver_sql(MASKS_INDEX.format(", steps"))
 
 
 def mixed_graph_mode_view(conn: Connection) -> None:
@@ -174,6 +179,40 @@ def request_and_second_summaries(conn: Connection) -> None:
     _summaries.rebuild(conn, tables)
 
 
+def lean_tensor_events(conn: Connection) -> None:
+    """Version 17: less stored per tensor event and verify step, every row kept: ``tensor_events``
+    without its serial ``id`` (no reader used it; PostgreSQL drops the column with its key and
+    sequence, SQLite copies the rows into the new table in their stored order), ``ix_tensor_events_run``
+    on (run, rank, time) without the hook point, and no ``ix_verify_steps_masks``, which no query read
+    since the ``acceptance_masks`` summary (version 8). The views go first (SQLite renames the table
+    under them) and are recreated after the step."""
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_verify_steps_masks")
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_tensor_events_run")
+    table = schema.tensor_events
+    if "id" in {c["name"] for c in sa.inspect(conn).get_columns(table.name)}:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql("ALTER TABLE tensor_events DROP COLUMN id")
+        else:
+            _copy_sqlite_table(conn, table, order_by="id")
+    next(ix for ix in table.indexes if ix.name == "ix_tensor_events_run").create(conn, checkfirst=True)
+
+
+def _copy_sqlite_table(conn: Connection, table: sa.Table, order_by: str) -> None:
+    """Rebuild SQLite ``table`` as ``schema.py`` defines it now (SQLite cannot drop a key column): its
+    rows copied in ``order_by`` order into the new table, whose indexes are built after the copy."""
+    drop_views(conn)
+    old = f"{table.name}_old"
+    conn.exec_driver_sql(f"ALTER TABLE {table.name} RENAME TO {old}")
+    for index in sa.inspect(conn).get_indexes(old):  # index names are global in SQLite
+        conn.exec_driver_sql(f"DROP INDEX {index['name']}")
+    conn.execute(sa.schema.CreateTable(table))
+    columns = ", ".join(c.name for c in table.columns)
+    conn.exec_driver_sql(f"INSERT INTO {table.name} ({columns}) SELECT {columns} FROM {old} ORDER BY {order_by}")
+    conn.exec_driver_sql(f"DROP TABLE {old}")
+    for index in table.indexes:
+        index.create(conn, checkfirst=True)
+
+
 WIDE_COUNTERS = {"acceptance_masks": ("steps", "proposed", "accepted"), "tensor_shapes": ("events", "nonfinite"),
                  "run_ranks": ("events_written", "events_dropped", "hook_calls", "hook_errors")}
 """The counters version 13 widened to 64 bits, by table."""
@@ -213,6 +252,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "audit_surprise", audit_surprise),
     Migration(15, "audit_recovered", audit_recovered),
     Migration(16, "request_and_second_summaries", request_and_second_summaries),
+    Migration(17, "lean_tensor_events", lean_tensor_events),
 )
 
 

@@ -35,7 +35,7 @@ from sqlalchemy import (
 from specscope.event_checks import SURPRISE_COLUMNS
 from specscope.events import PIT_BINS
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 
 metadata = MetaData()
 
@@ -101,6 +101,7 @@ requests = Table(
 
 verify_steps = Table(
     "verify_steps", metadata,
+    # the order rows were stored in: the schema-13 upgrade keeps the first of a step stored twice
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", String(64), nullable=False),
     Column("request_id", String(128), nullable=False),
@@ -121,14 +122,13 @@ verify_steps = Table(
     Index("ix_verify_steps_run_req", "run_id", "request_id", "step"),
     # ts_wall (version 16): the raw steps of a second that straddles a slice boundary (step_seconds)
     Index("ix_verify_steps_run_rank", "run_id", "rank", "ts_wall"),
-    # Covers v_position_acceptance's grouping by mask and v_run_acceptance's sums (``steps`` included:
-    # the views sum it).
-    Index("ix_verify_steps_masks", "run_id", "accepted_mask", "proposed", "accepted", "steps"),
 )
 
+# Append-only and the most rows of a store (six per verify step in the decode mix): no serial key,
+# which no reader needs and every insert would pay for (a sequence and a B-tree on PostgreSQL; SQLite
+# keeps its implicit rowid), and one index over every row (version 17).
 tensor_events = Table(
     "tensor_events", metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", String(64), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("hook_point", String(255), nullable=False),
@@ -146,11 +146,11 @@ tensor_events = Table(
     Column("step", Integer),
     Column("graph_phase", String(16), nullable=False),
     Column("ts_wall", Float, nullable=False),
-    # Per-run lookups by hook point (SQL users, the doctor's non-finite drill-down). A prefix, not a
-    # covering index of the shape contract: that is read from ``tensor_shapes``, and every insert pays
-    # for a smaller B-tree.
-    # ts_wall (version 16): the raw events of a second that straddles a slice boundary (draft_input_seconds).
-    Index("ix_tensor_events_run", "run_id", "hook_point", "rank", "ts_wall"),
+    # The raw events of a rank in a second that straddles a slice boundary (draft_input_seconds; version
+    # 16), and per-run lookups by rank and time. No hook point (version 17): its text made every insert
+    # compare strings down the B-tree and widened each entry, and a second's events of one rank are few;
+    # the rank keeps the writers of a run's ranks on their own leaf pages.
+    Index("ix_tensor_events_run", "run_id", "rank", "ts_wall"),
     # The doctor's non-finite check reads only the rare rows with inf/nan.
     Index("ix_tensor_events_nonfinite", "run_id", "hook_point", sqlite_where=text("nonfinite > 0"),
           postgresql_where=text("nonfinite > 0")),
