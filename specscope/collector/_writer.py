@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import islice
+from itertools import islice, repeat, starmap
 
 from specscope.collector._boundary import Key
 from specscope.collector._counts import Pending, Tally, add, per_key
@@ -146,10 +146,8 @@ class Writer:
             chunk, marker = self._head()
             try:
                 committed = self._handle_batch(chunk)
-            finally:
-                popleft = queue.popleft
-                for _ in range(len(chunk) + (marker is not None)):
-                    popleft()
+            finally:  # popped in C, as _head copies them
+                deque(starmap(queue.popleft, repeat((), len(chunk) + (marker is not None))), maxlen=0)
             if not committed and chunk:
                 self._failed_since_marker = True
             if marker is not None:

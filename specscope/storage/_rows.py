@@ -8,7 +8,6 @@ mask of a verify step as ``VerifyStep.mask()``.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
@@ -71,13 +70,18 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-@functools.lru_cache(maxsize=4096)  # a run sees few distinct shapes; the join is the row's main cost
-def _shape(shape: tuple[int, ...] | None) -> str | None:
-    return None if shape is None else "x".join(map(str, shape))
+_SHAPES: dict[tuple[int, ...], tuple[str, int | None]] = {}
+_MAX_SHAPES = 4096  # a run sees few distinct shapes; past this many the cache starts again
 
 
-def _width(shape: tuple[int, ...] | None) -> int | None:
-    return shape[-1] if shape else None
+def _shape_columns(shape: Iterable[int]) -> tuple[str, int | None]:
+    """A shape's stored columns, text and width (last dimension, None for 0-d), kept in ``_SHAPES``."""
+    shape = tuple(shape)
+    columns = "x".join(map(str, shape)), shape[-1] if shape else None
+    if len(_SHAPES) >= _MAX_SHAPES:
+        _SHAPES.clear()
+    _SHAPES[shape] = columns
+    return columns
 
 
 def _run(e: ev.RunStart) -> Row:
@@ -142,10 +146,20 @@ _TENSOR_EVENTS = _plain("tensor_events", ("run_id", "rank", "hook_point", "call_
 
 
 def _tensor(e: ev.TensorEvent) -> tuple:
-    shape, expected = e.shape, e.expected_shape
-    return (e.run_id, e.rank, e.hook_point, e.call_index, _shape(tuple(shape)),
-            shape[-1] if shape else None, e.dtype, e.device,
-            None if expected is None else _shape(tuple(expected)), _width(expected),
+    # the shapes' columns by one dict lookup each (a list, unhashable, or a new shape takes the long way)
+    try:
+        shape, width = _SHAPES[e.shape]
+    except (KeyError, TypeError):
+        shape, width = _shape_columns(e.shape)
+    expected = e.expected_shape
+    if expected is None:
+        expected_width = None
+    else:
+        try:
+            expected, expected_width = _SHAPES[expected]
+        except (KeyError, TypeError):
+            expected, expected_width = _shape_columns(expected)
+    return (e.run_id, e.rank, e.hook_point, e.call_index, shape, width, e.dtype, e.device, expected, expected_width,
             e.absmax, e.mean, e.nonfinite, e.request_id, e.step, e.graph_phase, e.ts_wall)
 
 

@@ -79,7 +79,8 @@ class StoreWrites:
                     else:
                         conn.execute(statements[statement.name], rows)
                 for name, rows in summaries.items():  # in the same transaction as the rows they sum up
-                    conn.execute(statements[name], rows)
+                    sql, values = self._dialect.driver_upsert(name, tuple(rows[0]))
+                    conn.exec_driver_sql(sql, list(map(values, rows)))
         except EventRejected:
             raise
         except (StoreError, UnicodeError, OverflowError, TypeError, ValueError) as exc:
