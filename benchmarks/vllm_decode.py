@@ -157,11 +157,11 @@ def _engine(compiled: bool):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=64, help="pairs per comparison")
+    parser.add_argument("--pairs", type=int, default=100, help="pairs per comparison")
     parser.add_argument("--batch", type=int, default=4, help="requests per batch")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--only", nargs="+", choices=list(COMPARISONS), default=None)
-    parser.add_argument("--budget-s", type=float, default=720.0, help="start no round after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=1200.0, help="start no round after this many seconds")
     parser.add_argument("--compiled", action="store_true",
                         help="vLLM's compiled mode: the observed engine against two bare ones")
     args = parser.parse_args(argv)
