@@ -70,12 +70,16 @@ def main() -> None:
         def audit_plain() -> None:  # greedy and temperature-only requests: no truncation, no sort
             token_stats(logits, emitted, temperature, uniform=uniform, drafted=drafted)
 
-        jobs = {"verify forward": verify, "token_stats, top-k/top-p": audit, "token_stats, no truncation": audit_plain}
+        def audit_greedy() -> None:  # a batch of greedy requests alone, as the engine says on the host
+            token_stats(logits, emitted, torch.zeros(args.slots), uniform=uniform, drafted=drafted, all_greedy=True)
+
+        jobs = {"verify forward": verify, "token_stats, top-k/top-p": audit, "token_stats, no truncation": audit_plain,
+                "token_stats, all greedy": audit_greedy}
         times: dict[str, list[float]] = {name: [] for name in jobs}
         for fn in jobs.values():
             fn()  # warm-up
         for r in range(args.repeats):  # rotate which goes first, so none always meets a warm cache
-            names = list(jobs)[r % 3:] + list(jobs)[:r % 3]
+            names = list(jobs)[r % len(jobs):] + list(jobs)[:r % len(jobs)]
             for name in names:
                 times[name].append(_timed(jobs[name]) * 1e3)
     figures = {name: _quartiles(values) for name, values in times.items()}

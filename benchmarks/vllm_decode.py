@@ -41,7 +41,8 @@ two built with it unset, which vLLM builds with nothing of specscope in their mo
 run inside ``paused()``, so vLLM's scheduler and runner classes are vLLM's own. The A/A is bare vs
 the other bare engine: a bias between two engines of one process (memory placement; the threads and
 cores are the same) shows there, and must lie within +-0.5% as above. ``plugin`` is bare vs
-observed; the audit and token-id comparisons switch the observed engine itself. The observed engine
+observed (the one comparison run by default; the audit and token-id comparisons, under ``--only``,
+switch the observed engine itself). The observed engine
 also decodes one batch paused, during warm-up, which must record nothing.
 
 At the end the run's requests are counted: exactly those of the observed batches must be recorded
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compiled", action="store_true",
                         help="vLLM's compiled mode: the observed engine against two bare ones")
     args = parser.parse_args(argv)
-    names = args.only or list(COMPARISONS)
+    names = args.only or (["plugin"] if args.compiled else list(COMPARISONS))
     with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):  # the environment restored after
         db = str(Path(tmp) / "plugin.db")
         os.environ.update({"SPECSCOPE_DB": db, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
