@@ -50,3 +50,18 @@ def test_compare_pairs_each_side_with_its_own_and_alternates_the_order():
     assert calls[:8] == ["a", "a'", "A", "B", "a'", "a", "B", "A"]
     assert isinstance(results["b"], Interval) and results["b"].low < 5.0 < results["b"].high
     assert abs(results[AA].pct) < 0.1  # the drift cancels over an ABBA order
+
+
+def test_rare_stalls_widen_the_plain_mean_but_not_the_trimmed_figure():
+    """One pair in ten stalled by 10% either way, as this machine does: the trimmed interval still
+    resolves a 1% cost, the plain mean's does not, and the plain mean is printed beside it."""
+    rng = np.random.default_rng(2)
+    base = np.ones(100)
+    a, b = noisy(rng, base, 1.0, 0.01), noisy(rng, base, 1.01, 0.01)
+    stalled = rng.choice(100, 10, replace=False)
+    b[stalled[:5]] *= 1.10
+    a[stalled[5:]] *= 1.10
+    result = slowdown(a, b)
+    assert result.low > 0 and result.low < 1.0 < result.high
+    assert result.mean is not None and result.mean[2] - result.mean[1] > 1.5 * (result.high - result.low)
+    assert "plain mean" in str(result)
