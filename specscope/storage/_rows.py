@@ -310,55 +310,6 @@ INSERT_COLUMNS: dict[str, tuple[str, ...]] = {s.name: s.columns for s in STATEME
 to the driver's executemany (SQLAlchemy's per-row parameter processing would cost more than SQLite)."""
 
 _BY_NAME = {s.name: s for s in STATEMENTS}
-_INT64 = 2**63
-_TYPES = {s.name: {column.name: column.type.python_type for column in s.table.columns} for s in STATEMENTS}
-_TUPLE_TYPES = {s.name: tuple(_TYPES[s.name][c] for c in s.columns) for s in STATEMENTS if s.columns}
-
-
-def _bad_value(expected: type, value: Any) -> str | None:
-    """Why ``value`` cannot be stored in a column of Python type ``expected`` on both databases
-    (None when it can): an int outside 64 bits, text that is not UTF-8-encodable or holds NUL
-    (PostgreSQL refuses it), or a value of another type (a list where a number goes)."""
-    if value is None:
-        return None
-    if expected is str:
-        if not isinstance(value, str):
-            return f"{type(value).__name__} where text goes"
-        if "\x00" in value:
-            return "text with a NUL character"
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return "text that is not valid Unicode (a lone surrogate)"
-        return None
-    if expected is float:
-        return None if isinstance(value, (int, float)) else f"{type(value).__name__} where a number goes"
-    if not isinstance(value, int):  # int and bool columns
-        return f"{type(value).__name__} where an integer goes"
-    return None if -_INT64 <= value < _INT64 else "an integer outside 64 bits"
-
-
-def bad_value(grouped: Mapping[str, list[Row | tuple]]) -> str | None:
-    """The first value of ``grouped`` (:func:`group_rows`) that a database could not store as it is,
-    named with its column and why; None when every value fits its column.
-
-    Run after a write failed (never before: a clean batch pays nothing), to tell a batch that holds
-    a bad value from a store that cannot be written."""
-    for statement, rows in grouped.items():
-        for row in rows:
-            if isinstance(row, tuple):
-                names, types, values = INSERT_COLUMNS[statement], _TUPLE_TYPES[statement], row
-            else:
-                names, values = tuple(row), tuple(row.values())
-                types = tuple(_TYPES[statement][name.removeprefix("b_")] for name in names)
-            for name, expected, value in zip(names, types, values):
-                reason = _bad_value(expected, value)
-                if reason is not None:
-                    shown = repr(value)
-                    return (f"{_BY_NAME[statement].table.name}.{name.removeprefix('b_')}: {reason} "
-                            f"({shown[:60] + '...' if len(shown) > 60 else shown})")
-    return None
 
 
 def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:

@@ -14,7 +14,8 @@ from specscope.events import Event, Finding
 from specscope.storage import _steps, _summaries, schema
 from specscope.storage._dialect import Dialect
 from specscope.storage._errors import translate
-from specscope.storage._rows import STATEMENTS, Counters, bad_value, counter_rows, group_rows, summary_rows
+from specscope.storage._row_checks import bad_value
+from specscope.storage._rows import STATEMENTS, Counters, counter_rows, group_rows, summary_rows
 
 
 def file_id(path: Path) -> tuple[int, int] | None:
