@@ -41,13 +41,13 @@ TRIM = 0.2
 @dataclass(frozen=True)
 class Interval:
     """An estimate in percent with its confidence interval, over ``n`` pairs or rounds, and the plain
-    mean with its interval (``mean``: ``(pct, low, high)``; the estimate itself where it is the mean)."""
+    mean with its interval (``mean``: ``(pct, low, high)``)."""
 
     pct: float
     low: float
     high: float
     n: int
-    mean: tuple[float, float, float] | None = None
+    mean: tuple[float, float, float]
 
     def within(self, bound_pct: float) -> bool:
         """The whole interval lies in [-bound_pct, +bound_pct]."""
@@ -60,10 +60,8 @@ class Interval:
         return max(self.n, round(self.n * (half / bound_pct) ** 2))
 
     def __str__(self) -> str:
-        text = f"{self.pct:+.2f}% (95% CI {self.low:+.2f}% .. {self.high:+.2f}%, {self.n} pairs)"
-        if self.mean is not None:
-            text += f"; plain mean {self.mean[0]:+.2f}% ({self.mean[1]:+.2f}% .. {self.mean[2]:+.2f}%)"
-        return text
+        return (f"{self.pct:+.2f}% (95% CI {self.low:+.2f}% .. {self.high:+.2f}%, {self.n} pairs); "
+                f"plain mean {self.mean[0]:+.2f}% ({self.mean[1]:+.2f}% .. {self.mean[2]:+.2f}%)")
 
 
 def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
