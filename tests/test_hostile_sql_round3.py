@@ -5,6 +5,7 @@ typed arguments to Store.query."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import subprocess
@@ -111,14 +112,17 @@ def test_postgres_columns_and_builtins_still_run(pg_url: str) -> None:
     _seed(pg_url)
     relations = {table.name: [c.name for c in table.columns] for table in schema.metadata.sorted_tables}
     with open_store(pg_url, read_only=True) as store:
+        # about a hundred statements, each planned cold, on a CI machine that may be loaded (one ran
+        # out of 2 s there): the default limit is for a person's query, not this sweep
+        query = functools.partial(store.query, timeout_s=60)
         for name in views.VIEWS:
-            relations[name] = store.query(f"SELECT * FROM {name} LIMIT 0").columns
+            relations[name] = query(f"SELECT * FROM {name} LIMIT 0").columns
         for name, columns in relations.items():
             listed = ", ".join(f"t.{column}" for column in columns)
-            assert store.query(f"SELECT {listed} FROM {name} t LIMIT 1").columns == columns
+            assert query(f"SELECT {listed} FROM {name} t LIMIT 1").columns == columns
         for example in EXAMPLES.values():
-            store.query(example.format(run_id="run-a"))
-        row = store.query(
+            query(example.format(run_id="run-a"))
+        row = query(
             "SELECT count(*), avg(x), max(x) FILTER (WHERE x < 3), string_agg(x::text, ',' ORDER BY x), "
             "rank() OVER (ORDER BY x), date_trunc('hour', now()) <= now(), extract(epoch FROM now()) > 0, "
             "to_char(now(), 'YYYY') > '2000', coalesce(NULL, 1), greatest(1, 2), "
@@ -126,7 +130,7 @@ def test_postgres_columns_and_builtins_still_run(pg_url: str) -> None:
             "upper(substring('abc' FROM 2)), trim(both ' ' FROM ' y '), position('b' IN 'abc'), "
             "round(x / 3.0, 2), length(repeat('z', x)), (ARRAY[1, 2, 3])[x], current_database() <> '' "
             "FROM generate_series(1, 3) x GROUP BY x ORDER BY x LIMIT 1").rows
-        assert store.query("SELECT (r).run_id, (r).engine FROM runs r").rows == [("run-a", "reference")]
+        assert query("SELECT (r).run_id, (r).engine FROM runs r").rows == [("run-a", "reference")]
     assert row[0][:4] == (1, 1, 1, "1")
 
 

@@ -320,6 +320,7 @@ def test_a_repeated_aux_id_is_an_error_for_vllm_which_captures_it_once_and_fails
     db, done = held_back
     run = done["aux-duplicated"]
     assert "1728" in run.error and not run.counters  # fc's 3 x 576 fan-in met by 2 x 576: no draft ran
+    assert run.trace.startswith("Traceback") and "1728" in run.trace  # the whole traceback, for a report
     found = _findings(db, run.run_id)
     assert found["AUX_LAYER_COUNT_MISMATCH"].severity == "error"
     assert found["AUX_LAYER_COUNT_MISMATCH"].evidence["captured_layers"] == 2

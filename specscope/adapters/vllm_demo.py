@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +24,14 @@ class VllmRun:
     """One vLLM run: its specscope ``run_id`` and vLLM's own speculative-decoding counters
     (``LLM.get_metrics()``: ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``,
     ``accepted_per_pos``), the generated ``texts``, and ``error`` when vLLM failed (the text of its
-    exception: a fault may crash the engine, which is part of what is observed)."""
+    exception: a fault may crash the engine, which is part of what is observed) with ``trace``, its
+    traceback (for a bug report; the demo prints ``error`` alone)."""
 
     run_id: str
     texts: list[str] = field(default_factory=list)
     counters: dict[str, object] = field(default_factory=dict)
     error: str | None = None
+    trace: str | None = field(default=None, repr=False)
 
 
 def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens: int = 48, k: int = 4,
@@ -81,6 +84,7 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
         run.counters = _spec_counters(llm.get_metrics())
     except Exception as exc:  # noqa: BLE001 - a fault may crash vLLM: that is the observation
         run.error = f"{type(exc).__name__}: {exc}"
+        run.trace = traceback.format_exc()
     finally:
         RejectionSampler.forward = healthy_verifier
         if llm is not None:
