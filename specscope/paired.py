@@ -14,7 +14,9 @@ would be trimmed away, and shows as a plain mean above the trimmed one.
 Calibration: an A/A comparison (both sides the same code, same state) is timed in the same rounds,
 so under the same load. Its interval says how small a difference this machine, now, can resolve: an
 A/B figure is reported only when the A/A interval lies within :data:`RESOLVE_PCT` either side of
-zero, else the report says the machine was too noisy and shows the A/A interval instead.
+zero, else the report shows the A/A interval instead and says why: too noisy (a wide interval: more
+pairs narrow it), or biased (a narrow interval off zero: the two sides are not identical after all,
+and no number of pairs helps).
 """
 
 from __future__ import annotations
@@ -53,11 +55,14 @@ class Interval:
         """The whole interval lies in [-bound_pct, +bound_pct]."""
         return -bound_pct <= self.low and self.high <= bound_pct
 
+    def half_width(self) -> float:
+        """Half the interval's width, in percent points."""
+        return (self.high - self.low) / 2
+
     def pairs_for(self, bound_pct: float) -> int:
         """About how many pairs at this scatter would narrow the interval to +-``bound_pct`` around
         its estimate (the half-width shrinks as 1 / sqrt(n))."""
-        half = (self.high - self.low) / 2
-        return max(self.n, round(self.n * (half / bound_pct) ** 2))
+        return max(self.n, round(self.n * (self.half_width() / bound_pct) ** 2))
 
     def __str__(self) -> str:
         return (f"{self.pct:+.2f}% (95% CI {self.low:+.2f}% .. {self.high:+.2f}%, {self.n} pairs); "
@@ -125,9 +130,14 @@ def report(results: Mapping[str, Interval], bound_pct: float = RESOLVE_PCT) -> l
     calibration = results[AA]
     lines = [f"{AA:48} {calibration}"]
     if not calibration.within(bound_pct):
-        lines.append(f"too noisy to resolve 1%: the A/A interval is not within +-{bound_pct}% (at this scatter "
-                     f"about {calibration.pairs_for(bound_pct)} pairs would be needed); no A/B figure reported "
-                     f"({', '.join(n for n in results if n != AA)})")
+        withheld = f"no A/B figure reported ({', '.join(n for n in results if n != AA)})"
+        if calibration.half_width() <= bound_pct:  # narrow, yet off zero: more pairs would not help
+            lines.append(f"biased: the identical sides differ by {calibration.pct:+.2f}%, an interval narrower "
+                         f"than +-{bound_pct}% that excludes the bound: what differs between the sides (not "
+                         f"the machine's noise) must go before they can be compared; {withheld}")
+        else:
+            lines.append(f"too noisy to resolve 1%: the A/A interval is not within +-{bound_pct}% (at this "
+                         f"scatter about {calibration.pairs_for(bound_pct)} pairs would be needed); {withheld}")
         return lines
     lines += [f"{name:48} {result}" for name, result in results.items() if name != AA]
     return lines

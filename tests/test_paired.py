@@ -36,6 +36,19 @@ def test_the_gate_refuses_a_noisy_calibration_and_reports_a_quiet_one():
     assert report({AA: quiet, "plugin": b})[1].endswith(str(b))
 
 
+def test_a_narrow_calibration_off_zero_is_called_a_bias_not_noise():
+    """Two compiled engines of one process, built alike, read -1.25% (-1.44% .. -1.06%) over 330
+    pairs: more pairs would not bring that within +-0.5%, and the report must not ask for them."""
+    rng = np.random.default_rng(2)
+    base = np.ones(300)
+    biased = slowdown(noisy(rng, base, 1.0, 0.01), noisy(rng, base, 0.9875, 0.01))
+    b = slowdown(noisy(rng, base, 1.0, 0.01), noisy(rng, base, 1.02, 0.01))
+    assert biased.half_width() < 0.5 and biased.high < -0.5
+    lines = report({AA: biased, "plugin": b})
+    assert lines[1].startswith("biased: the identical sides differ by -1.") and "pairs would be needed" not in lines[1]
+    assert not any(str(b) in line for line in lines)
+
+
 def test_compare_pairs_each_side_with_its_own_and_alternates_the_order():
     calls = []
     clock = itertools.count(1)
