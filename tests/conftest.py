@@ -16,10 +16,11 @@ Checkpoints: ``ok_eagle3``, a healthy small EAGLE-3 checkpoint built by ``tests/
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import multiprocessing
 import os
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,8 +30,6 @@ import sqlalchemy as sa
 
 from specscope.storage import Store, open_store
 
-TORCH_COMPILER_ASSERT = "This indicates you set no_dispatch() before calling into this function"
-"""torch's fake-tensor assertion (torch/_subclasses/meta_utils.py) one compiled vLLM start hit in CI."""
 PG_URL = os.environ.get("SPECSCOPE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
@@ -141,12 +140,9 @@ def vllm_compiled(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("vllm-compiled")
     db = str(folder / "compiled.db")
-    run = serve(db, folder, compiled=True)
-    if run.error is not None and TORCH_COMPILER_ASSERT in run.error:
-        # Once in about twenty CI runs (never here, the suite alone or whole) torch's compiler
-        # asserted while vLLM compiled its model; a second start in this process is the evidence of
-        # whether it comes back, and the warning keeps the first traceback for a bug report.
-        warnings.warn(f"compiled vLLM failed in torch's compiler, started again:\n{run.trace}", stacklevel=1)
-        db = str(folder / "compiled-again.db")
-        run = serve(db, folder, compiled=True)
-    return db, run
+    # In a process of its own: started in the pytest process after the rest of the suite, vLLM's
+    # compile failed in CI and in a fresh clone here on torch's fake-tensor assertion, the main
+    # thread's dispatch excluding the Python key, and failed again when started a second time: state
+    # an earlier test left in the process (not yet traced to its test), which no server inherits.
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return db, pool.submit(serve, db, folder, compiled=True).result()
