@@ -5,6 +5,7 @@ tests/test_vllm.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -289,6 +290,7 @@ def test_a_sharpened_distribution_is_named_by_the_surprise_test_with_its_figures
     # the flattening tail has the wider bound (-ln epsilon per token against the largest entropy 2.5)
     assert 0 < evidence["surprise_threshold_below"] < min(150, evidence["surprise_threshold_above"])
     assert "mean surprise" in violation.message and "0.700 nats" in violation.message
+    assert "a sharpened distribution" in violation.message and "flattened" not in violation.message
 
 
 @pytest.mark.parametrize("tokens, judged", [(11, False), (5000, True)], ids=["few", "many"])
@@ -320,18 +322,31 @@ SAMPLED_PROMPTS, SAMPLED_TOKENS = 4, 64
 where the mean test detects a shift of the mean emitted probability of about 0.06 (the view's
 ``detectable_p_shift``: 0.059 and 0.064 on two healthy seeds) and ``temperature-ignored`` shifts it by
 0.065 (0.773 against 0.708), so no smaller size names it; at 2 x 48 only ``top-p-ignored`` was named."""
-SAMPLED_FAULTS = {"top-p-ignored": {"junk", "mean", "surprise"}, "top-k-ignored": {"junk", "surprise"},
-                  "temperature-ignored": {"mean", "pit", "surprise"},
-                  "recovered-from-p": {"recovered", "mean", "surprise"}}
-"""The sampled verifier faults named at this size, and the tests that may see each. ``temperature-twice``
-(0.8 -> 0.64) sharpens the distribution less than ``temperature-ignored``: at this size the surprise
-test detects a fall of the mean surprise of 0.18 to 0.20 nats (``detectable_surprise_shift`` on the two
-healthy seeds, whose summed surprise sits 4.9 below and 1.6 above its expectation, bounds 41 and 37),
-more than it moves it at these settings (about 0.12 nats per token, estimated on the target's logits
-over 26 held-out prompt positions): it is named at :data:`WARM` below. ``recovered-from-p`` moves the
-distribution tests' figures as little (some 5,000 tokens would name it by the surprise test), but its
-recovered tokens are the rejected draft token again and again, which no correct verifier emits: the
-recovered-token check names it, whatever the size."""
+SHARPER, FLATTER = -1, 1
+"""Which way a fault bends the emitted distribution: a distribution test that names it must read that
+way (a flatter one emits less probable tokens: the mean probability falls, the surprise and the PIT
+rise; a sharper one the reverse, and it emits no token outside the target's support)."""
+SAMPLED_FAULTS = {"top-p-ignored": (FLATTER, "junk", SAMPLED_TOKENS),
+                  "top-k-ignored": (FLATTER, "junk", 2 * SAMPLED_TOKENS),
+                  "temperature-ignored": (SHARPER, None, SAMPLED_TOKENS),
+                  "recovered-from-p": (None, "recovered", SAMPLED_TOKENS)}
+"""The sampled verifier faults named at this size: ``(direction, the test that must name it, tokens per
+request)``. Which other tests also cross their bounds varies with the draws, and the draws with the
+machine's float arithmetic (on seed 0, ``top-p-ignored``'s PIT crossed its bound in CI and not here;
+on seeds 0-4 here, in two of five), so any distribution test may name a fault, in its direction.
+``top-p-ignored`` and ``top-k-ignored`` emit tokens outside the truncated support, each rare (target
+probability 0): ``top-p-ignored`` 23-36 of 255 on seeds 0-4 against a bound of 5.5, ``top-k-ignored``
+only 7-10, named about 87% of the time at 4 x 64 (Poisson, mean 8.6); at 4 x 128 twice as many, named
+but for about 1e-4. ``temperature-ignored`` verifies greedily: the mean and surprise tests named it on
+every seed (excess +16 to +19 against a bound of 13, -53 to -68 against -37 to -42).
+``temperature-twice`` (0.8 -> 0.64) sharpens the distribution less than ``temperature-ignored``: at this
+size the surprise test detects a fall of the mean surprise of 0.18 to 0.20 nats (``detectable_surprise_shift``
+on the two healthy seeds, whose summed surprise sits 4.9 below and 1.6 above its expectation, bounds
+41 and 37), more than it moves it at these settings (about 0.12 nats per token, estimated on the
+target's logits over 26 held-out prompt positions): it is named at :data:`WARM` below.
+``recovered-from-p`` moves the distribution tests' figures as little (some 5,000 tokens would name it
+by the surprise test), but its recovered tokens are the rejected draft token again and again, which no
+correct verifier emits: the recovered-token check names it, whatever the size."""
 WARM = dict(temperature=0.5)
 """A cooler setting without truncation for ``temperature-twice`` (0.5 -> 0.25): 4 x 96 tokens (about
 380 audited) name it by the mean and surprise tests (mean surprise 0.35 nats against an entropy of
@@ -344,10 +359,10 @@ at a time, so "the wrong request" is the one served before), and one uniform str
 HEALTHY_SEEDS = (0, 1)
 
 
-def _serve_sampled(engine, seed: int) -> list:
+def _serve_sampled(engine, seed: int, tokens: int = SAMPLED_TOKENS) -> list:
     from specscope.engine import heldout_prompts
 
-    return engine.generate(heldout_prompts()[:SAMPLED_PROMPTS], max_new_tokens=SAMPLED_TOKENS, seed=seed, **SAMPLED)
+    return engine.generate(heldout_prompts()[:SAMPLED_PROMPTS], max_new_tokens=tokens, seed=seed, **SAMPLED)
 
 
 def _serve_warm(engine, seed: int) -> list:
@@ -384,7 +399,8 @@ def audited_runs(target_pair, tmp_path_factory):
     db = str(tmp_path_factory.mktemp("audit") / "audit.db")
     runs = [("greedy", None, _serve_greedy, 0), ("emit-draft-token", "emit-draft-token", _serve_greedy, 0),
             *((f"sampled seed {seed}", None, _serve_sampled, seed) for seed in HEALTHY_SEEDS),
-            *((fault, fault, _serve_sampled, 0) for fault in SAMPLED_FAULTS),
+            *((fault, fault, functools.partial(_serve_sampled, tokens=tokens), 0)
+              for fault, (_, _, tokens) in SAMPLED_FAULTS.items()),
             ("warm seed 0", None, _serve_warm, 0), ("temperature-twice", "temperature-twice", _serve_warm, 0),
             *((f"across seed {seed}", None, _serve_across, seed) for seed in HEALTHY_SEEDS),
             *((fault, fault, _serve_across, 0) for fault in CROSS_REQUEST_FAULTS)]
@@ -438,16 +454,26 @@ def test_a_sampled_verifier_fault_is_named_where_the_healthy_runs_pass(audited_r
     with open_store(db, read_only=True) as store:
         report = diagnose(store, runs[fault][0])
     (violation,) = [f for f in report.findings if f.code == "LOSSLESS_VIOLATION"]
-    fired = set(violation.evidence["failed_tests"])
-    assert violation.evidence["sampling"] == LABEL
-    assert fired and fired <= SAMPLED_FAULTS[fault], (fault, violation.message)
+    evidence = violation.evidence
+    fired = set(evidence["failed_tests"])
+    direction, named_by, _ = SAMPLED_FAULTS[fault]
+    assert evidence["sampling"] == LABEL
+    assert fired and (named_by is None or named_by in fired), (fault, violation.message)
+    if direction is not None:  # each distribution test that fired reads the fault's way
+        pit = evidence["pit_histogram"]
+        mean_pit = sum((b + 0.5) / len(pit) * count for b, count in enumerate(pit)) / sum(pit)
+        reading = {"mean": -evidence["p_excess"], "surprise": evidence["surprise_excess"], "pit": mean_pit - 0.5}
+        assert all(reading[test] * direction > 0 for test in fired & set(reading)), (fault, violation.message)
+        assert direction == FLATTER or "junk" not in fired, violation.message
+        said = "a flattened distribution" if direction == FLATTER else "a sharpened distribution"
+        assert not fired & {"mean", "surprise"} or said in violation.message, violation.message
     assert "not the target's distribution" in violation.message and report.exit_code == 1
     if fault == "recovered-from-p":  # its own check names it, with an example of the token
-        assert "recovered" in fired and violation.evidence["recovered_as_draft"] > 0, violation.message
-        examples = violation.evidence["examples"]
+        assert evidence["recovered_as_draft"] > 0, violation.message
+        examples = evidence["examples"]
         assert any(e["emitted_token"] == e.get("draft_token") for e in examples), examples
     else:  # a correct recovered-token distribution: the check sees rejections and no draft token among them
-        assert violation.evidence["recovered_audited"] > 0 and violation.evidence["recovered_as_draft"] == 0
+        assert evidence["recovered_audited"] > 0 and evidence["recovered_as_draft"] == 0
 
 
 @pytest.mark.slow

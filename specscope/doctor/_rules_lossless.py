@@ -14,6 +14,8 @@ from specscope.findings import runtime_finding
 from specscope.storage import queries as q
 
 _EXAMPLES = 3
+_SHARPENED = "a sharpened distribution, as a temperature applied twice or ignored"
+_FLATTENED = "a flattened distribution, as a top-k / top-p truncation or a temperature lost"
 
 _GREEDY_FIX = ("The verifier emitted tokens the target does not choose at temperature 0. Likely causes, "
                "most likely first: the verifier emits the draft's token where it should emit its own "
@@ -121,7 +123,8 @@ def sampled_message(g: SimpleNamespace, more: Sequence[str] = ()) -> str:
     if g.mean_failed:
         said.append(f"the emitted tokens' mean target probability is {g.mean_p_emitted:.3f} where a lossless "
                     f"engine gives {g.mean_p_expected:.3f} (excess {float(g.p_excess):+.1f} over "
-                    f"{g.scored_tokens} tokens, bound ±{float(g.p_excess_threshold):.1f})")
+                    f"{g.scored_tokens} tokens, bound ±{float(g.p_excess_threshold):.1f}: "
+                    f"{_SHARPENED if float(g.p_excess) > 0 else _FLATTENED})")
     if g.pit_failed:
         counts, worst = _pit(g), int(g.pit_worst_bin)
         said.append(f"their probability integral transform is not uniform: decile {worst} holds "
@@ -132,8 +135,8 @@ def sampled_message(g: SimpleNamespace, more: Sequence[str] = ()) -> str:
         said.append(f"their mean surprise (-ln of the target probability) is {g.mean_surprise_emitted:.3f} nats "
                     f"where a lossless engine gives {g.mean_surprise_expected:.3f}, the target's entropy (excess "
                     f"{float(g.surprise_excess):+.1f} over {g.scored_tokens} tokens, bounds "
-                    f"-{float(g.surprise_threshold_below):.1f} / +{float(g.surprise_threshold_above):.1f}; below: "
-                    "a sharpened distribution, as a temperature applied twice or ignored)")
+                    f"-{float(g.surprise_threshold_below):.1f} / +{float(g.surprise_threshold_above):.1f}: "
+                    f"{_SHARPENED if float(g.surprise_excess) < 0 else _FLATTENED})")
     return f"output is not the target's distribution ({g.sampling}): " + "; ".join([*said, *more])
 
 
