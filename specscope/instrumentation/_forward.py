@@ -66,7 +66,13 @@ _observers: dict[int, Callable[[torch.Tensor], None]] = {}
 _tokens: dict[torch.device, torch.Tensor] = {}
 
 
-@torch.library.custom_op("specscope::observe", mutates_args=("token",))
+# Defined on a torch.library.Library, not with torch.library.custom_op: a compiled graph calls the op
+# on every run, paused or not, and custom_op's Python wrapper cost about 13 us per call against
+# 1.5 us for the dispatcher calling the kernel straight (docs/performance.md, "vLLM decode").
+_LIBRARY = torch.library.Library("specscope", "DEF")
+_LIBRARY.define("observe(Tensor value, Tensor(a!) token, int site) -> ()")
+
+
 def _observe(value: torch.Tensor, token: torch.Tensor, site: int) -> None:
     """Called by a compiled graph on every run: hand ``value`` to the observer of ``site``. ``token``
     is a one-element tensor the op declares it mutates (it does not), so no compiler drops the call."""
@@ -75,9 +81,12 @@ def _observe(value: torch.Tensor, token: torch.Tensor, site: int) -> None:
         observer(value)
 
 
-@_observe.register_fake
 def _observe_fake(value: torch.Tensor, token: torch.Tensor, site: int) -> None:
     return None
+
+
+_LIBRARY.impl("observe", _observe, "CompositeExplicitAutograd")
+torch.library.register_fake("specscope::observe", _observe_fake, lib=_LIBRARY)
 
 
 def _token(module: nn.Module) -> torch.Tensor:
