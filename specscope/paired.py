@@ -14,9 +14,9 @@ would be trimmed away, and shows as a plain mean above the trimmed one.
 Calibration: an A/A comparison (both sides the same code, same state) is timed in the same rounds,
 so under the same load. Its interval says how small a difference this machine, now, can resolve: an
 A/B figure is reported only when the A/A interval lies within :data:`RESOLVE_PCT` either side of
-zero, else the report shows the A/A interval instead and says why: too noisy (a wide interval: more
-pairs narrow it), or biased (a narrow interval off zero: the two sides are not identical after all,
-and no number of pairs helps).
+zero, else the report shows the A/A interval instead and says why: too noisy (an interval around
+zero that reaches past the bound: more pairs narrow it), or biased (an interval that excludes zero:
+the two sides are not identical after all, and no number of pairs helps).
 """
 
 from __future__ import annotations
@@ -59,10 +59,16 @@ class Interval:
         """Half the interval's width, in percent points."""
         return (self.high - self.low) / 2
 
+    def excludes_zero(self) -> bool:
+        """The interval lies on one side of zero: the two sides differ (at its confidence)."""
+        return self.low > 0 or self.high < 0
+
     def pairs_for(self, bound_pct: float) -> int:
-        """About how many pairs at this scatter would narrow the interval to +-``bound_pct`` around
-        its estimate (the half-width shrinks as 1 / sqrt(n))."""
-        return max(self.n, round(self.n * (self.half_width() / bound_pct) ** 2))
+        """About how many pairs at this scatter would put an A/A interval within +-``bound_pct`` nine
+        times in ten: the estimate of identical sides scatters around zero with the half-width (which
+        shrinks as 1 / sqrt(n)), so the half-width must leave room for that scatter too."""
+        room = 1 + stats.norm.ppf(0.95) / stats.norm.ppf(0.5 + CONFIDENCE / 2)  # |estimate| < 0.84 hw, 90%
+        return max(self.n + 1, round(self.n * (room * self.half_width() / bound_pct) ** 2))
 
     def __str__(self) -> str:
         return (f"{self.pct:+.2f}% (95% CI {self.low:+.2f}% .. {self.high:+.2f}%, {self.n} pairs); "
@@ -131,9 +137,9 @@ def report(results: Mapping[str, Interval], bound_pct: float = RESOLVE_PCT) -> l
     lines = [f"{AA:48} {calibration}"]
     if not calibration.within(bound_pct):
         withheld = f"no A/B figure reported ({', '.join(n for n in results if n != AA)})"
-        if calibration.half_width() <= bound_pct:  # narrow, yet off zero: more pairs would not help
-            lines.append(f"biased: the identical sides differ by {calibration.pct:+.2f}%, an interval narrower "
-                         f"than +-{bound_pct}% that excludes the bound: what differs between the sides (not "
+        if calibration.excludes_zero():  # the identical sides differ: more pairs would not help
+            lines.append(f"biased: the identical sides differ by {calibration.pct:+.2f}%, an interval off "
+                         f"zero that reaches past +-{bound_pct}%: what differs between the sides (not "
                          f"the machine's noise) must go before they can be compared; {withheld}")
         else:
             lines.append(f"too noisy to resolve 1%: the A/A interval is not within +-{bound_pct}% (at this "

@@ -49,6 +49,17 @@ def test_a_narrow_calibration_off_zero_is_called_a_bias_not_noise():
     assert not any(str(b) in line for line in lines)
 
 
+def test_a_calibration_around_zero_that_pokes_past_the_bound_asks_for_more_pairs():
+    """The compiled engine paused vs paused read +0.23% (-0.06% .. +0.53%) over 320 pairs: narrower
+    than +-0.5% but past it on one side, around zero: noise, which more pairs shrink, not a bias."""
+    calibration = Interval(0.23, -0.06, 0.53, 320, (0.29, -0.10, 0.67))
+    assert not calibration.within(0.5) and not calibration.excludes_zero()
+    lines = report({AA: calibration, "plugin": calibration})
+    assert lines[1].startswith("too noisy") and len(lines) == 2
+    # at a half-width of 0.295 the estimate's own scatter must fit under the bound too: more pairs
+    assert 320 < calibration.pairs_for(0.5) < 500
+
+
 def test_compare_pairs_each_side_with_its_own_and_alternates_the_order():
     calls = []
     clock = itertools.count(1)
