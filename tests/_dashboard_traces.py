@@ -40,9 +40,10 @@ def accepted_pattern(fault: str | None, step: int, request: int) -> int:
 
 def trace(run_id: str, *, fault: str | None = None, requests: int = 6, steps: int = 12,
           world_size: int = 1, t0: float = T0, finished: bool = True, dt: float = 0.05,
-          temperatures: tuple[float | None, ...] = (None,)) -> list:
+          temperatures: tuple[float | None, ...] = (None,), audited: bool = True) -> list:
     """The events of one run in emission order (times from ``t0``, one verify step every ``dt`` s);
-    request r samples at ``temperatures[r % len(temperatures)]`` (None: not reported)."""
+    request r samples at ``temperatures[r % len(temperatures)]`` (None: not reported); ``audited``:
+    each greedy request's tokens audited against the target, every one its argmax."""
     out: list = [ev.RunStart(run_id, "specscope-reference", "0.1.0", "HuggingFaceTB/SmolLM2-135M-Instruct",
                              "specscope/eagle3-smollm2-135m", CONFIG, fault=fault, world_size=world_size,
                              host="node-0", ts_wall=t0)]
@@ -89,6 +90,8 @@ def trace(run_id: str, *, fault: str | None = None, requests: int = 6, steps: in
             words += emitted
             out.append(ev.VerifyStep(run_id, request_id, rank, step, K, accepted, draft_s=0.004,
                                      verify_s=0.011, emitted=emitted, ts_wall=now))
+        if audited and not temperatures[r % len(temperatures)]:
+            out.append(ev.LosslessAudit(run_id, rank, request_id, "greedy", emitted_total, ts_wall=now))
         out.append(ev.RequestEnd(run_id, request_id, rank, emitted_total, steps, "".join(words), ts_wall=now))
     for rank in range(world_size):
         out.append(ev.RankStatus(run_id, rank, hook_calls=sum(calls.values()), hook_errors=0,

@@ -22,6 +22,7 @@ from itertools import cycle, islice
 from specscope.events import (
     Event,
     LoadReport,
+    LosslessAudit,
     ProvenanceEvent,
     RankStart,
     RankStatus,
@@ -58,7 +59,9 @@ class RankTrace:
     ``target.layers.{i}:input`` events are recorded; ``target_points``: further target hook points;
     ``accepted``: accepted drafts per verify step, cycled; ``nonfinite``: hook point -> inf/nan count
     on each of its events (value statistics on); ``missing`` / ``unexpected``: the load report;
-    ``hooks``: False records no tensor event and no provenance (``instrument()`` never called).
+    ``hooks``: False records no tensor event and no provenance (``instrument()`` never called);
+    ``audited``: each request's verify steps were handed to the losslessness audit, greedy, every
+    emitted token the target's argmax (False: the audit off, nothing said of the output).
     """
 
     rank: int = 0
@@ -76,6 +79,7 @@ class RankTrace:
     hook_errors: int = 0
     graph_mode: str = "eager"
     hooks: bool = True
+    audited: bool = True
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,9 @@ class _RankRecorder:
                 self.step = step + 1
                 self.target_forward(K + 1)
                 self.draft_call(a + 1, fed=True)
+            if r.audited and emitted:
+                self.out.append(LosslessAudit(t.run_id, r.rank, self.request, "greedy", emitted,
+                                              ts_wall=self.tick()))
             self.out.append(RequestEnd(t.run_id, self.request, r.rank, emitted, r.steps_per_request,
                                        ts_wall=self.tick()))
         hook_calls = sum(self.calls.values())
@@ -254,8 +261,8 @@ def capture_only(run_id: str = "capture-only") -> Trace:
 def runner_v2(run_id: str = "runner-v2") -> Trace:
     """vLLM served with model runner v2: the scheduler recorded requests and verify steps, no worker
     attached (no tensor event, no provenance), the models ran compiled."""
-    return Trace(run_id, (RankTrace(hooks=False, received=None, graph_mode="compiled"),), engine="vllm",
-                 model_runner="v2")
+    return Trace(run_id, (RankTrace(hooks=False, received=None, graph_mode="compiled", audited=False),),
+                 engine="vllm", model_runner="v2")
 
 
 def cuda_graph(run_id: str = "cuda-graph", provenance: bool = True) -> Trace:

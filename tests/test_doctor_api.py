@@ -47,8 +47,10 @@ def test_all_runs_newest_first_errors_first(store):
     report = diagnose(store)
     assert {r.run_id for r in report.runs} == {"hook-errors", "healthy", "no-aux"}
     order = [{"error": 0, "warning": 1, "info": 2}[f.severity] for f in report.findings]
-    assert order == sorted(order) and order[0] == 0 and order[-1] == 1
-    assert {f.run_id for f in report.findings} == {"hook-errors", "no-aux"}
+    assert order == sorted(order) and order[0] == 0 and order[-1] == 2
+    assert {f.run_id for f in report.findings if f.severity != "info"} == {"hook-errors", "no-aux"}
+    # every run's audit is named, the healthy one's too
+    assert {f.run_id for f in report.findings if f.code == "LOSSLESS_AUDITED"} == {"hook-errors", "healthy", "no-aux"}
     assert report.exit_code == 1
 
 
@@ -81,8 +83,8 @@ def test_diagnose_is_read_only_and_save_replaces(store_url):
         assert rows == sorted([("no-aux", code, "doctor") for code in report.codes()]
                               + [("no-aux", "KEYS_DROPPED", "inspect")])
         assert store.fetch(RUNS)[0]["error_findings"] + store.fetch(RUNS)[1]["error_findings"] == 4
-        save_findings(store, diagnose(store, "healthy"))  # other runs' findings stay
-        assert len(doctor_findings(store)) == len(rows)
+        save_findings(store, diagnose(store, "healthy"))  # other runs' findings stay, its audit is added
+        assert len(doctor_findings(store)) == len(rows) + 1
 
 
 def test_two_writers_replacing_one_runs_findings_at_once_leave_one_set(store_url):
@@ -119,21 +121,23 @@ def test_to_dict_is_the_design_schema(store):
         "all": (4, 1.25), "unknown": (4, 1.25)}
     assert sum(r["verify_steps"] for r in run.pop("acceptance_windows")) == 32
     assert sum(r["verify_steps"] for r in run.pop("acceptance_by_output_position")) == 32
+    # each request's tokens audited, greedy (4 x 10 emitted), every one the target's argmax
+    assert [(g["sampling"], g["requests"], g["tokens_audited"], g["greedy_mismatches"], g["verdict"])
+            for g in run.pop("lossless_audit")] == [("greedy", 4, 40, 0, "passed")]
     assert data["runs"] == [{
         "run_id": "off-by-one", "engine": "specscope-reference", "fault": "aux-off-by-one",
         "requests": 4, "verify_steps": 32, "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625,
         "per_position_acceptance": [0.25, 0.0, 0.0, 0.0],
-        # recorded without sampling settings and not audited: one 'unknown' group, no audit
+        # recorded without sampling settings: one 'unknown' group
         "sampling": [{"sampling": "unknown", "requests": 4, "verify_steps": 32, "proposed": 128, "accepted": 8,
                       "mean_acceptance_length": 1.25, "acceptance_rate": 0.0625, "position0_acceptance": 0.25}],
-        "lossless_audit": [],
         # the trace's steps: 4 drafts in 0.004 s, verify 0.011 s; only position 0 ever accepted
         "what_if_k": [{"k": k, "mean_acceptance_length": 1.25,
                        "tokens_per_s": pytest.approx(1.25 / (k * 0.001 + 0.011))} for k in range(1, 5)]}]
     for finding in data["findings"]:
         assert set(finding) == {"code", "severity", "message", "evidence", "fix", "run_id"}
         assert finding["run_id"] == "off-by-one" and "\n" not in finding["message"]
-    assert [f["code"] for f in data["findings"]] == ["AUX_LAYER_MISMATCH", "POSITION0_LOW"]
+    assert [f["code"] for f in data["findings"]] == ["AUX_LAYER_MISMATCH", "POSITION0_LOW", "LOSSLESS_AUDITED"]
 
 
 def test_render_text(store):
@@ -142,10 +146,10 @@ def test_render_text(store):
     lines = text.splitlines()
     assert lines[0].startswith("run dropped-keys [specscope-reference fault=unrenamed-keys]: 4 request(s), "
                                "32 verify step(s), AL 1.00, rate 0.0%")
-    assert lines[1] == "2 error(s), 0 warning(s), 0 info"
+    assert lines[1] == "2 error(s), 0 warning(s), 1 info"
     assert any(line.startswith("ERROR   WEIGHTS_DROPPED [run dropped-keys]") for line in lines)
     assert "rename=['layers.0.', 'midlayer.']" in text and "+7 more]" in text
-    assert sum(line.strip().startswith("fix: ") for line in lines) == 2
+    assert sum(line.strip().startswith("fix: ") for line in lines) == 3
 
 
 def test_run_id_prefix_on_both_databases(store):

@@ -37,8 +37,8 @@ def test_json_matches_the_design_schema(db, capsys):
                             "sampling", "lossless_audit", "what_if_k", "acceptance_histogram",
                             "request_acceptance", "acceptance_windows", "acceptance_by_output_position"}
     assert {r["run_id"] for r in data["runs"]} == {"healthy", "no-aux"}
-    assert [f["code"] for f in data["findings"]] == ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT",
-                                                     "ACCEPT_COLLAPSE"]
+    assert [f["code"] for f in data["findings"]] == ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "ACCEPT_COLLAPSE",
+                                                     "LOSSLESS_AUDITED", "LOSSLESS_AUDITED"]
     fused = data["findings"][0]
     assert set(fused) == {"code", "severity", "message", "evidence", "fix", "run_id"}
     assert (fused["run_id"], fused["evidence"]["observed_width"], fused["evidence"]["expected_width"]) == (
@@ -50,7 +50,8 @@ def test_exit_status_per_run(db, capsys):
     assert status == 0
     assert out.splitlines()[:2] == [
         "run healthy [specscope-reference]: 4 request(s), 32 verify step(s), AL 2.00, rate 25.0%, "
-        "p_i 0.75 0.25 0.00 0.00", "0 error(s), 0 warning(s), 0 info"]
+        "p_i 0.75 0.25 0.00 0.00", "0 error(s), 0 warning(s), 1 info"]
+    assert "LOSSLESS_AUDITED [run healthy]: output audited against the target: 64 tokens" in out
     status, out, _ = doctor(capsys, "--db", db, "--run", "no-aux")
     assert status == 1 and "ERROR   AUX_NOT_FUSED [run no-aux]" in out
 

@@ -23,9 +23,9 @@ def only(report, code: str):
     return found[0]
 
 
-def test_healthy_run_has_no_finding(store):
+def test_healthy_run_has_no_finding_but_what_its_audit_covered(store):
     report = run(store, T.healthy())
-    assert report.findings == []
+    assert report.codes() == ["LOSSLESS_AUDITED"] and report.findings[0].severity == "info"
     assert report.exit_code == 0
     summary = report.runs[0]
     assert (summary.requests, summary.verify_steps) == (4, 32)
@@ -37,12 +37,12 @@ def test_healthy_run_has_no_finding(store):
 def test_fault_label_is_never_read(store):
     """A healthy trace labelled with a fault switch stays clean: rules read observations only."""
     report = run(store, T.healthy("labelled", fault="no-aux-capture"))
-    assert report.findings == [] and report.runs[0].fault == "no-aux-capture"
+    assert report.codes() == ["LOSSLESS_AUDITED"] and report.runs[0].fault == "no-aux-capture"
 
 
 def test_no_aux_capture(store):
     report = run(store, T.no_aux_capture())
-    assert report.codes() == ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "ACCEPT_COLLAPSE"]
+    assert report.codes() == ["AUX_NOT_FUSED", "AUX_CAPTURE_SILENT", "ACCEPT_COLLAPSE", "LOSSLESS_AUDITED"]
     assert report.exit_code == 1
     fused = only(report, "AUX_NOT_FUSED")
     assert fused.severity == "error"
@@ -56,6 +56,17 @@ def test_no_aux_capture(store):
     collapse = only(report, "ACCEPT_COLLAPSE").evidence
     assert collapse["mean_acceptance_length"] == pytest.approx(1.0)
     assert (collapse["verify_steps"], collapse["threshold"]) == (32, 1.05)
+
+
+def test_a_run_whose_output_was_not_audited_says_so(store):
+    """The audit off, or an engine that hands it no verify step: nothing found is then no claim about
+    the output, and CHECKS_SKIPPED says so with the codes that could not fire."""
+    report = run(store, T.Trace("unaudited", (T.RankTrace(audited=False),)))
+    assert report.codes() == ["CHECKS_SKIPPED"] and report.exit_code == 0
+    skipped = only(report, "CHECKS_SKIPPED")
+    (check,) = skipped.evidence["not_checked"]
+    assert check["check"] == "losslessness audit" and check["codes"] == ["LOSSLESS_VIOLATION", "LOSSLESS_AUDITED"]
+    assert "no verify step was audited" in skipped.message and "audit_every" in skipped.fix
 
 
 def test_a_run_stopped_before_its_first_verify_step(store):
@@ -111,7 +122,7 @@ def test_nonfinite_activations(store):
 ])
 def test_observation_health(store, trace, code, expected):
     report = run(store, trace)
-    assert report.codes() == [code]
+    assert sorted(report.codes()) == sorted([code, "LOSSLESS_AUDITED"])
     finding = only(report, code)
     assert {k: finding.evidence[k] for k in expected} == expected
     assert finding.severity == ("info" if code == "GRAPH_MODE_BLIND" else "warning")
@@ -119,12 +130,12 @@ def test_observation_health(store, trace, code, expected):
 
 
 def test_cuda_graph_replays_read_from_the_buffer_are_not_blind(store):
-    assert run(store, T.cuda_graph()).codes() == []
+    assert run(store, T.cuda_graph()).codes() == ["LOSSLESS_AUDITED"]
 
 
 def test_cuda_graph_replays_without_provenance_say_what_is_missing(store):
     report = run(store, T.cuda_graph(provenance=False))
-    assert report.codes() == ["GRAPH_MODE_BLIND", "CHECKS_SKIPPED"] and report.exit_code == 0
+    assert report.codes() == ["LOSSLESS_AUDITED", "GRAPH_MODE_BLIND", "CHECKS_SKIPPED"] and report.exit_code == 0
     blind = only(report, "GRAPH_MODE_BLIND")
     assert (blind.evidence["graph_mode"], blind.evidence["not_observed"]) == ("cuda_graph", ["provenance"])
     assert "replayed" in blind.message and "provenance_every" in blind.fix
@@ -177,7 +188,7 @@ def test_capture_layers_never_fire(store):
 
 def test_saturated_acceptance(store):
     report = run(store, T.saturated())
-    assert report.codes() == ["ACCEPT_SATURATED"]
+    assert report.codes() == ["ACCEPT_SATURATED", "LOSSLESS_AUDITED"]
     evidence = only(report, "ACCEPT_SATURATED").evidence
     assert (evidence["accepted"], evidence["proposed"], evidence["acceptance_rate"]) == (128, 128, 1.0)
 
@@ -190,7 +201,7 @@ def test_skipped_checks_are_named(store, trace, skipped):
     """8 collapsed steps are below the 16-step minimum; a draft-only trace proves nothing about the
     capture layers: no error or warning, and an info finding naming the rules that had no evidence."""
     report = run(store, trace)
-    assert report.codes() == ["CHECKS_SKIPPED"] and report.exit_code == 0
+    assert report.codes() == ["LOSSLESS_AUDITED", "CHECKS_SKIPPED"] and report.exit_code == 0
     evidence = only(report, "CHECKS_SKIPPED").evidence
     assert [s["codes"] for s in evidence["not_checked"]] == skipped
 
@@ -198,7 +209,7 @@ def test_skipped_checks_are_named(store, trace, skipped):
 def test_verify_steps_without_tensor_events_are_not_a_clean_verdict(store):
     """A run whose engine never called instrument(): acceptance is recorded, the contract is not."""
     report = run(store, T.not_instrumented())
-    assert report.codes() == ["NOT_OBSERVED"]
+    assert report.codes() == ["NOT_OBSERVED", "LOSSLESS_AUDITED"]
     finding = only(report, "NOT_OBSERVED")
     assert finding.severity == "warning" and finding.evidence["verify_steps"] == 32
     assert finding.evidence["not_checked"][0]["codes"] == [

@@ -72,7 +72,8 @@ def test_exported_values_are_the_views(exporter) -> None:
     samples = _samples(httpx.get(url).text)
     assert _value(samples, "specscope_finding", code="AUX_NOT_FUSED", run_id="no-aux") == 1
     assert _value(samples, "specscope_finding", code="ACCEPT_COLLAPSE", run_id="no-aux", severity="error") == 1
-    assert not [k for k in samples if k[0] == "specscope_finding" and ("run_id", "healthy") in k[1]]
+    healthy = [dict(k[1]) for k in samples if k[0] == "specscope_finding" and ("run_id", "healthy") in k[1]]
+    assert [(f["code"], f["severity"]) for f in healthy] == [("LOSSLESS_AUDITED", "info")]  # its audit, no fault
     fed = dict(run_id="no-aux", rank="0", hook_point="draft.forward:hidden_states", expected_width="1728")
     assert _value(samples, "specscope_draft_input_width", **fed) == 576
     assert _value(samples, "specscope_draft_input_expected_width", **fed) == 1728

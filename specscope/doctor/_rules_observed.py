@@ -7,7 +7,8 @@ evidence to read, so a serving run whose recordings leave a rule blind says so.
   works" on a run where nothing was looked at.
 - CHECKS_SKIPPED [info]: the contract was observed but a refinement had no evidence: no provenance
   sample (which layers the draft received is unverified, AUX_LAYER_MISMATCH cannot fire), no capture
-  layer hooked, or too few verify steps to judge acceptance. The main failure modes stay covered.
+  layer hooked, no verify step audited (nothing said of the output's losslessness), or too few verify
+  steps to judge acceptance. The main failure modes stay covered.
 
 NOT_OBSERVED fires only once the run has verify steps; a run without any gets CHECKS_SKIPPED (nothing
 was judged: still starting, or the engine stopped before its first verify step).
@@ -135,6 +136,9 @@ def check_skipped(ctx: RunContext) -> list[Finding]:
     outside = unhooked(ctx.config)
     if outside is not None:  # a server's counters and responses carry no logits to audit
         skipped.append(_skipped(*AUDIT, f"{outside}: no target logits to audit its output against"))
+    elif not ctx.lossless_audit and not ctx.replay_audit:  # a healthy verdict then says nothing of the text
+        skipped.append(_skipped(*AUDIT, "no verify step was audited: the audit was off, or the engine hands it "
+                                        "no verify step"))
     modes = {r.graph_mode for r in ctx.rank_status}
     compiled, replayed = "compiled" in modes, "cuda_graph" in modes
     if reason is None and not ctx.provenance:
@@ -178,6 +182,8 @@ def _evidence_fix(ctx: RunContext, compiled: bool) -> str:
         eager = ("serve a diagnostic replica with `--enforce-eager` (the plugin then hooks the capture "
                  "layers and fingerprints them); " if compiled else "")
         return (f"With the vLLM plugin: {eager}keep `SPECSCOPE_PROVENANCE_EVERY` above 0 (default 16: "
-                f"every 16th fused draft input is fingerprinted); {judged}")
+                f"every 16th fused draft input is fingerprinted) and `SPECSCOPE_AUDIT_EVERY` above 0 (default "
+                f"4: the output of every 4th verify batch is audited against the target); {judged}")
     return ("Embedded API: `Tracer(provenance_every=16)` verifies the received layers by fingerprint, "
-            f"`instrument(..., target=target_model)` hooks the capture layers; {judged}")
+            "`instrument(..., target=target_model)` hooks the capture layers, `Tracer(audit_every=4)` with "
+            f"`Tracer.record_audit` at each verify step audits the output; {judged}")
