@@ -33,17 +33,15 @@ within +-0.5%):
   batch (token ids kept for none in both);
 - ``token-ids``: the plugin with the audit every 4th and token ids for none vs for every request.
 
-The engine is eager (``enforce_eager``). ``--compiled``: vLLM's default mode, the models compiled
-(torch.compile, inductor). A compiled target keeps the wrappers its graph was traced through, even
-paused (taking them out crashed it), so a paused compiled engine is not a bare one. The process then
-holds three compiled engines, built one after the other: the observed one (``SPECSCOPE_DB`` set) and
-two built with it unset, which vLLM builds with nothing of specscope in their models. Their batches
-run inside ``paused()``, so vLLM's scheduler and runner classes are vLLM's own. The A/A is bare vs
-the other bare engine: a bias between two engines of one process (memory placement; the threads and
-cores are the same) shows there, and must lie within +-0.5% as above. ``plugin`` is bare vs
-observed (the one comparison run by default; the audit and token-id comparisons, under ``--only``,
-switch the observed engine itself). The observed engine
-also decodes one batch paused, during warm-up, which must record nothing.
+The engine is eager (``enforce_eager``) unless ``--compiled``: vLLM's default mode, the models
+compiled (torch.compile, inductor), switched the same way. A compiled target keeps the wrappers its
+graph was traced through even paused (taking them out crashed it), and its graph still calls the
+``specscope::observe`` op, which finds no observer and returns: that pass-through is the one cost a
+paused compiled engine keeps over a bare one, so the comparison leaves it out, and it is timed apart
+(:func:`op_pass_through`: the op's cost per call in a compiled graph, times the hook calls per verify
+step the run recorded, an upper bound on the op's calls). Two bare compiled engines of one process,
+the design before this one, differed by 1.25% (95% CI -1.44% .. -1.06%, 330 pairs): a bias between
+engines no number of pairs removes, where the observed engine against itself has none to carry.
 
 At the end the run's requests are counted: exactly those of the observed batches must be recorded
 (nothing while paused), else the benchmark fails.
@@ -55,6 +53,7 @@ import argparse
 import contextlib
 import gc
 import os
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,38 +87,25 @@ COMPARISONS = {
 
 
 class Bench:
-    """The engines (the observed one first), the batch and the reference token ids every batch must
-    reproduce."""
+    """The engine, the batch and the reference token ids every batch must reproduce."""
 
     def __init__(self, batch: int, max_new_tokens: int, compiled: bool) -> None:
         from vllm import SamplingParams
 
-        from specscope.adapters.vllm import ENV_DB
         from specscope.engine import heldout_prompts
 
-        self.engines = [_engine(compiled)]
-        if compiled:  # two bare engines: vLLM builds nothing of specscope into an engine without ENV_DB
-            db = os.environ.pop(ENV_DB)
-            self.engines += [_engine(compiled), _engine(compiled)]
-            os.environ[ENV_DB] = db
-        tokenizer = self.engines[0].get_tokenizer()
+        self.llm = _engine(compiled)
+        tokenizer = self.llm.get_tokenizer()
         self.chats = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                                     add_generation_prompt=True) for p in heldout_prompts()[:batch]]
         self.params = SamplingParams(temperature=0, max_tokens=max_new_tokens, ignore_eos=True)
         self.reference: list[list[int]] | None = None
         self.observed_requests = 0
+        self.paused_seconds: list[float] = []
 
-    def baseline(self, second: bool = False) -> int:
-        """The engine a paused side runs on: the observed one itself (eager), else a bare one."""
-        return 0 if len(self.engines) == 1 else 1 + second
-
-    def side(self, state: State, engine: int | None = None):
-        """The side that runs one batch in ``state`` on ``engine`` (an index into ``engines``; default:
-        the observed engine when observed, else :meth:`baseline`) and returns its time (seconds)."""
+    def side(self, state: State):
+        """The side that runs one batch in ``state`` and returns its time (seconds)."""
         from specscope.adapters import vllm as plugin
-
-        engine = (0 if state.observed else self.baseline()) if engine is None else engine
-        llm = self.engines[engine]
 
         def run() -> float:
             with contextlib.ExitStack() as stack:
@@ -130,19 +116,55 @@ class Bench:
                     stack.enter_context(plugin.paused())
                 outputs = []
                 gc.collect()  # a collection the garbage of earlier batches made due lands outside the time
-                seconds = timed(lambda: (outputs.extend(llm.generate(self.chats, self.params, use_tqdm=False)),
+                seconds = timed(lambda: (outputs.extend(self.llm.generate(self.chats, self.params, use_tqdm=False)),
                                          plugin.flush()))
             ids = [list(o.outputs[0].token_ids) for o in outputs]
             self.reference = self.reference or ids
             if ids != self.reference:
                 raise RuntimeError("a batch decoded other tokens than the first: the sides are not comparable")
+            if not state.observed:
+                self.paused_seconds.append(seconds)
             return seconds
 
         return run
 
     def shutdown(self) -> None:
-        for llm in self.engines:
-            llm.llm_engine.engine_core.shutdown()
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+def op_pass_through(calls: int = 20_000, blocks: int = 15) -> tuple[float, float, float]:
+    """Microseconds per call of the ``specscope::observe`` op with no observer, as a compiled graph
+    calls it: ``(mean, low, high)`` of the per-call difference between a compiled function that calls
+    it and the same function without it, timed ``blocks`` times in alternating order, ``calls`` calls
+    each (Student's t interval over the blocks)."""
+    import torch
+
+    from specscope.paired import mean_interval
+
+    token, x = torch.zeros(1), torch.ones(4, 8)
+    site = -1  # no hook has this site: the op finds no observer, as in a paused compiled graph
+
+    def plain(v):
+        return v * 2
+
+    def observed(v):
+        torch.ops.specscope.observe(v, token, site)
+        return v * 2
+
+    functions = [torch.compile(f, fullgraph=True, dynamic=False) for f in (plain, observed)]
+    for f in functions:
+        f(x)
+
+    def block(f) -> float:
+        return timed(lambda: [f(x) for _ in range(calls)])
+
+    differences = []
+    for i in range(blocks):
+        first, second = functions if i % 2 == 0 else functions[::-1]
+        t_first, t_second = block(first), block(second)
+        t_plain, t_observed = (t_first, t_second) if i % 2 == 0 else (t_second, t_first)
+        differences.append(1e6 * (t_observed - t_plain) / calls)
+    return mean_interval(differences)
 
 
 def _engine(compiled: bool):
@@ -164,9 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="+", choices=list(COMPARISONS), default=None)
     parser.add_argument("--budget-s", type=float, default=1200.0, help="start no round after this many seconds")
     parser.add_argument("--compiled", action="store_true",
-                        help="vLLM's compiled mode: the observed engine against two bare ones")
+                        help="vLLM's compiled mode, the observed engine paused vs observed, and the op apart")
     args = parser.parse_args(argv)
-    names = args.only or (["plugin"] if args.compiled else list(COMPARISONS))
+    names = args.only or list(COMPARISONS)
     with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):  # the environment restored after
         db = str(Path(tmp) / "plugin.db")
         os.environ.update({"SPECSCOPE_DB": db, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
@@ -181,22 +203,18 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for state in {OFF, *(s for n in names for s in COMPARISONS[n][1:])}:  # warm every state once
                 bench.side(state)()
-            if args.compiled:
-                bench.side(OFF, bench.baseline(second=True))()
-                bench.side(OFF, 0)()  # the compiled observed engine, paused: must record nothing
-            sides = {AA: (bench.side(OFF), bench.side(OFF, bench.baseline(second=True)))}
+            sides = {AA: (bench.side(OFF), bench.side(OFF))}
             sides.update({COMPARISONS[n][0]: (bench.side(COMPARISONS[n][1]), bench.side(COMPARISONS[n][2]))
                           for n in names})
             seconds = timed(lambda: results.update(compare(sides, args.pairs, args.budget_s)))
         finally:
             bench.shutdown()
             plugin.close()
-        requests, steps, al = _recorded(db)
-    how = ("compiled, three engines in one process (observed, two bare)" if args.compiled
-           else "eager, one engine, plugin switched per batch")
-    print(f"vLLM decode ({how}): {results[AA].n} ABBA pairs per comparison, batches of {args.batch} greedy "
-          f"requests x {args.max_new_tokens} tokens; load average {load:.2f} at start, {os.getloadavg()[0]:.2f} at "
-          f"end; B's time over A's:")
+        requests, steps, al, hook_calls = _recorded(db)
+    how = "compiled" if args.compiled else "eager"
+    print(f"vLLM decode ({how}, one engine, plugin switched per batch): {results[AA].n} ABBA pairs per comparison, "
+          f"batches of {args.batch} greedy requests x {args.max_new_tokens} tokens; load average {load:.2f} at start, "
+          f"{os.getloadavg()[0]:.2f} at end; B's time over A's:")
     for line in report(results):
         print(line)
     print(f"{2 * results[AA].n * len(sides)} timed batches in {seconds:.0f} s")
@@ -205,16 +223,25 @@ def main(argv: list[str] | None = None) -> None:
                            f"{bench.observed_requests}: a paused batch was recorded, or an observed one lost")
     print(f"recorded: {requests} requests, exactly those served observed; {steps} verify steps, AL {al:.3f}; "
           f"every batch decoded the same tokens")
+    if args.compiled:
+        per_call, low, high = op_pass_through()
+        calls = hook_calls / steps
+        batches = requests / len(bench.chats)  # observed ones: each decodes the same verify steps
+        step_us = 1e6 * statistics.median(bench.paused_seconds) * batches / steps
+        print(f"left out above, the op's pass-through in the paused graph: {per_call:.2f} us per call (95% CI "
+              f"{low:.2f} .. {high:.2f}) x at most {calls:.1f} calls per verify step (hook calls recorded) "
+              f"against a verify step of {step_us:.0f} us: at most {100 * high * calls / step_us:.3f}% of decode")
 
 
-def _recorded(db: str) -> tuple[int, int, float]:
-    """(requests, verify steps, mean acceptance length) the plugin stored."""
+def _recorded(db: str) -> tuple[int, int, float, int]:
+    """(requests, verify steps, mean acceptance length, hook calls) the plugin stored."""
     from specscope.storage import open_store
 
     with open_store(db, read_only=True) as store:
         _, rows = store.query("SELECT count(*) FROM requests")
         _, run = store.query("SELECT verify_steps, mean_acceptance_length FROM v_run_acceptance")
-    return rows[0][0], run[0][0], run[0][1]
+        _, calls = store.query("SELECT SUM(hook_calls) FROM run_ranks")
+    return rows[0][0], run[0][0], run[0][1], calls[0][0]
 
 
 if __name__ == "__main__":

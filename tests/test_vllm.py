@@ -496,7 +496,7 @@ def test_compiled_vllm_still_shows_its_capture_layers(vllm_compiled):
     ``specscope::observe`` op inside the compiled graph, so provenance matches the configured layers."""
     db, run = vllm_compiled
     run_id = run.run_id
-    assert run.error is None
+    assert run.error is None, run.trace  # the traceback in the log, should compiling fail
     with open_store(db, read_only=True) as store:
         modes = _rows(store, "SELECT graph_mode FROM run_ranks WHERE run_id = :r", run_id)
         received = _rows(store, "SELECT DISTINCT received FROM provenance WHERE run_id = :r", run_id)

@@ -80,7 +80,7 @@ def _prose(text: str) -> bool:
 @pytest.mark.parametrize("served", ["eager", "compiled"], indirect=True)
 def test_corrected_vllm_serves_sampled_and_greedy_requests_losslessly(served):
     db, run, mode = served
-    assert run.error is None and len(run.texts) == PROMPT_COUNT
+    assert run.error is None and len(run.texts) == PROMPT_COUNT, run.trace
     groups, named, codes = _audit(db, run.run_id)
     assert set(groups) == GROUPS and not named and "LOSSLESS_AUDITED" in codes
     # every group judged with power, not passed for want of tokens
