@@ -125,7 +125,8 @@ def test_no_buffer_where_nothing_can_be_captured():
                          ids=["healthy", "wrong-layer"])
 def test_a_replayed_run_is_stored_and_diagnosed_by_its_cause(tmp_path, capture, codes):
     """Through the Collector into a store: graph mode cuda_graph, capture layers and provenance from
-    the buffer; a wrong captured layer is named by its cause, a healthy run has no finding."""
+    the buffer; a wrong captured layer is named by its cause, a healthy run has no finding but the
+    skipped audit (this test's engine hands no verify step to it)."""
     with open_store(str(tmp_path / "replay.db")) as store:
         with Collector(store) as collector:
             tracer = Tracer(collector, run_id="replayed", engine="test", engine_version="0", target_model="t",
@@ -145,4 +146,6 @@ def test_a_replayed_run_is_stored_and_diagnosed_by_its_cause(tmp_path, capture, 
         report = diagnose(store, "replayed")
         _, modes = store.query("SELECT graph_mode FROM run_ranks WHERE run_id = 'replayed'")
     assert modes == [("cuda_graph",)]
-    assert report.codes() == codes, [(f.code, f.message) for f in report.findings]
+    assert report.codes() == [*codes, "CHECKS_SKIPPED"], [(f.code, f.message) for f in report.findings]
+    (skipped,) = [f for f in report.findings if f.code == "CHECKS_SKIPPED"]
+    assert [c["check"] for c in skipped.evidence["not_checked"]] == ["losslessness audit"]
