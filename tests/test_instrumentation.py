@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
 from _draft_fixture import AUX, HIDDEN, LAYERS, K, ListSink, TinyEagle3Draft, make_models, run_config, run_engine
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import specscope.instrumentation as instrumentation
 from specscope.errors import ConfigError, HookTargetError
@@ -436,3 +439,33 @@ def test_cuda_graph_capture_is_tagged_and_replay_is_invisible():
     phases = [e.graph_phase for e in sink.tensors("draft.forward:hidden_states")]
     assert phases == ["eager", "capture"]
     assert sink.of(RankStatus)[-1].graph_mode == "mixed" and tracer.hook_errors == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(0, 4), st.lists(st.sampled_from([3, 7, 6, 12, None]), min_size=1, max_size=3))
+def test_provenance_matches_every_chunk_against_every_layer_at_once(seed, rows, sources):
+    """Each chunk of a draft input goes to the candidate whose nearest rows lie closest (the first of
+    a tie, configured layers first), within tolerance, as a layer-by-layer reading finds it; layers
+    with fewer rows, a neighbour equal to a configured layer and chunks from no layer included."""
+    from specscope.instrumentation._provenance import RELATIVE_TOLERANCE, Provenance
+
+    generator, hidden = torch.Generator().manual_seed(seed), 32
+    provenance = Provenance((3, 7), (3, 7, 6, 12), hidden, every=1)
+    states = {layer: torch.randn(5 if layer != 12 else 3, hidden, generator=generator) for layer in (3, 7, 12)}
+    states[6] = states[7].clone()
+    prints = {layer: provenance.fingerprint(state) for layer, state in states.items()}
+    chunks = [provenance.fingerprint(torch.randn(rows, hidden, generator=generator) if layer is None else
+                                     states[layer][torch.randint(0, len(states[layer]), (rows,), generator=generator)])
+              for layer in sources]
+
+    def one_by_one(chunk: torch.Tensor) -> int | None:
+        scores = []
+        for layer in provenance.candidates:
+            nearest, index = torch.cdist(chunk, prints[layer]).min(dim=1)
+            scores.append(float((nearest / prints[layer].norm(dim=1)[index]).max()) if len(chunk) else math.inf)
+        best = min(range(len(scores)), key=scores.__getitem__)
+        return provenance.candidates[best] if scores[best] <= RELATIVE_TOLERANCE else None
+
+    matched = provenance.match(chunks, prints)
+    assert matched == tuple(one_by_one(chunk) for chunk in chunks)
+    assert matched == tuple((7 if source == 6 else source) if rows else None for source in sources)

@@ -47,7 +47,19 @@ def test_an_all_greedy_batch_is_judged_alike_without_the_distributions(seed, row
     emitted[: rows // 2] = logits[: rows // 2].argmax(-1)
     drafted = torch.randint(-1, 300, (rows,), generator=generator)
     full = token_stats(logits, emitted, torch.zeros(rows), drafted=drafted)
-    assert torch.equal(token_stats(logits, emitted, torch.zeros(rows), drafted=drafted, all_greedy=True), full)
+    greedy = token_stats(logits, emitted, torch.zeros(rows), drafted=drafted, all_greedy=True)
+    mismatched = full[:, 2].bool()
+    # the target's token is read for a mismatch's example alone: elsewhere it may be the emitted token
+    assert torch.equal(greedy[:, [c for c in range(16) if c != 8]], full[:, [c for c in range(16) if c != 8]])
+    assert torch.equal(greedy[mismatched, 8], full[mismatched, 8])
+    if not mismatched.any():
+        assert torch.equal(greedy[:, 8], emitted.float())
+    # read in place, each slot naming its row of a larger tensor, the batch is judged the same
+    order = torch.randperm(rows + 3, generator=generator)
+    spread = torch.randn(rows + 3, 300, generator=generator)
+    spread[order[:rows]] = logits
+    assert torch.equal(token_stats(spread, emitted, torch.zeros(rows), drafted=drafted, all_greedy=True,
+                                   rows=order[:rows]), greedy)
 
 
 def test_sampled_slots_measure_rare_tokens_against_the_mass_below_epsilon():
@@ -94,6 +106,9 @@ def test_a_truncated_distribution_is_judged_alike_over_its_candidates_and_over_t
     full = token_stats(logits, emitted, temperature, top_k, top_p, uniform=uniform)[:4]
     assert torch.allclose(compact, full, atol=1e-5) and compact[2, 3] == 0 and compact[2, 4] == 1
     assert compact[2, 11] == pytest.approx(-math.log(EPS), rel=1e-6)
+    named = token_stats(logits.flip(0), emitted[:4], temperature[:4], top_k[:4], top_p[:4], uniform=uniform[:4],
+                        rows=torch.tensor([4, 3, 2, 1]))  # each slot naming its row
+    assert torch.equal(named, compact)
 
 
 def test_sampling_labels():

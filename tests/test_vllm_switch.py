@@ -88,3 +88,34 @@ def test_paused_takes_specscope_out_of_a_process_that_observes_a_compiled_target
         assert verifier.forward() == "specscope"
     finally:
         plugin.close()
+
+
+def test_a_wrapped_method_hands_over_its_arguments_by_name_however_called():
+    """The per-step wrappers read vLLM's arguments by name: positional or keyword, defaults filled
+    in, and a signature with ``*args`` / ``**kwargs`` read as ``inspect`` binds it."""
+    from specscope.adapters.vllm import _patches
+
+    class Scheduler:
+        def stats(self, drafts, accepted, request_id="r0"):
+            return drafts
+
+        def loose(self, *args, **kwargs):
+            return args
+
+    seen = []
+    for name in ("stats", "loose"):
+        _patches._wrap(Scheduler, name, seen.append)
+    try:
+        scheduler = Scheduler()
+        assert scheduler.stats(3, accepted=2, request_id="r1") == 3
+        scheduler.stats(4, 1)
+        scheduler.stats(drafts=5, accepted=0)
+        scheduler.loose(1, 2, x=3)
+        assert seen == [{"self": scheduler, "drafts": 3, "accepted": 2, "request_id": "r1"},
+                        {"self": scheduler, "drafts": 4, "accepted": 1, "request_id": "r0"},
+                        {"self": scheduler, "drafts": 5, "accepted": 0, "request_id": "r0"},
+                        {"self": scheduler, "args": (1, 2), "kwargs": {"x": 3}}]
+    finally:
+        for swap in _patches._swaps[-2:]:
+            swap.take_out()
+        del _patches._swaps[-2:]

@@ -11,12 +11,16 @@ a tokenizer returns, or raises, leaves the event without text: the event itself 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
 from specscope.events import Event, RequestEnd, VerifyStep, storable_text
 
 logger = logging.getLogger("specscope.collector")
+
+TOKEN_CACHE = 1 << 16
+"""Most single tokens whose text a decoder keeps (the least recently emitted go first): a few MB."""
 
 
 class Decoder:
@@ -27,6 +31,9 @@ class Decoder:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._failed = False
+        # A token's text alone depends on its id only: decoded once, as the writer holds the GIL the
+        # engine thread waits for while a tokenizer's Python wrapper runs
+        self._token = functools.lru_cache(maxsize=TOKEN_CACHE)(self._decode_token)
 
     def __call__(self, event: Event) -> Event:
         try:
@@ -43,7 +50,10 @@ class Decoder:
         return event
 
     def _tokens(self, ids: tuple[int, ...]) -> tuple[str, ...]:
-        return tuple(storable_text(self._checked(self._tokenizer.decode([i], skip_special_tokens=True))) for i in ids)
+        return tuple(map(self._token, ids))
+
+    def _decode_token(self, token_id: int) -> str:
+        return storable_text(self._checked(self._tokenizer.decode([token_id], skip_special_tokens=True)))
 
     def _text(self, ids: tuple[int, ...]) -> str:
         return storable_text(self._checked(self._tokenizer.decode(list(ids), skip_special_tokens=True)))

@@ -52,11 +52,13 @@ DEFAULT_EPSILON = 1e-4
 def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
                 top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
                 epsilon: float = DEFAULT_EPSILON, uniform: torch.Tensor | None = None,
-                drafted: torch.Tensor | None = None, all_greedy: bool = False) -> torch.Tensor:
+                drafted: torch.Tensor | None = None, all_greedy: bool = False,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
     """Judge each emitted-token slot against the target (float32 (N, 16), on the logits' device).
 
     Args:
-        logits: (N, V) the target's logits at each slot's position, before temperature.
+        logits: (N, V) the target's logits at each slot's position, before temperature (or with
+            ``rows``, (R, V) and the slots' rows named there).
         emitted: (N,) the token the engine emitted there, -1 (or any negative id) for an empty slot.
         temperature: (N,) the request's temperature, 0 for greedy.
         top_k, top_p: (N,) per-slot truncation, or None (see :func:`truncate`).
@@ -66,29 +68,42 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
         drafted: (N,) the draft token verified at each slot, negative where none was (the bonus
             slot); None: no draft known (a replay). Read by :class:`Auditor` at each step's last slot.
         all_greedy: the caller knows on the host that every temperature is 0 (vLLM's
-            ``SamplingMetadata.all_greedy``): the result is the same, without the distributions'
-            passes over the vocabulary that only sampled slots read (a greedy slot needs its row's
-            maximum alone).
+            ``SamplingMetadata.all_greedy``): the result is the same (column 8 aside, below),
+            without the distributions' passes over the vocabulary that only sampled slots read (a
+            greedy slot needs its row's maximum alone).
+        rows: (N,) the row of ``logits`` each slot reads (``logits`` is then (R, V), any R), or None:
+            slot i reads row i. A greedy batch reads its rows in place, sampled slots a copy of them.
+
+    Column 8 holds the target's token (the argmax, first of a tie). In a greedy batch it is read only
+    for a mismatch's example: on the host it is computed only when a slot mismatched, as an argmax
+    pass costs more than the rest of a greedy audit there, and reading the mismatches on the host
+    waits on no device; where none did, the column holds the emitted token (a maximum too).
 
     The PIT orders the vocabulary by target probability, most probable first, tokens of equal
     probability forming one atom: ``u = mass of more probable tokens + uniform * mass of the atom``.
     No sort: two masked sums per row. A truncated distribution is read over its candidates only
     (:func:`truncated_support`), where every sampled row's cut lies among them.
     """
-    logits = logits.float()
     emitted = emitted.to(logits.device).long()
     temperature = temperature.to(logits.device).float()
     valid = emitted >= 0
-    token = emitted.clamp(min=0)[:, None]  # (N, 1)
     greedy = temperature == 0
-    top, target = logits.max(dim=-1)  # the first of a tie, as argmax
-    mismatch = greedy & valid & (logits.gather(-1, token)[:, 0] < top)
     drafted = torch.full_like(emitted, -1) if drafted is None else drafted.to(logits.device).long()
+    where = torch.arange(emitted.shape[0], device=logits.device) if rows is None else rows.to(logits.device)
+    # amax, not max: a reduction without indices is a fraction of the pass on the host
+    top = logits.amax(dim=-1)[where]
+    mismatch = greedy & valid & (logits[where, emitted.clamp(min=0)] < top)
+    if all_greedy and logits.device.type == "cpu" and not bool(mismatch.any()):
+        target = emitted
+    else:
+        target = logits.argmax(dim=-1)[where]  # the first of a tie
     if all_greedy:
-        zero = torch.zeros_like(top)
+        zero = torch.zeros(emitted.shape, device=logits.device)
         return torch.stack([valid.float(), greedy.float(), mismatch.float(), zero, zero, zero, zero,
                             emitted.float(), target.float(), zero, zero, zero, zero, zero, drafted.float(), zero],
                            dim=-1)
+    logits = (logits if rows is None else logits[where]).float()
+    token = emitted.clamp(min=0)[:, None]  # (N, 1)
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     sampled = ~greedy & valid
     # (N, M): the vocabulary, or where every sampled row is truncated, its candidates (ids: their
@@ -177,13 +192,13 @@ class Auditor:
     def submit(self, logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.Tensor,
                slots: Sequence[Slot], top_k: torch.Tensor | None = None,
                top_p: torch.Tensor | None = None, drafted: torch.Tensor | None = None,
-               all_greedy: bool = False) -> None:
+               all_greedy: bool = False, rows: torch.Tensor | None = None) -> None:
         """Judge one audited step's slots (arguments of :func:`token_stats`, ``slots`` naming each row,
         a request's slots in the order of their positions) on the device and queue the asynchronous
         copy of the result."""
         stats = token_stats(logits, emitted, temperature, top_k, top_p, self.epsilon,
-                            torch.rand(logits.shape[0], device=logits.device, generator=self._generator(logits.device)),
-                            drafted, all_greedy)
+                            torch.rand(len(slots), device=logits.device, generator=self._generator(logits.device)),
+                            drafted, all_greedy, rows)
         ready = None
         if stats.is_cuda:
             # PyTorch's caching host allocator hands back a pinned block whose last copy completed:

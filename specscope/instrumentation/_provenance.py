@@ -10,7 +10,11 @@ rows are matched one by one (nearest fingerprint), never whole tensors.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 FINGERPRINT_DIM = 8
 """Floats per token row: a fixed random projection of the row (float32)."""
@@ -72,7 +76,7 @@ class Provenance:
         if width % self.hidden_size:
             return (None,) * max(1, width // self.hidden_size)
         chunks = hidden.detach().split(self.hidden_size, dim=-1)
-        return tuple(self.match(self.fingerprint(chunk), self._prints) for chunk in chunks)
+        return self.match([self.fingerprint(chunk) for chunk in chunks], self._prints)
 
     def projection(self, device: torch.device) -> torch.Tensor:
         """The ``(H, 8)`` fingerprint projection on ``device`` (copied there once; call it outside a
@@ -86,20 +90,25 @@ class Provenance:
         """``(rows, 8)`` fingerprints of the rows of ``hidden`` ``(..., H)``; device ops, no sync."""
         return hidden.detach().reshape(-1, self.hidden_size).float() @ self.projection(hidden.device)
 
-    def match(self, rows: torch.Tensor, prints: dict[int, torch.Tensor]) -> int | None:
-        """The candidate layer whose fingerprints ``prints[layer]`` ``(target rows, 8)`` hold a near
-        row for every one of ``rows`` ``(draft rows, 8)``, or None. Synchronises the device."""
-        # Candidates in configured-first order, strict improvement: a tie keeps the configured layer.
-        best, best_score = None, float("inf")
-        for layer in self.candidates:
-            layer_prints = prints.get(layer)
-            if layer_prints is None or rows.shape[0] == 0 or layer_prints.shape[0] == 0:
-                continue
-            layer_prints = layer_prints.to(rows.device)
-            distance = torch.cdist(rows, layer_prints)  # (draft rows, target rows)
-            nearest, index = distance.min(dim=1)
-            scale = layer_prints.norm(dim=1)[index].clamp_min(1e-12)
-            score = float((nearest / scale).max().item())
-            if score < best_score:
-                best, best_score = layer, score
-        return best if best_score <= RELATIVE_TOLERANCE else None
+    def match(self, chunks: Sequence[torch.Tensor], prints: dict[int, torch.Tensor]) -> tuple[int | None, ...]:
+        """Per chunk of fingerprints ``(draft rows, 8)`` (one draft input's chunks, as many rows each),
+        the candidate layer whose fingerprints ``prints[layer]`` ``(target rows, 8)`` hold a near row
+        for every one of its rows, or None. Every chunk against every candidate in one batch of device
+        ops, read back once: synchronises the device."""
+        rows = torch.stack(list(chunks))  # (K, R, 8)
+        layers = [layer for layer in self.candidates if layer in prints and prints[layer].shape[0]]
+        if not layers or rows.shape[1] == 0:
+            return (None,) * rows.shape[0]
+        # (C, T, 8), a layer with fewer rows padded with rows at infinite distance; the direct
+        # distance, as the matrix-product form would read inf - inf there
+        targets = pad_sequence([prints[layer].to(rows.device) for layer in layers], batch_first=True,
+                               padding_value=math.inf)
+        distance = torch.cdist(rows[:, None], targets[None], compute_mode="donot_use_mm_for_euclid_dist")
+        nearest, index = distance.min(dim=-1)  # (K, C, R)
+        layer = torch.arange(len(layers), device=rows.device)[:, None]
+        scale = targets.norm(dim=-1)[layer, index].clamp_min(1e-12)  # each nearest row's norm
+        scores = (nearest / scale).amax(dim=-1).nan_to_num(nan=math.inf)  # (K, C): a chunk's worst row
+        # Candidates in configured-first order, the first of a tie: a tie keeps the configured layer.
+        best_score, best = scores.min(dim=-1)
+        return tuple(layers[b] if score <= RELATIVE_TOLERANCE else None
+                     for b, score in zip(best.tolist(), best_score.tolist()))

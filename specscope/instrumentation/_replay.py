@@ -241,6 +241,6 @@ class ReplayRecorder:
                 received = (None,) * max(1, width // hidden)
             else:
                 kept = prints[site, :min(rows, MAX_ROWS)]
-                received = tuple(provenance.match(kept[:, chunk], layers) for chunk in range(width // hidden))
+                received = provenance.match([kept[:, chunk] for chunk in range(width // hidden)], layers)
             state.emit(ProvenanceEvent(state.run_id, state.rank, int(tails[site, WRITES]) - 1,
                                        provenance.configured, received, width))

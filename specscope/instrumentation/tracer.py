@@ -248,19 +248,22 @@ class Tracer:
         return self.auditor.due()
 
     def record_audit(self, logits: Any, emitted: Any, temperature: Any, slots: Sequence[AuditSlot],
-                     top_k: Any = None, top_p: Any = None, drafted: Any = None, all_greedy: bool = False) -> None:
+                     top_k: Any = None, top_p: Any = None, drafted: Any = None, all_greedy: bool = False,
+                     rows: Any = None) -> None:
         """Audit one verify step's emitted tokens against the target (tensors on the engine's device:
         ``logits`` (N, V) at each slot's position before temperature, ``emitted`` (N,) with -1 for an
         empty slot, ``temperature`` (N,), optional ``top_k`` / ``top_p`` (N,) and ``drafted`` (N,): the
         draft token verified at each slot, -1 at the bonus slot; ``slots`` names each row's request,
         sampling group and position, a request's slots in position order; ``all_greedy``: every
-        temperature is 0, known on the host, which spares the sampled slots' passes over the vocabulary). Hand over the step as the
+        temperature is 0, known on the host, which spares the sampled slots' passes over the vocabulary;
+        ``rows`` (N,): the row of ``logits`` each slot reads, where ``logits`` holds the verifier's rows
+        as they are, uncopied). Hand over the step as the
         verifier returned it, before any cut at the end of sequence or the token budget: a step whose last
         slot is a draft position reads as a rejection there (the recovered-token check). Computed on the device,
         copied asynchronously, stored as :class:`~specscope.events.LosslessAudit` events; never raises
         into the engine."""
         try:
-            self.auditor.submit(logits, emitted, temperature, slots, top_k, top_p, drafted, all_greedy)
+            self.auditor.submit(logits, emitted, temperature, slots, top_k, top_p, drafted, all_greedy, rows)
         except Exception as exc:  # noqa: BLE001 - observing must not change what the engine does
             self._hook_failed("record_audit", exc)
 

@@ -121,9 +121,9 @@ def _once(what: str, exc: BaseException) -> None:
 
 def _wrap(cls: type, name: str, after: Callable[..., None] | None,
           failed: Callable[[Any, BaseException], None] | None = None) -> None:
-    """Replace ``cls.name`` (its own attribute) with a wrapper that calls it, then ``after(bound)``.
+    """Replace ``cls.name`` (its own attribute) with a wrapper that calls it, then ``after(call)``.
 
-    ``bound`` is the call's ``inspect.BoundArguments`` (``self`` included, defaults applied), so
+    ``call`` maps each parameter to the call's argument (``self`` included, defaults applied), so
     positional and keyword calls read the same. ``after`` runs guarded: it never raises into vLLM.
     When vLLM's method raises, ``failed(self, exc)`` records it (guarded) and the exception goes on
     unchanged.
@@ -131,6 +131,8 @@ def _wrap(cls: type, name: str, after: Callable[..., None] | None,
     original = cls.__dict__[name]
     signature = inspect.signature(original)
     label = f"{cls.__name__}.{name}"
+    plain = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in signature.parameters.values())
+    names = tuple(signature.parameters)
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -146,9 +148,14 @@ def _wrap(cls: type, name: str, after: Callable[..., None] | None,
         if after is None:
             return result
         try:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            after(bound.arguments)
+            # Every argument named in the call (vLLM's per-step calls): read as bind would, at a
+            # fraction of its cost; defaults to fill in take the long way.
+            call = dict(zip(names, args), **kwargs)
+            if not plain or len(call) != len(signature.parameters):
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                call = bound.arguments
+            after(call)
         except Exception as exc:  # noqa: BLE001 - observing must not change what vLLM does
             _once(f"recording after {label}", exc)
         return result

@@ -45,11 +45,11 @@ def attach(runner: Any, tracer: Tracer) -> Swap:
             tracer.hook_state.failed("vllm verifier audit", exc)
         output = original(metadata, draft_probs, logits, sampling_metadata)
         if audit is not None:
-            rows, temperature, top_k, top_p, slots, drafted, kept, all_greedy = audit
+            rows, index, temperature, top_k, top_p, slots, drafted, kept, all_greedy = audit
             emitted = output.sampled_token_ids.reshape(-1)
             if kept is not None:  # other requests' slots read as empty: not audited
                 emitted = torch.where(kept, emitted, -1)
-            tracer.record_audit(rows, emitted, temperature, slots, top_k, top_p, drafted, all_greedy)
+            tracer.record_audit(rows, emitted, temperature, slots, top_k, top_p, drafted, all_greedy, index)
         return output
 
     return Swap(verifier, "forward", forward)
@@ -75,8 +75,11 @@ def plain_sampling(request: Any) -> bool:
 
 
 def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata: Any) -> tuple:
-    """``(rows, temperature, top_k, top_p, slots, drafted, kept, all_greedy)`` of every emitted-token slot of the
-    batch, slot (i, j) = request i's position j: rows (B * W, V) copied from ``logits``; per-slot
+    """``(rows, index, temperature, top_k, top_p, slots, drafted, kept, all_greedy)`` of every emitted-token
+    slot of the batch, slot (i, j) = request i's position j: ``rows`` (B * W, V) copied from ``logits``
+    and ``index`` None, or in a batch of greedy requests ``logits`` itself and ``index`` (B * W,) the
+    row each slot reads (no copy: vLLM 0.32's verifier indexes copies of the rows it changes, and a
+    greedy slot needs its row's maximum and the emitted token's logit alone); per-slot
     settings and the draft token verified there (-1 at the bonus slot) on the device; slot names from
     host-side values (the runner's request states); ``kept``: the slots of requests the audit can judge
     (:func:`plain_sampling`) on the device, None when that is all of them; ``all_greedy``: every request
@@ -111,16 +114,18 @@ def _gather(runner: Any, metadata: Any, logits: torch.Tensor, sampling_metadata:
         draft_rows = metadata.bonus_logits_indices[owner_t]
         drafted = torch.full((len(flat),), -1, device=device)
     index = torch.where(is_draft_t, draft_rows, metadata.bonus_logits_indices[owner_t])
-    rows = logits[index].float()  # a copy: vLLM may change ``logits`` in place
     temperature = sampling_metadata.temperature
     all_greedy = bool(sampling_metadata.all_greedy) or temperature is None
     if all_greedy:
+        rows = logits
         temperature = torch.zeros(len(num_draft), device=device)
+    else:
+        rows, index = logits[index].float(), None  # a copy: vLLM may change ``logits`` in place
     temperature = torch.where(temperature < GREEDY_BELOW, torch.zeros_like(temperature), temperature)
     top_k = None if sampling_metadata.top_k is None else sampling_metadata.top_k[owner_t]
     top_p = None if sampling_metadata.top_p is None else sampling_metadata.top_p[owner_t]
     kept_t = None if all(kept) else torch.tensor(kept).to(device, non_blocking=True)
-    return rows, temperature[owner_t], top_k, top_p, slots, drafted, kept_t, all_greedy
+    return rows, index, temperature[owner_t], top_k, top_p, slots, drafted, kept_t, all_greedy
 
 
 def greedy_zero(temperature: float) -> float:
