@@ -52,6 +52,7 @@ def main() -> None:
     draft = torch.randint(0, vocab, (1, 5), generator=generator)
     logits = torch.randn(args.slots, vocab, generator=generator) * 4
     emitted = torch.randint(0, vocab, (args.slots,), generator=generator)
+    target = logits.argmax(dim=-1)  # what a lossless greedy engine emits
     temperature = torch.tensor([0.0, 0.8] * args.slots)[:args.slots]
     top_k, top_p = torch.full((args.slots,), 20), torch.full((args.slots,), 0.9)
     uniform = torch.rand(args.slots, generator=generator)
@@ -70,11 +71,14 @@ def main() -> None:
         def audit_plain() -> None:  # greedy and temperature-only requests: no truncation, no sort
             token_stats(logits, emitted, temperature, uniform=uniform, drafted=drafted)
 
-        def audit_greedy() -> None:  # a batch of greedy requests alone, as the engine says on the host
+        def audit_greedy() -> None:  # a batch of greedy requests alone, as the engine says on the host: lossless
+            token_stats(logits, target, torch.zeros(args.slots), uniform=uniform, drafted=drafted, all_greedy=True)
+
+        def audit_greedy_wrong() -> None:  # every slot a mismatch: the host then reads the target's argmax too
             token_stats(logits, emitted, torch.zeros(args.slots), uniform=uniform, drafted=drafted, all_greedy=True)
 
         jobs = {"verify forward": verify, "token_stats, top-k/top-p": audit, "token_stats, no truncation": audit_plain,
-                "token_stats, all greedy": audit_greedy}
+                "token_stats, all greedy": audit_greedy, "token_stats, all greedy, every slot a mismatch": audit_greedy_wrong}
         times: dict[str, list[float]] = {name: [] for name in jobs}
         for fn in jobs.values():
             fn()  # warm-up
