@@ -90,14 +90,14 @@ def token_stats(logits: torch.Tensor, emitted: torch.Tensor, temperature: torch.
     greedy = temperature == 0
     drafted = torch.full_like(emitted, -1) if drafted is None else drafted.to(logits.device).long()
     where = torch.arange(emitted.shape[0], device=logits.device) if rows is None else rows.to(logits.device)
-    # amax, not max: a reduction without indices is a fraction of the pass on the host
-    top = logits.amax(dim=-1)[where]
-    mismatch = greedy & valid & (logits[where, emitted.clamp(min=0)] < top)
-    if all_greedy and logits.device.type == "cpu" and not bool(mismatch.any()):
-        target = emitted
+    if all_greedy:  # amax: a reduction without indices is a fraction of max's pass on the host
+        top = logits.amax(dim=-1)[where]
     else:
-        target = logits.argmax(dim=-1)[where]  # the first of a tie
+        top, target = (values[where] for values in logits.max(dim=-1))  # the first of a tie, as argmax
+    mismatch = greedy & valid & (logits[where, emitted.clamp(min=0)] < top)
     if all_greedy:
+        on_host_all_match = logits.device.type == "cpu" and not bool(mismatch.any())
+        target = emitted if on_host_all_match else logits.argmax(dim=-1)[where]
         zero = torch.zeros(emitted.shape, device=logits.device)
         return torch.stack([valid.float(), greedy.float(), mismatch.float(), zero, zero, zero, zero,
                             emitted.float(), target.float(), zero, zero, zero, zero, zero, drafted.float(), zero],

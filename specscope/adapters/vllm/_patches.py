@@ -151,7 +151,7 @@ def _wrap(cls: type, name: str, after: Callable[..., None] | None,
             # Every argument named in the call (vLLM's per-step calls): read as bind would, at a
             # fraction of its cost; defaults to fill in take the long way.
             call = dict(zip(names, args), **kwargs)
-            if not plain or len(call) != len(signature.parameters):
+            if not plain or len(call) != len(names):
                 bound = signature.bind(*args, **kwargs)
                 bound.apply_defaults()
                 call = bound.arguments
