@@ -138,7 +138,7 @@ def test_a_verify_step_stored_again_counts_once(store) -> None:
 
 
 def test_steps_stored_again_are_found_among_many_requests_and_spans(store) -> None:
-    """A retried batch of 120 requests (more than one probe holds, ``_steps.PROBE_SPANS``) whose spans
+    """A retried batch of 120 requests (more than one probe holds, ``_steps.PROBE_SIZES``) whose spans
     mix new and stored steps: only the new ones are written, on every request and rank."""
     def steps(request: int, numbers: range, rank: int = 0) -> list[ev.VerifyStep]:
         return [ev.VerifyStep(run_id="many", request_id=f"q{request}", rank=rank, step=n, proposed=4,

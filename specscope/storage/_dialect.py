@@ -84,10 +84,11 @@ class Dialect:
         compiled = self.statements[name].compile(dialect=self.compiler, column_keys=list(columns))
         return str(compiled), itemgetter(*compiled.positiontup)
 
-    @functools.cached_property
-    def step_probe(self) -> str:
-        """``_steps.PROBE`` with positional parameters: the write path's probe for verify steps stored again."""
-        return str(_steps.PROBE.compile(dialect=self.compiler))
+    @functools.cache  # noqa: B019 - as driver_upsert: a few sizes (_steps.PROBE_SIZES) per dialect
+    def step_probe(self, spans: int) -> str:
+        """``_steps.probe(spans)`` with positional parameters: the write path's probe for verify steps
+        stored again."""
+        return str(_steps.probe(spans).compile(dialect=self.compiler))
 
 
 DIALECTS = {

@@ -9,27 +9,32 @@ identity: every one counts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from specscope.storage import schema
 
-PROBE_SPANS = 50
-"""(run, request, first step, last step) spans per probe: 200 parameters."""
+PROBE_SIZES = (1, 2, 4, 8, 16, 32, 50)
+"""Spans (run, request, first step, last step) one probe takes: a batch's spans go in probes of 50,
+the rest in the smallest size that holds them (padded by repeating the last span), so a few prepared
+statements serve every batch and a write of a few requests probes a few times, not 50."""
 
-PROBE = sa.text(
-    "WITH batch (run_id, request_id, first_step, last_step) AS (VALUES "
-    + ", ".join(f"(:run_{i}, :request_{i}, :first_{i}, :last_{i})" for i in range(PROBE_SPANS))
-    + ") SELECT run_id, request_id, EXISTS (SELECT 1 FROM verify_steps v WHERE v.run_id = batch.run_id "
-      "AND v.request_id = batch.request_id AND v.step BETWEEN batch.first_step AND batch.last_step) FROM batch")
-"""Whether any step of each request's span in a batch is stored: one range probe of
-``ix_verify_steps_run_req`` (run, request, step) per request, however many steps the run holds. The
-EXISTS sits in the select list and compares a range, which both databases run as a probe per row; a
-join, or equality only, lets PostgreSQL hash the whole table instead, every batch. Compiled once per
-dialect to positional parameters (``_dialect.Dialect.step_probe``); fewer spans repeat the last one,
-so every probe is the same prepared statement."""
+
+@functools.cache
+def probe(spans: int) -> sa.TextClause:
+    """Whether any step of each request's span in a batch is stored, for ``spans`` spans: one range
+    probe of ``ix_verify_steps_run_req`` (run, request, step) per request, however many steps the run
+    holds. The EXISTS sits in the select list and compares a range, which both databases run as a
+    probe per row; a join, or equality only, lets PostgreSQL hash the whole table instead, every batch.
+    Compiled once per dialect and size to positional parameters (``_dialect.Dialect.step_probe``)."""
+    return sa.text(
+        "WITH batch (run_id, request_id, first_step, last_step) AS (VALUES "
+        + ", ".join(f"(:run_{i}, :request_{i}, :first_{i}, :last_{i})" for i in range(spans))
+        + ") SELECT run_id, request_id, EXISTS (SELECT 1 FROM verify_steps v WHERE v.run_id = batch.run_id "
+          "AND v.request_id = batch.request_id AND v.step BETWEEN batch.first_step AND batch.last_step) FROM batch")
 
 
 def _key(row: tuple) -> tuple:
@@ -37,9 +42,9 @@ def _key(row: tuple) -> tuple:
     return row[0], row[1], row[2], row[3]
 
 
-def unstored(conn: Connection, probe_sql: str, rows: Sequence[tuple]) -> list[tuple]:
+def unstored(conn: Connection, probe_sql: Callable[[int], str], rows: Sequence[tuple]) -> list[tuple]:
     """``rows`` (verify-step tuples) without numbered steps repeated in the batch (the first is kept) or
-    already stored; ``probe_sql`` is :data:`PROBE` compiled for the connection's dialect."""
+    already stored; ``probe_sql(spans)`` is :func:`probe` compiled for the connection's dialect."""
     kept: list[tuple] = []
     seen: set[tuple] = set()  # (run_id, request_id, rank, step) of the batch's numbered steps
     spans: dict[tuple[str, str], list[int]] = {}  # (run_id, request_id) -> [first step, last step]
@@ -61,15 +66,16 @@ def unstored(conn: Connection, probe_sql: str, rows: Sequence[tuple]) -> list[tu
     return [row for row in kept if _key(row) not in stored] if stored else kept
 
 
-def _requests_with_stored_steps(conn: Connection, probe_sql: str,
+def _requests_with_stored_steps(conn: Connection, probe_sql: Callable[[int], str],
                                 spans: dict[tuple[str, str], list[int]]) -> list[tuple[str, str]]:
     """The (run_id, request_id) of ``spans`` with a step stored within their span (rare: a retry)."""
     items = [(*request, *span) for request, span in spans.items()]
     hits = []
-    for start in range(0, len(items), PROBE_SPANS):
-        chunk = items[start:start + PROBE_SPANS]
-        chunk += chunk[-1:] * (PROBE_SPANS - len(chunk))
-        found = conn.exec_driver_sql(probe_sql, tuple(value for item in chunk for value in item))
+    for start in range(0, len(items), PROBE_SIZES[-1]):
+        chunk = items[start:start + PROBE_SIZES[-1]]
+        size = next(size for size in PROBE_SIZES if size >= len(chunk))
+        chunk += chunk[-1:] * (size - len(chunk))
+        found = conn.exec_driver_sql(probe_sql(size), tuple(value for item in chunk for value in item))
         hits += [(run_id, request_id) for run_id, request_id, stored in found if stored]
     return list(dict.fromkeys(hits))
 
