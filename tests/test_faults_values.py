@@ -62,6 +62,12 @@ BAD = {
     "emitted nested past the recursion limit": lambda: _bypass(_step(GOOD + 2), emitted=_nested(5_000)),
     "draft_s as a list": lambda: _step(GOOD + 3, draft_s=[0.1, 0.2]),
     "verify_s as a string": lambda: _step(GOOD + 4, verify_s="0.02"),
+    # values the summary folds cannot take (a wall-clock second of infinity, a mask of 10**30 places)
+    "ts_wall infinite": lambda: _bypass(_step(GOOD + 5), ts_wall=math.inf),
+    "accepted past 64 bits": lambda: _bypass(_step(GOOD + 6), accepted=10**30),
+    "draft input's ts_wall infinite": lambda: ev.TensorEvent(
+        run_id=RUN, rank=0, hook_point="draft.forward:hidden_states", call_index=0, shape=(5, 1728),
+        dtype="torch.float32", device="cpu", expected_shape=(-1, 1728), ts_wall=math.inf),
 }
 
 

@@ -318,8 +318,9 @@ def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
 
     Raises:
         KeyError: an object that is not an event of :mod:`specscope.events`;
-        AttributeError / TypeError / ValueError / RecursionError: an event with fields of the wrong
-        type or a value no database column can hold (``emitted`` nested past the recursion limit).
+        AttributeError / TypeError / ValueError / OverflowError / RecursionError: an event with fields
+        of the wrong type or a value no database column can hold (``emitted`` nested past the
+        recursion limit, a mask of 10**30 places).
     """
     grouped: dict[str, list[Row]] = {}
     for kind, run in itertools.groupby(events, type):  # runs of one type: their rows made in one C-level map

@@ -53,7 +53,10 @@ class StoreWrites:
         try:
             grouped = group_rows(events)
             summaries = summary_rows(grouped)
-        except (KeyError, AttributeError, TypeError, ValueError, RecursionError) as exc:
+        except (KeyError, AttributeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # OverflowError: a value the summary folds cannot take (the second of an infinite
+            # ts_wall, a mask of more places than an index holds); rejected, so that the collector
+            # sets that event aside instead of losing its batch as a failed store
             raise EventRejected(f"writing to {self.url}: not a specscope event or a malformed one: "
                                 f"{type(exc).__name__}: {exc}") from exc
         if counters:
