@@ -195,8 +195,9 @@ def test_sql_page_in_chromium_shows_the_denials(tmp_path: Path) -> None:
 
 # -- round two (issue 23): refused before running, whatever the role; once; bounded per value ------
 
-# statement -> what the refusal names; each would run a program, touch a server file, hold a lock
-# or a large object, or escape the transaction, if it ran at all
+# statement -> what the refusal names; each would run a program, touch or read a server file, hold a
+# lock or a large object, read the roles' secrets or other sessions, or escape the transaction, if it
+# ran at all (the test server's connection is a superuser's: every one of them would run)
 POSTGRES_REFUSED_BEFORE_RUNNING = {
     "COPY (SELECT 1) TO PROGRAM 'touch {marker}'": "COPY",
     "COPY (SELECT 1) TO '{marker}'": "COPY",
@@ -210,6 +211,12 @@ POSTGRES_REFUSED_BEFORE_RUNNING = {
     "SELECT pg_terminate_backend(pg_backend_pid())": "pg_terminate_backend() (sessions",
     "SELECT query_to_xml('SELECT pg_advisory_lock(1)', true, true, '')": "query_to_xml() (SQL run from a string)",
     "SELECT * FROM pg_largeobject": "pg_largeobject (large objects)",
+    "SELECT * FROM pg_hba_file_rules": "pg_hba_file_rules (server files)",
+    "SELECT sourcefile, setting FROM pg_catalog.pg_file_settings": "pg_file_settings (server files)",
+    "SELECT rolname, rolpassword FROM pg_authid": "pg_authid (roles' secrets)",
+    'SELECT (SELECT count(*) FROM "pg_shadow")': "pg_shadow (roles' secrets)",
+    "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid()": "pg_stat_activity (other sessions)",
+    "TABLE pg_catalog.pg_statistic": "pg_statistic (other tables' values)",
     "WITH gone AS (DELETE FROM runs RETURNING *) SELECT * FROM gone": "DELETE inside a query",
     "SELECT * FROM runs FOR UPDATE": "row locks",
     "SELECT * INTO copied FROM runs": "SELECT INTO",

@@ -2,7 +2,9 @@
 before it runs unless it is one query whose every function is a read-only built-in.
 
 - One SELECT / WITH / VALUES / TABLE, EXPLAIN of one, or SHOW; no data-modifying CTE, SELECT INTO or
-  row-locking clause; no read of ``pg_largeobject``.
+  row-locking clause; no read of the catalog relations that reach past the store (the server's
+  files, the roles' secrets, other sessions, the statistics' sampled values:
+  :data:`DENIED_POSTGRES_RELATIONS`), whatever the role.
 - Functions are refused by what runs, not by how the call is written: a call ``f(x)``, and a name
   PostgreSQL may resolve to a function through attribute notation (``(x).f``, ``t.f`` for a row of
   ``t``: a field name after the first of a column reference or of an indirection). Known-dangerous
@@ -87,7 +89,20 @@ _UNLISTED = (
     "SELECT proname FROM pg_catalog.pg_proc WHERE proname = ANY(%s) GROUP BY proname "
     "HAVING NOT bool_and(pronamespace = 'pg_catalog'::regnamespace "
     "AND (provolatile = 'i' OR prokind IN ('a', 'w') OR proname = ANY(%s))) ORDER BY proname")
-_DENIED_RELATIONS = frozenset({"pg_largeobject", "pg_largeobject_metadata"})
+# pg_catalog relations refused by name (named in the refusal), by what they reach beyond the store:
+# the server's files, the roles' secrets, other sessions, other tables' values. Their functions
+# (pg_hba_file_rules(), pg_stat_get_activity(), ...) are not read-only built-ins, so refused anyway.
+DENIED_POSTGRES_RELATIONS = {
+    "large objects": ("pg_largeobject", "pg_largeobject_metadata"),
+    "server files": ("pg_hba_file_rules", "pg_ident_file_mappings", "pg_file_settings", "pg_config"),
+    "roles' secrets": ("pg_authid", "pg_shadow", "pg_user_mapping", "pg_user_mappings", "pg_subscription"),
+    "other sessions": ("pg_stat_activity", "pg_stat_ssl", "pg_stat_gssapi", "pg_backend_memory_contexts",
+                       "pg_stat_replication", "pg_stat_wal_receiver", "pg_stat_subscription",
+                       "pg_prepared_statements", "pg_cursors"),
+    "other tables' values": ("pg_statistic", "pg_statistic_ext_data"),
+}
+_DENIED_RELATIONS = {relation: what for what, relations in DENIED_POSTGRES_RELATIONS.items()
+                     for relation in relations}
 _MODIFYING_NODES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"})
 _PARAMETER = re.compile(r"%\(\w+\)s")  # psycopg's named placeholders, as SQLAlchemy compiles them
 
@@ -220,7 +235,7 @@ def _functions(root: object, url: str) -> frozenset[str]:
             if schema != "pg_catalog":
                 raise _refused(url, f"operator {schema}.{node.name[-1].sval} (only built-ins of pg_catalog run)")
         elif name == "RangeVar" and node.relname.lower() in _DENIED_RELATIONS:
-            raise _refused(url, f"reading {node.relname} (large objects)")
+            raise _refused(url, f"reading {node.relname} ({_DENIED_RELATIONS[node.relname.lower()]})")
         pending.extend(value for value in (getattr(node, slot) for slot in node)
                        if isinstance(value, (ast.Node, tuple)))
     for function in sorted(names):
