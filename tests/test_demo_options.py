@@ -64,6 +64,18 @@ def test_k_outside_what_a_store_records_is_refused(k, tmp_path, capsys):
     assert not (tmp_path / "d.db").exists()
 
 
+@pytest.mark.parametrize("engine", ["reference", "vllm", "llama.cpp"])
+@pytest.mark.parametrize("requests", ["99999999999999999999", "100001", "0", "-1"])
+def test_a_request_count_out_of_range_is_one_line(engine, requests, tmp_path, capsys):
+    """--requests 99999999999999999999 printed an OverflowError's traceback (found by an attack trial)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--engine", engine, "--no-dashboard", "--db", str(tmp_path / "d.db"), f"--requests={requests}"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert f"argument --requests: '{requests}' is not an integer in 1..100000" in err
+    assert not (tmp_path / "d.db").exists()
+
+
 @pytest.mark.parametrize("engine", ["reference", "llama.cpp"])
 def test_a_taken_dashboard_port_fails_before_any_run(engine, tmp_path, capsys):
     """It served all three runs and only then failed to serve the dashboard."""
