@@ -91,14 +91,26 @@ def test_a_missing_view_is_recreated(store_url: str) -> None:
 
 
 def test_foreign_sqlite_database_is_not_a_store(tmp_path) -> None:
+    """Refused before any writable connection: one used to switch the file to WAL first (its header
+    changed; found by an attack trial through ``specscope replay``)."""
     path = tmp_path / "other.db"
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
-    for read_only in (False, True):
+    conn.close()
+    before = path.read_bytes()
+    for read_only, create in ((False, True), (False, False), (True, False)):
         with pytest.raises(StoreError, match="not a specscope store.*customers"):
-            open_store(str(path), read_only=read_only)
-    with sqlite3.connect(path) as conn:  # untouched
-        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["customers"]
+            open_store(str(path), read_only=read_only, create=create)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def test_an_empty_file_opened_without_create_is_left_as_it_is(tmp_path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="no specscope store"):
+            open_store(str(path), read_only=read_only, create=False)
+    assert path.read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
 
 
 def test_foreign_postgres_schema_is_not_a_store(pg_url: str) -> None:

@@ -69,8 +69,14 @@ def open_store(url_or_path: str, *, create: bool = True, read_only: bool = False
                 trace_statements(engine, tracer)
     try:
         with translate("opening", target.display):
-            version = (_check_read_only(target, read_engine) if write_engine is None
-                       else _prepare(target, write_engine, create, lock_timeout_s))
+            if write_engine is None:
+                version = _check_read_only(target, read_engine)
+            else:
+                if target.sqlite_path is not None and target.sqlite_path.exists():
+                    # before the first writable connection, which switches the file to WAL: a file
+                    # that is not a store is refused as it was found
+                    _inspect(target, read_engine, create)
+                version = _prepare(target, write_engine, create, lock_timeout_s)
     except BaseException:
         for engine in (read_engine, write_engine):
             if engine is not None:
@@ -104,10 +110,16 @@ def _check_sqlite_path(target: Target, create: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _check_read_only(target: Target, engine: Engine) -> int:
+def _inspect(target: Target, engine: Engine, create: bool) -> migrations.StoreState:
+    """The store's state, read through ``engine``; raises as :func:`_validate`."""
     with engine.connect() as conn:
         state = migrations.inspect_state(conn)
-    _validate(target, state, create=False)
+    _validate(target, state, create)
+    return state
+
+
+def _check_read_only(target: Target, engine: Engine) -> int:
+    state = _inspect(target, engine, create=False)
     if state.version < schema.SCHEMA_VERSION or state.missing_views:
         raise StoreError(f"store {target.display} has schema version {state.version} (current is "
                          f"{schema.SCHEMA_VERSION}); open it once writable to upgrade it")
