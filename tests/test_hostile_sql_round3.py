@@ -234,14 +234,26 @@ def test_sqlite_bounded_builtins_keep_their_errors_and_limits(tmp_path: Path) ->
 
 
 def test_sqlite_byte_cap_counts_utf8_bytes(tmp_path: Path) -> None:
-    """Each row: an integer (8) and 100 two-byte characters (200 bytes): 4 fit in 1,000 bytes (9 did,
-    counted as characters)."""
+    """Each row: 64 for the row, 8 per value, an integer (8) and 100 two-byte characters (200 bytes):
+    3 fit in 1,000 bytes (9 did, counted as characters)."""
     url = _sqlite_store(tmp_path)
     endless = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
                "SELECT x, replace(hex(zeroblob(50)), '0', 'é') FROM c")
     with open_store(url, read_only=True) as store:
         result = store.query(endless, max_bytes=1_000)
-    assert len(result.rows) == 4 and result.truncated == "1,000 bytes"
+    assert len(result.rows) == 3 and result.truncated == "1,000 bytes"
+
+
+@pytest.mark.parametrize("columns", ["NULL", ", ".join(["''"] * 50)])
+def test_byte_cap_bounds_many_tiny_rows(columns: str, tmp_path: Path) -> None:
+    """Rows of NULLs or empty strings count their rows and values: 8,388,608 rows of one NULL came
+    back under the 64 MiB cap (1.5 GB in this process, found by an attack trial)."""
+    url = _sqlite_store(tmp_path)
+    endless = f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT {columns} FROM c"
+    per_row = 64 + 8 * (1 if columns == "NULL" else 50) + (8 if columns == "NULL" else 0)
+    with open_store(url, read_only=True) as store:
+        result = store.query(endless, max_bytes=1_000_000, timeout_s=60)
+    assert result.truncated == "1,000,000 bytes" and len(result.rows) == 1_000_000 // per_row
 
 
 @pytest.mark.postgres

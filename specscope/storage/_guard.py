@@ -166,10 +166,17 @@ class ResultCap:
             yield row
 
 
+ROW_OVERHEAD_BYTES = 64
+"""What a row counts against the byte cap besides its values: about what its tuple and its place in
+the result cost this process, so that a result of many tiny rows (millions of NULLs or empty strings,
+which count nothing as text) is bounded by the cap too."""
+
+
 def row_bytes(row: tuple) -> int:
-    """What a row counts against the byte cap: text as UTF-8, bytes as they are, arrays and JSON by
-    their contents (8 more for each element), numerics by their digits, 8 for any other value."""
-    size, pending = 0, list(row)
+    """What a row counts against the byte cap: :data:`ROW_OVERHEAD_BYTES`, 8 per value (a reference),
+    and the values' contents: text as UTF-8, bytes as they are, arrays and JSON by their contents (8
+    more for each element), numerics by their digits, 8 for any other value."""
+    size, pending = ROW_OVERHEAD_BYTES + 8 * len(row), list(row)
     while pending:
         value = pending.pop()
         if isinstance(value, str):
