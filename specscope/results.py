@@ -67,6 +67,12 @@ def terminal_text(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
+def terminal_lines(text: str) -> str:
+    """``text`` line by line (``\n``) through :func:`terminal_text`: a report whose stored values
+    (run ids, model names, messages) cannot move the cursor, recolour or retitle a terminal."""
+    return "\n".join(map(terminal_text, text.split("\n")))
+
+
 def portable(value: Any) -> Any:
     """``value`` with non-finite floats as None and Decimals as floats (their digits as text beyond a
     float's range), through dicts, lists and tuples: what strict JSON and Arrow tables (the dashboard's

@@ -126,6 +126,25 @@ def test_json_is_strict_and_table_is_escaped(db: str) -> None:
     assert "run-\\x1b[2J\\x1b]0;pwned\\x07" in out
 
 
+def test_doctor_and_compare_escape_stored_run_ids(db: str) -> None:
+    """A run id's escape sequences reached the terminal through doctor's and compare's run lines
+    (found by an attack trial); each report line is escaped as query's table is."""
+    run = "run-\x1b[2J\x1b]0;pwned\x07"
+    served = [event for run_id in (run, "run-plain") for q in ("q0", "q1") for event in (
+        ev.RequestStart(run_id=run_id, request_id=q, rank=0, prompt_tokens=3, ts_wall=2.0),
+        *(ev.VerifyStep(run_id=run_id, request_id=q, rank=0, step=n, proposed=4, accepted=2, ts_wall=2.0)
+          for n in range(4)),
+        ev.RequestEnd(run_id=run_id, request_id=q, rank=0, output_tokens=12, verify_steps=4, ts_wall=3.0))]
+    with open_store(db) as store:
+        store.write([ev.RunStart(run_id="run-plain", engine="e", engine_version="1", target_model="t",
+                                 draft_model="d", config={}, ts_wall=2.0), *served])
+    doctor = _cli(["doctor", "--db", db])
+    compare = _cli(["compare", "--base-db", db, "--db", db, "--base-run", "run-plain", "--run", run])
+    for code, out, err in (doctor, compare):
+        assert code in (0, 1, 3) and "Traceback" not in err, err
+        assert not set(out) & {"\x1b", "\x07"} and "run-\\x1b[2J\\x1b]0;pwned\\x07" in out
+
+
 def test_to_json_of_a_report_with_nonfinite_evidence() -> None:
     from decimal import Decimal
 

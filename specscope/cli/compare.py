@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the comparison; returns 1 on a regression or a lossy candidate, 3 when inconclusive, else 0
     (ConfigError, StoreError: exit 2)."""
     from specscope.compare import compare, render_text
+    from specscope.results import terminal_lines
     from specscope.storage import open_store
 
     with open_store(args.base_db, create=False, read_only=True) as base, \
@@ -49,11 +50,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(comparison.to_dict(), indent=2))
     else:
-        print(render_text(comparison))
+        lines = [render_text(comparison)]
         # a run the doctor finds broken is said beside the verdict: an unchanged acceptance says nothing
         # of, e.g., a capture layer that went missing on the base
         for name, side in (("base", comparison.base), ("candidate", comparison.candidate)):
             if comparison.doctor[name]["error"]:
-                print(f"note: the doctor finds {comparison.doctor[name]['error']} error(s) on the {name} run "
-                      f"(specscope doctor --run {side.run_id})")
+                lines.append(f"note: the doctor finds {comparison.doctor[name]['error']} error(s) on the {name} "
+                             f"run (specscope doctor --run {side.run_id})")
+        print(terminal_lines("\n".join(lines)))
     return comparison.exit_code

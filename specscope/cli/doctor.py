@@ -14,7 +14,7 @@ from specscope.cli._types import add_db_argument, add_json_argument
 from specscope.doctor import render_text
 from specscope.errors import ConfigError
 from specscope.readmodel import report as verdict
-from specscope.results import to_json
+from specscope.results import terminal_lines, to_json
 from specscope.storage import open_store
 
 
@@ -38,5 +38,5 @@ def run(args: argparse.Namespace) -> int:
         report = verdict(store, args.run, distributions=args.json)
     if not report.runs:  # a gate (`doctor || fail`) must not pass on a store nothing was written to
         raise ConfigError(f"no runs in {args.db}: nothing to diagnose (is --db the store the engine writes to?)")
-    print(to_json(report.to_dict()) if args.json else render_text(report))
+    print(to_json(report.to_dict()) if args.json else terminal_lines(render_text(report)))
     return report.exit_code
