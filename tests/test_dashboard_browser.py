@@ -204,6 +204,51 @@ def test_dashboard_opened_before_the_engine_writes(tmp_path):
         _stop(proc)
 
 
+def test_stored_text_is_never_markdown(tmp_path):
+    """Run ids, engine and model names and request ids are whatever a producer stored: an image in
+    them made the viewer's browser fetch its URL, and a colour directive drew a green "no finding" of
+    its own (found by an attack trial). Now the Overview and Requests pages show the directive as
+    text and fetch nothing."""
+    from specscope import events as ev
+    from specscope.storage import open_store
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    image = "![img](http://127.0.0.9:9/probe.png)"
+    run, request = f"run`{image}`x", f"q`{image}"
+    store = tmp_path / "hostile.db"
+    with open_store(str(store)) as s:
+        s.write([ev.RunStart(run_id=run, engine=f"eng {image}", engine_version="1", target_model=f"tm {image}",
+                             draft_model="dm [link](http://127.0.0.9:9/l) :green[**no finding**]", config={},
+                             ts_wall=1_750_000_000.0),
+                 ev.RankStart(run_id=run, rank=0, world_size=1, host="h", pid=1, device="cpu", ts_wall=1_750_000_000.0),
+                 ev.RequestStart(run_id=run, request_id=request, rank=0, prompt_tokens=3, ts_wall=1_750_000_000.0),
+                 ev.VerifyGroup(run_id=run, request_id=request, rank=0, accepted_mask="1000", steps=3, proposed=12,
+                                accepted=3, ts_wall=1_750_000_001.0)])  # sampled out of step detail: named
+    proc, url = _start(store)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                probed: list[str] = []
+                page.on("request", lambda r: probed.append(r.url) if "127.0.0.9" in r.url else None)
+                for path, shown in (("", ":green[no finding]"),
+                                    ("requests", f"{request} has no step detail")):
+                    page.goto(f"{url}/{path}")
+                    page.get_by_text(shown).first.wait_for(timeout=60_000)
+                    page.wait_for_function(SETTLED, timeout=60_000)
+                    page.screenshot(path=str(tmp_path / f"hostile-{path or 'overview'}.png"))
+                    # (a bare URL still becomes a link, as Markdown makes one of it: it fetches nothing)
+                    assert page.eval_on_selector_all("img", "els => els.filter(e => e.src.includes('127.0.0.9'))"
+                                                     ".length") == 0, path
+                    assert page.get_by_text("Traceback").count() == 0, path
+                assert probed == []
+            finally:
+                browser.close()
+    finally:
+        _stop(proc)
+
+
 # the script run is over, and the moved requests are drawn: a table, or the note that none pair up
 MOVED_DRAWN = """ && !document.querySelector('[data-testid="stStatusWidget"]')
   && (!!document.querySelector('[data-testid="stDataFrame"] canvas')

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import types
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -131,7 +132,7 @@ def findings(run_id: str) -> list[Finding]:
     try:
         return _verdict(db_url(), run_id, _state(run_id))
     except SpecscopeError as exc:
-        st.error(f"The doctor could not read run {run_id}: {exc}")
+        st.error(f"The doctor could not read run {code(run_id)}: {inert(exc)}")
         return []
 
 
@@ -190,8 +191,8 @@ def run_label(run: dict[str, Any], short: str, diagnosed: bool = False) -> str:
 def run_details(run: dict[str, Any]) -> str:
     """Markdown of what a run's picker label leaves out: its state's meaning (with the error a crashed
     run ended on) and the whole run id."""
-    error = f": `{run['error']}`" if run["state"] == "crashed" and run.get("error") else ""
-    return f"{STATE_LABEL[run['state']]} ({STATE_HELP[run['state']]}{error}) · run `{run['run_id']}`"
+    error = f": {code(run['error'])}" if run["state"] == "crashed" and run.get("error") else ""
+    return f"{STATE_LABEL[run['state']]} ({STATE_HELP[run['state']]}{error}) · run {code(run['run_id'])}"
 
 
 def _picked() -> None:
@@ -229,7 +230,7 @@ def run_picker() -> str:
 
 def _title(finding: Finding) -> str:
     origin = " (checkpoint inspection)" if finding.source == "inspect" else ""
-    return f"**{finding.code}**{origin} — {finding.message}"
+    return f"**{finding.code}**{origin} — {inert(finding.message)}"
 
 
 def findings_banner(items: list[Finding], *, limit: int | None = None,
@@ -246,7 +247,7 @@ def findings_banner(items: list[Finding], *, limit: int | None = None,
         st.caption(f"{len(shown) - limit} more on the Findings page")
     skipped = [f for f in items if f.code in UNOBSERVED_CODES and f.severity == "info"]
     for finding in skipped:
-        st.info(f"**Not observed** — {finding.message}", icon=":material/visibility_off:")
+        st.info(f"**Not observed** — {inert(finding.message)}", icon=":material/visibility_off:")
     if not shown and not skipped:
         infos = len(items)
         st.success(ok + (f" ({infos} info)" if infos else ""),
@@ -275,6 +276,29 @@ def shape_text(shape: str | None) -> str:
     while free < len(dims) - 1 and dims[free] == "-1":
         free += 1
     return "×".join((["…"] if free else []) + dims[free:])
+
+
+# Stored text (run ids, model and engine names, request ids, hook points inside finding messages) is
+# written by whoever can write the store: in Streamlit's Markdown an image in it made every viewer's
+# browser fetch its URL, and a colour directive (``:green[no finding]``) drew a verdict of its own.
+_MARKUP = str.maketrans({c: "\\" + c for c in "\\`[]<>:"})
+_BACKTICKS = re.compile("`+")
+
+
+def inert(text: object) -> str:
+    """``text`` as literal Markdown prose: the characters that open a code span, an image, a link, an
+    autolink (``<...>``, ``http://``) or one of Streamlit's ``:name[...]`` directives and ``:icon:``
+    shortcodes escaped (CommonMark escapes ASCII punctuation with a backslash)."""
+    return str(text).translate(_MARKUP)
+
+
+def code(text: object) -> str:
+    """``text`` as one literal inline code span (nothing inside a code span is Markdown), fenced by one
+    backtick more than its longest run of them (CommonMark), padded when it starts or ends with one."""
+    text = str(text)
+    fence = "`" * (max(map(len, _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:

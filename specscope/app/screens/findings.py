@@ -34,7 +34,7 @@ def body() -> None:
         st.caption("What each load did with the checkpoint's keys; the doctor's WEIGHTS_DROPPED above "
                    "judges them (for strict and non-strict loads alike).")
     for report in reports:
-        st.markdown(f"Rank {report['rank']} · `{report['module']}` ← `{report['source']}` · "
+        st.markdown(f"Rank {report['rank']} · {widgets.code(report['module'])} ← {widgets.code(report['source'])} · "
                     f"{'strict' if report['strict'] else 'non-strict'} · {report['loaded']} keys loaded")
         for col, key, label in zip(st.columns(3), ("unexpected", "missing", "renamed"),
                                    ("dropped (unexpected)", "missing", "renamed")):
@@ -47,7 +47,7 @@ def body() -> None:
 
 def show(finding) -> None:
     icon = widgets.SEVERITY_ICON.get(finding.severity, "")
-    with st.expander(f"{icon} **{finding.code}** [{finding.severity}] — {finding.message}",
+    with st.expander(f"{icon} **{finding.code}** [{finding.severity}] — {widgets.inert(finding.message)}",
                      expanded=finding.severity == "error"):
         st.markdown(f"**Fix:** {finding.fix}")
         st.code(json.dumps(finding.evidence, indent=1, default=str), language="json")

@@ -27,7 +27,8 @@ def verdict_strip() -> None:
         found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
         said = widgets.counts_said(found) or "no finding"
         colour = "red" if found["error"] else "orange" if found["warning"] else "green"
-        name = f"{r['engine']}" + (f" {r['fault']}" if r["fault"] else "") + f" `{short[r['run_id']]}`"
+        name = (widgets.inert(r["engine"]) + (f" {widgets.inert(r['fault'])}" if r["fault"] else "")
+                + f" {widgets.code(short[r['run_id']])}")
         parts.append(("▶ " if r["run_id"] == run_id else "") + f":{colour}[**{said}**] {name}")
     more = f" · {len(runs) - STRIP_RUNS} more in Runs below" if len(runs) > STRIP_RUNS else ""
     st.markdown("Runs: " + " · ".join(parts) + more)
@@ -37,10 +38,12 @@ def panel(rid: str, narrow: bool) -> None:
     summary = widgets.query(queries.run_summary, rid)
     config = summary["config"]
     head, badge = st.columns([5, 1])
-    head.subheader(f"{summary['engine']}" + (f" · fault `{summary['fault']}`" if summary["fault"] else ""))
+    head.subheader(widgets.inert(summary["engine"])
+                   + (f" · fault {widgets.code(summary['fault'])}" if summary["fault"] else ""))
     with badge:
         widgets.state_badge(summary["state"])
-    st.caption(f"run `{rid}` · {summary['target_model']} + draft {summary['draft_model']} · "
+    st.caption(f"run {widgets.code(rid)} · {widgets.inert(summary['target_model'])} + draft "
+               f"{widgets.inert(summary['draft_model'])} · "
                f"started {widgets.when(summary['started_wall'])} · {summary['world_size']} rank(s) · "
                f"mode {widgets.graph_mode(config, summary['graph_mode'])}")
     widgets.findings_banner(widgets.findings(rid), limit=4 if narrow else 6)
@@ -82,7 +85,7 @@ def verdict(candidate: str, base: str) -> None:
     result = widgets.query(queries.comparison, candidate, base)
     st.subheader("Did acceptance change?")
     if "error" in result:
-        st.warning(f"These runs cannot be compared: {result['error']}")
+        st.warning(f"These runs cannot be compared: {widgets.inert(result['error'])}")
         return
     # the figures of what decided the verdict: one sampling group's where the groups were judged
     group = result["groups"].get(result["decided_by"][0]) if result["groups"] else None
@@ -97,7 +100,8 @@ def verdict(candidate: str, base: str) -> None:
         f"**{result['verdict']}**: {lossy}acceptance length {widgets.fmt(result['base']['mean_acceptance_length'], 3)} "
         f"→ {widgets.fmt(result['candidate']['mean_acceptance_length'], 3)}, difference{where} {diff['delta']:+.3f} "
         f"(95% CI {low:+.3f} … {high:+.3f}), {how}")
-    st.caption(f"Base: run `{base[:12]}` · candidate: the open run `{candidate[:12]}`. The rule: {result['rule']}. "
+    st.caption(f"Base: run {widgets.code(base[:12])} · candidate: the open run {widgets.code(candidate[:12])}. "
+               f"The rule: {result['rule']}. "
                "Intervals are bootstrapped over requests; `specscope compare` gives the same verdict.")
     chart, moved = st.columns([3, 2])
     chart.plotly_chart(charts.positions_compared(result["base"]["per_position_acceptance"],

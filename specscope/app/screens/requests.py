@@ -58,7 +58,7 @@ def body() -> None:
     request_id = st.selectbox("Request", ids, key="request")
     steps = widgets.query(queries.request_steps, run_id, request_id)
     if not steps:
-        st.info(f"{request_id} has no step detail (sampled out: `step_sample` of the run config); its "
+        st.info(f"{widgets.code(request_id)} has no step detail (sampled out: `step_sample` of the run config); its "
                 "acceptance and per-position figures are exact aggregates.")
     left, right = st.columns(2)
     left.plotly_chart(charts.accepted_per_step(steps, k), key="req-steps")

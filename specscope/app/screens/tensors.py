@@ -44,8 +44,9 @@ def body() -> None:
         return
     contract = widgets.query(queries.tensor_contract, run_id)
     widths = queries.draft_input_widths(contract, fused)
-    st.markdown(f"Contract: {len(aux)} capture layers {aux} × target hidden "
-                f"{config.get('target_hidden_size')} = **expected fused width {fused}**; k = {config.get('k')}.")
+    st.markdown(f"Contract: {len(aux)} capture layers {widgets.inert(aux)} × target hidden "
+                f"{widgets.inert(config.get('target_hidden_size'))} = **expected fused width {fused}**; "
+                f"k = {widgets.inert(config.get('k'))}.")
     # The doctor's verdict on the contract (its rules and thresholds, not the page's own).
     verdict = [f for f in widgets.findings(run_id) if f.code in CONTRACT_CODES + UNOBSERVED]
     if widths or verdict:
@@ -64,11 +65,11 @@ def body() -> None:
                 "the engine's fused input such as vLLM's `draft.model.fc:input`): is the draft instrumented?")
     phases = queries.graph_phases(contract)
     mode = summary["graph_mode"] or "eager"
-    counts = ", ".join(f"{phase}: {events:,}" for phase, events in phases.items()) or "none"
+    counts = ", ".join(f"{widgets.inert(phase)}: {events:,}" for phase, events in phases.items()) or "none"
     per_rank = {r["rank"]: r["graph_mode"] for r in widgets.query(queries.ranks, run_id)}
-    by_rank = (" Per rank: " + ", ".join(f"rank {k} {v}" for k, v in per_rank.items()) + "."
+    by_rank = (" Per rank: " + ", ".join(f"rank {k} {widgets.inert(v)}" for k, v in per_rank.items()) + "."
                if len(set(per_rank.values())) > 1 else "")
-    st.info(f"Observed mode — {MODES.get(mode, mode)}{by_rank} Events by graph phase: {counts}.",
+    st.info(f"Observed mode — {MODES.get(mode) or widgets.inert(mode)}{by_rank} Events by graph phase: {counts}.",
             icon=":material/visibility:")
     left, right = st.columns(2)
     with left:
