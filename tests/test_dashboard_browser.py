@@ -212,7 +212,6 @@ def test_stored_text_is_never_markdown(tmp_path):
     from specscope import events as ev
     from specscope.storage import open_store
 
-    sync_api = pytest.importorskip("playwright.sync_api")
     image = "![img](http://127.0.0.9:9/probe.png)"
     run, request = f"run`{image}`x", f"q`{image}"
     store = tmp_path / "hostile.db"
@@ -226,25 +225,19 @@ def test_stored_text_is_never_markdown(tmp_path):
                                 accepted=3, ts_wall=1_750_000_001.0)])  # sampled out of step detail: named
     proc, url = _start(store)
     try:
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                probed: list[str] = []
-                page.on("request", lambda r: probed.append(r.url) if "127.0.0.9" in r.url else None)
-                for path, shown in (("", ":green[no finding]"),
-                                    ("requests", f"{request} has no step detail")):
-                    page.goto(f"{url}/{path}")
-                    page.get_by_text(shown).first.wait_for(timeout=60_000)
-                    page.wait_for_function(SETTLED, timeout=60_000)
-                    page.screenshot(path=str(tmp_path / f"hostile-{path or 'overview'}.png"))
-                    # (a bare URL still becomes a link, as Markdown makes one of it: it fetches nothing)
-                    assert page.eval_on_selector_all("img", "els => els.filter(e => e.src.includes('127.0.0.9'))"
-                                                     ".length") == 0, path
-                    assert page.get_by_text("Traceback").count() == 0, path
-                assert probed == []
-            finally:
-                browser.close()
+        with _chromium_page(tmp_path) as (page, _):
+            probed: list[str] = []
+            page.on("request", lambda r: probed.append(r.url) if "127.0.0.9" in r.url else None)
+            for path, shown in (("", ":green[no finding]"), ("requests", f"{request} has no step detail")):
+                page.goto(f"{url}/{path}")
+                page.get_by_text(shown).first.wait_for(timeout=60_000)
+                page.wait_for_function(SETTLED, timeout=60_000)
+                page.screenshot(path=str(tmp_path / f"hostile-{path or 'overview'}.png"))
+                # (a bare URL still becomes a link, as Markdown makes one of it: it fetches nothing)
+                assert page.eval_on_selector_all("img", "els => els.filter(e => e.src.includes('127.0.0.9'))"
+                                                 ".length") == 0, path
+                assert page.get_by_text("Traceback").count() == 0, path
+            assert probed == []
     finally:
         _stop(proc)
 
