@@ -287,8 +287,9 @@ _BACKTICKS = re.compile("`+")
 
 def inert(text: object) -> str:
     """``text`` as literal Markdown prose: the characters that open a code span, an image, a link, an
-    autolink (``<...>``, ``http://``) or one of Streamlit's ``:name[...]`` directives and ``:icon:``
-    shortcodes escaped (CommonMark escapes ASCII punctuation with a backslash)."""
+    autolink (``<...>``) or one of Streamlit's ``:name[...]`` directives and ``:icon:`` shortcodes
+    escaped (CommonMark escapes ASCII punctuation with a backslash). A bare ``http://`` URL is still
+    made a link (GFM): shown and fetched only when clicked."""
     return str(text).translate(_MARKUP)
 
 
