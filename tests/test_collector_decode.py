@@ -60,6 +60,40 @@ def test_ids_are_decoded_in_the_writer_thread(tmp_path, tokenizer):
     assert threads and threading.main_thread().name not in threads
 
 
+def _streamed(tokenizer, prompt: list[int], ids: list[int]) -> str:
+    """The text vLLM returns for ``ids``: its fast detokenizer's (``FastIncrementalDetokenizer``)
+    ``DecodeStream``, primed with the prompt, one step per token, a withheld step adding nothing."""
+    from tokenizers.decoders import DecodeStream
+
+    stream = DecodeStream(ids=prompt, skip_special_tokens=True)
+    return "".join(stream.step(tokenizer.backend_tokenizer, i) or "" for i in ids)
+
+
+def test_a_requests_text_ends_where_a_streaming_detokenizer_ends(tmp_path, tokenizer):
+    """Every cut of output whose characters span several tokens (one 4-byte emoji is four byte
+    tokens), and each cut followed by a lone byte of another character (junk a lossy verifier emits): the
+    stored text is the text vLLM streamed, never with a trailing incomplete character."""
+    prompt = tokenizer.encode("Say it:")
+    ids = tokenizer.encode(" Zürich → 東京 🐙 naïve Ωμέγα ok")
+    junk = ids[5:6]  # a token of one byte of 東
+    assert tokenizer.decode(junk) == "\ufffd"
+    outputs = [ids[:k] + tail for k in range(len(ids) + 1) for tail in ([], junk)]
+    db = str(tmp_path / "d.db")
+    collector = Collector(db, tokenizer=tokenizer)
+    collector.emit(ev.RunStart(RUN, "vllm", "0.32", "t", "d", config={}))
+    for n, output in enumerate(outputs):
+        collector.emit(ev.RequestStart(RUN, f"r{n}", 0, prompt_tokens=len(prompt)))
+        collector.emit(ev.RequestEnd(RUN, f"r{n}", 0, output_tokens=len(output), verify_steps=0,
+                                     output_ids=tuple(output)))
+    collector.close()
+    with open_store(db, read_only=True) as store:
+        stored = dict(store.query("SELECT request_id, text FROM requests WHERE run_id = :r", {"r": RUN})[1])
+    expected = {f"r{n}": _streamed(tokenizer, prompt, output) for n, output in enumerate(outputs)}
+    assert stored == expected
+    # the cuts did fall mid-character: a one-call decode of them ends in U+FFFD, which vLLM withholds
+    assert sum(tokenizer.decode(output).endswith("\ufffd") for output in outputs) >= 10
+
+
 def test_a_failing_tokenizer_stores_the_events_without_text(tmp_path, caplog):
     class Broken:
         def decode(self, *args, **kwargs):

@@ -4,6 +4,10 @@ engine thread) and the text is decoded here, never where the engine waits.
 The tokenizer is anything with Hugging Face's ``decode(ids, skip_special_tokens=...) -> str``; per
 verify step each emitted token is decoded alone (the Requests page marks each token as draft-accepted
 or bonus), a request's text in one call; special tokens are skipped in both, as engines return text.
+A request's text ends where a streaming detokenizer's ends: engines decode as they stream and withhold
+the tokens' text while it ends in U+FFFD (an incomplete UTF-8 sequence a later token may finish), so a
+request that stops mid-character never returns its last tokens' text (vLLM's ``DecodeStream`` and its
+slow path alike), and neither is it stored.
 Decoded text is made storable (no NUL, no lone surrogate: every database takes it); anything else
 a tokenizer returns, or raises, leaves the event without text: the event itself is always kept.
 """
@@ -18,6 +22,9 @@ from typing import Any
 from specscope.events import Event, RequestEnd, VerifyStep, storable_text
 
 logger = logging.getLogger("specscope.collector")
+
+WITHHELD = "\ufffd"
+"""What a streaming detokenizer holds back at the end of a request's text (see above)."""
 
 TOKEN_CACHE = 1 << 16
 """Most single tokens whose text a decoder keeps (the least recently emitted go first): a few MB."""
@@ -53,10 +60,20 @@ class Decoder:
         return tuple(map(self._token, ids))
 
     def _decode_token(self, token_id: int) -> str:
-        return storable_text(self._checked(self._tokenizer.decode([token_id], skip_special_tokens=True)))
+        return storable_text(self._decoded((token_id,)))
 
     def _text(self, ids: tuple[int, ...]) -> str:
-        return storable_text(self._checked(self._tokenizer.decode(list(ids), skip_special_tokens=True)))
+        # the text of the longest prefix not ending in WITHHELD: a token or a few unless the output
+        # ends in a run of stray bytes
+        end = len(ids)
+        text = self._decoded(ids)
+        while end and text.endswith(WITHHELD):
+            end -= 1
+            text = self._decoded(ids[:end])
+        return storable_text(text)
+
+    def _decoded(self, ids: tuple[int, ...]) -> str:
+        return self._checked(self._tokenizer.decode(list(ids), skip_special_tokens=True))
 
     @staticmethod
     def _checked(text: Any) -> str:
