@@ -71,28 +71,25 @@ def runs(tmp_path_factory) -> tuple[str, dict]:
 
 @pytest.fixture(scope="module")
 def held_back(runs, tmp_path_factory) -> tuple[str, dict]:
-    """The :data:`HELD_BACK` drafts served as the healthy run was, into a store of their own:
-    ``(store path, {fault: VllmRun, None: the healthy run of ``runs``})`` (a fixture of its own: each
-    first test's time limit covers the runs it waits for)."""
-    from specscope.adapters import vllm_demo
-
-    _, done = runs
-    folder = tmp_path_factory.mktemp("vllm-held-back")
-    db = str(folder / "held-back.db")
-    return db, {None: done[None], **{fault: vllm_demo.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
-                                                         workdir=folder / f"work-{fault}") for fault in HELD_BACK}}
+    """The :data:`HELD_BACK` drafts served as the healthy run was (a fixture of its own: each first
+    test's time limit covers the runs it waits for)."""
+    return _beside_healthy(runs, tmp_path_factory.mktemp("vllm-held-back"), HELD_BACK)
 
 
 @pytest.fixture(scope="module")
-def vocab_maps(tmp_path_factory) -> tuple[str, dict]:
-    """A healthy run and the :data:`VOCAB_MAPS` drafts served as it was, into a store of their own:
-    ``(store path, {fault or None: VllmRun})``."""
+def vocab_maps(runs, tmp_path_factory) -> tuple[str, dict]:
+    """The :data:`VOCAB_MAPS` drafts served as the healthy run was."""
+    return _beside_healthy(runs, tmp_path_factory.mktemp("vllm-vocab-maps"), VOCAB_MAPS)
+
+
+def _beside_healthy(runs, folder, faults) -> tuple[str, dict]:
+    """``faults``' drafts served as the healthy run of ``runs`` was, into a store of their own in
+    ``folder``: ``(store path, {fault: VllmRun, None: that healthy run})``."""
     from specscope.adapters import vllm_demo
 
-    folder = tmp_path_factory.mktemp("vllm-vocab-maps")
-    db = str(folder / "vocab-maps.db")
-    return db, {fault: vllm_demo.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32, workdir=folder / f"work-{fault}")
-                for fault in (None, *VOCAB_MAPS)}
+    db = str(folder / "store.db")
+    return db, {None: runs[1][None], **{fault: vllm_demo.run(db, fault=fault, prompts=PROMPTS, max_new_tokens=32,
+                                                            workdir=folder / f"work-{fault}") for fault in faults}}
 
 
 def _rows(store, sql: str, run_id: str) -> list[tuple]:
