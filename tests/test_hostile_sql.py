@@ -29,6 +29,9 @@ SQLITE_DENIED = {
     "PRAGMA user_version = 7": "PRAGMA user_version",
     "PRAGMA journal_mode = DELETE": "PRAGMA journal_mode",
     "PRAGMA query_only = OFF": "PRAGMA query_only",
+    "PRAGMA Writable_Schema = ON": "PRAGMA Writable_Schema",
+    "UPDATE sqlite_master SET sql = 'x'": "table sqlite_master may not be modified",
+    "WITH c AS (SELECT 1) UPDATE sqlite_schema SET name = 'x' WHERE name = 'runs'": "may not be modified",
     "SELECT load_extension('/tmp/nothing')": "load_extension",
     "SELECT fts3_tokenizer('simple')": "fts3_tokenizer",
     "DELETE FROM runs": "DELETE on runs",
@@ -90,6 +93,16 @@ def test_sqlite_denial_names_the_action(tmp_path: Path) -> None:
         # the pooled connection is clean again: the next statement runs, schema PRAGMAs work
         assert store.query("SELECT 1")[1] == [(1,)]
         assert ("run_id",) in [(row[1],) for row in store.query("PRAGMA table_info(runs)")[1]]
+
+
+def test_sqlite_reads_through_table_valued_functions_and_pragmas_as_sqlite_spells_them(tmp_path: Path) -> None:
+    url = _seed(str(tmp_path / "store.db"))
+    with open_store(url, read_only=True) as store:  # each a first use on its connection
+        assert store.query("SELECT name FROM pragma_table_info('runs') WHERE name = 'run_id'")[1] == [("run_id",)]
+        assert store.query("SELECT COUNT(*) FROM json_each('[1, 2, 3]')")[1] == [(3,)]
+        assert store.query("SELECT r.run_id, j.value FROM runs r, json_each('[7]') j")[1] == [("run-a", 7)]
+        assert ("run_id",) in [(row[1],) for row in store.query("PRAGMA Table_Info(runs)")[1]]
+    assert _snapshot(url) == [("run-a", "reference")]
 
 
 @pytest.mark.postgres

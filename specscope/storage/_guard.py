@@ -113,7 +113,13 @@ class SqliteGuard:
             self._functions += 1  # one call per reference, authorized as the statement is prepared
             if self._functions <= MAX_FUNCTION_CALLS:
                 return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_PRAGMA and arg1 in READ_PRAGMAS:
+        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in READ_PRAGMAS:  # as SQLite reads names
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_UPDATE and arg1 in _SCHEMA_TABLES:
+            # A connection's first use of a table-valued function (json_each, pragma_table_info) is
+            # authorized as an UPDATE of the schema table's columns; a statement of the user's that
+            # does update it never prepares: SQLite refuses it while writable_schema is off, and that
+            # PRAGMA is denied (and the connection is query_only)
             return sqlite3.SQLITE_OK
         if self.denied is None:
             if action == sqlite3.SQLITE_PRAGMA:
