@@ -86,3 +86,12 @@ def test_missing_store_exits_2_without_creating_it(tmp_path: Path, capsys: pytes
 def test_bad_sql_exits_2(db: str, capsys: pytest.CaptureFixture) -> None:
     assert main(["query", "--db", db, "SELECT * FROM no_such_table"]) == 2
     assert "no_such_table" in capsys.readouterr().err
+
+
+@pytest.mark.postgres
+def test_postgres_types_without_a_binary_reader_print_as_postgresql_writes_them(pg_url: str,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    open_store(pg_url).close()
+    sql = "SELECT 'pg_class'::regclass AS rel, xmlparse(content '<a>1</a>') AS doc, point(1, 2) AS p"
+    assert main(["query", "--db", pg_url, "--json", sql]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"rel": "pg_class", "doc": "<a>1</a>", "p": "(1,2)"}]

@@ -163,7 +163,9 @@ def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None
                     functions: frozenset[str]) -> tuple[list[str], list[tuple]]:
     # A SELECT runs through a server-side cursor (DECLARE, then FETCH of about _FETCH_BYTES at a
     # time): its columns are known without a row and nothing is run twice; EXPLAIN and SHOW, whose
-    # result is a row or a few, stream. binary=True: the extended protocol, one statement only.
+    # result is a row or a few, stream. Both send the statement in the extended protocol (one
+    # statement only) and take results as text: psycopg reads every type from text, where a type
+    # without a binary loader (regclass, xml, point, ...) would come back as its wire bytes.
     import psycopg  # the PostgreSQL driver is optional (extra "postgres"); this store needs it
 
     raw = conn.connection.dbapi_connection
@@ -182,13 +184,13 @@ def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None
             refuse_unlisted(cursor, functions, url)
         if declarable:
             with raw.cursor(name="specscope_user_query") as cursor:
-                cursor.execute(sql, params, binary=True)
+                cursor.execute(sql, params)
                 columns = [column.name for column in cursor.description]
                 return columns, cap.take(_fetched(cursor, limit_time))
         with raw.cursor() as cursor:
             # stream(): rows arrive one by one (a plain cursor would hold the whole result in memory
             # before the caps apply); leaving it early cancels the statement.
-            stream = cursor.stream(sql, params, binary=True)
+            stream = cursor.stream(sql, params)
             try:
                 rows = cap.take(stream)
             finally:
