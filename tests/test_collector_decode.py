@@ -94,6 +94,32 @@ def test_a_requests_text_ends_where_a_streaming_detokenizer_ends(tmp_path, token
     assert sum(tokenizer.decode(output).endswith("\ufffd") for output in outputs) >= 10
 
 
+def test_output_ending_in_a_long_run_of_stray_bytes_is_walked_back_in_short_decodes(tmp_path, tokenizer):
+    stray = tokenizer.encode(" 東")[1:2]  # one byte of 東, alone U+FFFD
+    head = tokenizer.encode(" The octopus")
+    decoded = []
+
+    class Counted:
+        def decode(self, ids, **kwargs):
+            decoded.append(len(ids))
+            return tokenizer.decode(ids, **kwargs)
+
+    outputs = {"short": head + stray * 50, "long": head + stray * 20_000}
+    db = str(tmp_path / "d.db")
+    collector = Collector(db, tokenizer=Counted())
+    collector.emit(ev.RunStart(RUN, "vllm", "0.32", "t", "d", config={}))
+    for rid, output in outputs.items():
+        collector.emit(ev.RequestStart(RUN, rid, 0, prompt_tokens=1))
+        collector.emit(ev.RequestEnd(RUN, rid, 0, output_tokens=len(output), verify_steps=0, output_ids=tuple(output)))
+    collector.close()
+    with open_store(db, read_only=True) as store:
+        stored = dict(store.query("SELECT request_id, text FROM requests WHERE run_id = :r", {"r": RUN})[1])
+    assert stored == {"short": " The octopus", "long": " The octopus"}
+    assert stored["short"] == _streamed(tokenizer, [], outputs["short"])  # what vLLM streams
+    # one decode of a few tokens per stray byte, and one of the text: linear in the output, not quadratic
+    assert len(decoded) <= 20_050 + 4 * len(outputs) and max(decoded) <= 8
+
+
 def test_a_failing_tokenizer_stores_the_events_without_text(tmp_path, caplog):
     class Broken:
         def decode(self, *args, **kwargs):

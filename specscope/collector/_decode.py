@@ -26,6 +26,10 @@ logger = logging.getLogger("specscope.collector")
 WITHHELD = "\ufffd"
 """What a streaming detokenizer holds back at the end of a request's text (see above)."""
 
+ENDING_TOKENS = 8
+"""Tokens whose text decides how a decoding ends: the last character is at most 4 UTF-8 bytes, and a
+token holds at least one."""
+
 TOKEN_CACHE = 1 << 16
 """Most single tokens whose text a decoder keeps (the least recently emitted go first): a few MB."""
 
@@ -63,14 +67,13 @@ class Decoder:
         return storable_text(self._decoded((token_id,)))
 
     def _text(self, ids: tuple[int, ...]) -> str:
-        # the text of the longest prefix not ending in WITHHELD: a token or a few unless the output
-        # ends in a run of stray bytes
+        # the text of the longest prefix whose decoding does not end in WITHHELD, each prefix's end
+        # read off its last ENDING_TOKENS (output ending in a long run of stray bytes walks back over
+        # all of them: one short decode per token, not one of the whole prefix)
         end = len(ids)
-        text = self._decoded(ids)
-        while end and text.endswith(WITHHELD):
+        while end and self._decoded(ids[max(0, end - ENDING_TOKENS):end]).endswith(WITHHELD):
             end -= 1
-            text = self._decoded(ids[:end])
-        return storable_text(text)
+        return storable_text(self._decoded(ids[:end]))
 
     def _decoded(self, ids: tuple[int, ...]) -> str:
         return self._checked(self._tokenizer.decode(list(ids), skip_special_tokens=True))
