@@ -105,6 +105,26 @@ def test_sqlite_reads_through_table_valued_functions_and_pragmas_as_sqlite_spell
     assert _snapshot(url) == [("run-a", "reference")]
 
 
+def test_sqlite_a_crafted_table_named_like_a_temp_schema_table_is_refused_by_the_authorizer(tmp_path: Path) -> None:
+    """The pass a table-valued function's first use needs (an UPDATE of main's schema table) is not
+    given to a table of a crafted file that SQLite loads under a temp schema table's name."""
+    import sqlite3
+
+    url = _seed(str(tmp_path / "store.db"))
+    with sqlite3.connect(url) as conn:
+        conn.execute("CREATE TABLE yy(a)")
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("UPDATE sqlite_master SET name = 'sqlite_temp_master', tbl_name = 'sqlite_temp_master', "
+                     "sql = 'CREATE TABLE sqlite_temp_master(a)' WHERE name = 'yy'")
+    conn.close()
+    before = (tmp_path / "store.db").read_bytes()
+    with open_store(url, read_only=True) as store:
+        with pytest.raises(ReadOnlyViolation, match="UPDATE on sqlite_temp_master is not allowed"):
+            store.query("UPDATE main.sqlite_temp_master SET a = 3")
+        assert store.query("SELECT COUNT(*) FROM json_each('[1]')")[1] == [(1,)]
+    assert (tmp_path / "store.db").read_bytes() == before
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("sql", POSTGRES_REFUSED)
 def test_postgres_refuses(sql: str, pg_url: str) -> None:

@@ -60,6 +60,7 @@ _TABLE_WRITES = {sqlite3.SQLITE_INSERT: "INSERT", sqlite3.SQLITE_UPDATE: "UPDATE
                  sqlite3.SQLITE_DELETE: "DELETE"}
 # SQLite authorizes CREATE / DROP as a write on its schema table before the CREATE / DROP action itself
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"})
+_MAIN_SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema"})
 
 
 @dataclass
@@ -105,7 +106,7 @@ class SqliteGuard:
             return SQLITE_MAX_VALUE_BYTES
         return max(1, min(self.max_value_bytes, SQLITE_MAX_VALUE_BYTES))
 
-    def _authorize(self, action: int, arg1: str | None, arg2: str | None, _db: str | None,
+    def _authorize(self, action: int, arg1: str | None, arg2: str | None, db: str | None,
                    _trigger: str | None) -> int:
         if action in _ALLOWED:
             return sqlite3.SQLITE_OK
@@ -115,11 +116,12 @@ class SqliteGuard:
                 return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in READ_PRAGMAS:  # as SQLite reads names
             return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_UPDATE and arg1 in _SCHEMA_TABLES:
+        if action == sqlite3.SQLITE_UPDATE and arg1 in _MAIN_SCHEMA_TABLES and db == "main":
             # A connection's first use of a table-valued function (json_each, pragma_table_info) is
-            # authorized as an UPDATE of the schema table's columns; a statement of the user's that
+            # authorized as an UPDATE of main's schema table's columns; a statement of the user's that
             # does update it never prepares: SQLite refuses it while writable_schema is off, and that
-            # PRAGMA is denied (and the connection is query_only)
+            # PRAGMA is denied (and the connection is query_only). A table of a crafted file named
+            # like a temp schema table gets no such pass.
             return sqlite3.SQLITE_OK
         if self.denied is None:
             if action == sqlite3.SQLITE_PRAGMA:
@@ -128,7 +130,7 @@ class SqliteGuard:
                 self.denied = f"a statement calling more than {MAX_FUNCTION_CALLS} functions"
             elif action == sqlite3.SQLITE_FUNCTION:
                 self.denied = f"function {arg2}()"
-            elif action in _TABLE_WRITES and arg1 in _SCHEMA_TABLES:
+            elif action in (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_DELETE) and arg1 in _SCHEMA_TABLES:
                 self.denied = "changing the schema (CREATE / DROP)"
             elif action in _TABLE_WRITES:
                 self.denied = f"{_TABLE_WRITES[action]} on {arg1}"
