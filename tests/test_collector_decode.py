@@ -136,6 +136,27 @@ def test_a_failing_tokenizer_stores_the_events_without_text(tmp_path, caplog):
     assert sum("decoding token ids failed" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_tokenizer_raising_system_exit_keeps_the_writer_and_every_event(tmp_path):
+    class Exiting:
+        def decode(self, ids, **kwargs):
+            if len(ids) == 3:
+                raise SystemExit(3)
+            return "ok"
+
+    db = str(tmp_path / "d.db")
+    collector = Collector(db, tokenizer=Exiting())
+    for event in _events([5, 6, 7], (5,)):
+        collector.emit(event)
+    assert collector.flush(10)
+    collector.emit(ev.RequestStart(RUN, "after", 0, prompt_tokens=1))
+    collector.emit(ev.RequestEnd(RUN, "after", 0, output_tokens=2, verify_steps=0, output_ids=(1, 2)))
+    collector.close()
+    with open_store(db, read_only=True) as store:
+        assert store.query("SELECT request_id, text FROM requests ORDER BY request_id")[1] == [("after", "ok"),
+                                                                                             ("req", None)]
+    assert collector.dropped == 0
+
+
 @pytest.mark.parametrize("returned", [b"bytes", None, 7], ids=["bytes", "none", "int"])
 def test_a_tokenizer_returning_no_text_keeps_every_event(tmp_path, returned):
     class Odd:

@@ -54,7 +54,9 @@ class Decoder:
             if isinstance(event, RequestEnd) and event.output_ids is not None:
                 text = event.text if event.text is not None else self._text(event.output_ids)
                 return dataclasses.replace(event, text=text, output_ids=None)
-        except Exception as exc:  # noqa: BLE001 - text is a courtesy: the event is stored without it
+        # text is a courtesy: the event is stored without it. BaseException too: a tokenizer's
+        # SystemExit raised in this thread would end the writer, not the process, and every event with it
+        except BaseException as exc:  # noqa: BLE001
             self._warn(exc)
             return dataclasses.replace(event, emitted_ids=None) if isinstance(event, VerifyStep) else \
                 dataclasses.replace(event, output_ids=None)
