@@ -46,7 +46,11 @@ SQLITE_DENIED = {
 POSTGRES_REFUSED = [
     "DELETE FROM runs", "INSERT INTO runs (run_id) VALUES ('x')", "DROP TABLE runs",
     "CREATE TEMP TABLE t(a int)", "CREATE TABLE t(a int)", "COMMIT", "SET statement_timeout = 0",
-    "SELECT 1; DELETE FROM runs", "COMMIT; DELETE FROM runs", "SELECT set_config('default_transaction_read_only', 'off', false); DELETE FROM runs",
+    "SELECT 1; DELETE FROM runs", "COMMIT; DELETE FROM runs", "EXPLAIN SELECT 1",
+    # the plan prints the folded constant: a 200 MB line past the result cap
+    "EXPLAIN VERBOSE SELECT repeat('x', 200000000)",
+    "EXPLAIN (FORMAT JSON) WITH c(x) AS (VALUES ('x')) SELECT * FROM runs, c WHERE engine = repeat(x, 200000000)",
+    "SELECT set_config('default_transaction_read_only', 'off', false); DELETE FROM runs",
 ]
 
 

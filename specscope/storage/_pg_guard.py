@@ -1,8 +1,11 @@
 """What a user's SQL may do on PostgreSQL: parsed (PostgreSQL's own parser, ``pglast``) and refused
 before it runs unless it is one query whose every function is a read-only built-in.
 
-- One SELECT / WITH / VALUES / TABLE, EXPLAIN of one, or SHOW; no data-modifying CTE, SELECT INTO or
-  row-locking clause; no read of the catalog relations that reach past the store (the server's
+- One SELECT / WITH / VALUES / TABLE, or SHOW; no data-modifying CTE, SELECT INTO or row-locking
+  clause; no EXPLAIN: the planner folds constant expressions (through inlined CTEs and pulled-up
+  subqueries too) and prints the values into the plan, one line of up to a gigabyte that reaches
+  this process whole, past the result cap (a query's rows are capped by the server, in a wrapper
+  no EXPLAIN can take); no read of the catalog relations that reach past the store (the server's
   files, the roles' secrets, other sessions, the statistics' sampled values:
   :data:`DENIED_POSTGRES_RELATIONS`), whatever the role.
 - Functions are refused by what runs, not by how the call is written: a call ``f(x)``, and a name
@@ -110,7 +113,7 @@ _PARAMETER = re.compile(r"%\(\w+\)s")  # psycopg's named placeholders, as SQLAlc
 @dataclass(frozen=True)
 class CheckedQuery:
     """A statement that passed the parse: ``select`` is its own text for a SELECT / WITH / VALUES /
-    TABLE (no ``;``, for :func:`capped_select`), None for EXPLAIN and SHOW; ``functions`` the names
+    TABLE (no ``;``, for :func:`capped_select`), None for SHOW; ``functions`` the names
     :func:`refuse_unlisted` looks up before it runs."""
 
     select: str | None
@@ -144,15 +147,14 @@ def check_postgres(sql: str, url: str) -> CheckedQuery:
     node = raw.stmt
     kind = type(node).__name__
     if kind == "ExplainStmt":
-        node = node.query
-    elif kind == "VariableShowStmt":
+        raise _refused(url, "EXPLAIN (a plan prints the values PostgreSQL folds while planning, of any "
+                            "size, past the result cap; run it in psql)")
+    if kind == "VariableShowStmt":
         return CheckedQuery(None, frozenset())
-    if type(node).__name__ != "SelectStmt":
+    if kind != "SelectStmt":
         first = sql[raw.stmt_location or 0:].split(None, 1)
         raise _refused(url, f"{first[0].upper() if first else kind} (a statement that is not a query)")
     functions = _functions(node, url)
-    if kind != "SelectStmt":
-        return CheckedQuery(None, functions)
     start = raw.stmt_location or 0
     return CheckedQuery(sql[start:start + raw.stmt_len] if raw.stmt_len else sql[start:], functions)
 
@@ -197,7 +199,7 @@ def capped_select(select: str, max_bytes: int) -> str:
 def _refused(url: str, what: str) -> ReadOnlyViolation:
     """The one-line refusal of a statement or function ``what``."""
     return ReadOnlyViolation(f"query on {url}: {what} is not allowed (the SQL surface is read-only: "
-                             "SELECT, WITH, VALUES, TABLE, EXPLAIN and SHOW only)")
+                             "SELECT, WITH, VALUES, TABLE and SHOW only)")
 
 
 def _functions(root: object, url: str) -> frozenset[str]:
