@@ -56,6 +56,15 @@ def test_exit_status_per_run(db, capsys):
     assert status == 1 and "ERROR   AUX_NOT_FUSED [run no-aux]" in out
 
 
+def test_a_whole_store_report_gives_each_run_its_own_verdict(db, capsys):
+    status, out, _ = doctor(capsys, "--db", db)
+    runs = {line.split()[1]: line for line in out.splitlines() if line.startswith("run ")}
+    assert status == 1 and set(runs) == {"healthy", "no-aux"}
+    assert runs["healthy"].endswith("-> 0 error(s), 0 warning(s), 1 info")
+    assert runs["no-aux"].endswith("-> 3 error(s), 0 warning(s), 1 info")
+    assert "3 error(s), 0 warning(s), 2 info" in out.splitlines()  # the store's totals
+
+
 def test_unknown_run_is_bad_input(db, capsys):
     status, out, err = doctor(capsys, "--db", db, "--run", "missing")
     assert (status, out) == (2, "")

@@ -44,20 +44,27 @@ def _number(value: float | None, spec: str) -> str:
 
 
 def render_text(report: DoctorReport) -> str:
-    """Per run one summary line, then the findings (errors first) with evidence and fix."""
+    """Per run one summary line (with its own verdict where the report holds several runs), the
+    totals, then the findings (errors first) with evidence and fix."""
     lines = []
     for run in report.runs:
         fault = f" fault={run.fault}" if run.fault else ""
         positions = " ".join(f"{p:.2f}" for p in run.per_position_acceptance) or "n/a"
+        verdict = ""
+        if len(report.runs) > 1:
+            verdict = f" -> {_counts([f for f in report.findings if f.run_id == run.run_id])}"
         lines.append(f"run {run.run_id} [{run.engine}{fault}]: {run.requests} request(s), "
                      f"{run.verify_steps} verify step(s), AL {_number(run.mean_acceptance_length, '.2f')}, "
-                     f"rate {_number(run.acceptance_rate, '.1%')}, p_i {positions}")
+                     f"rate {_number(run.acceptance_rate, '.1%')}, p_i {positions}{verdict}")
     if not report.runs:
         lines.append("no runs in this store")
-    errors = sum(f.severity == "error" for f in report.findings)
-    warnings = sum(f.severity == "warning" for f in report.findings)
-    lines.append(f"{errors} error(s), {warnings} warning(s), "
-                 f"{len(report.findings) - errors - warnings} info")
+    lines.append(_counts(report.findings))
     for f in report.findings:
         lines += finding_lines(f)
     return "\n".join(lines)
+
+
+def _counts(findings: list[Finding]) -> str:
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = sum(f.severity == "warning" for f in findings)
+    return f"{errors} error(s), {warnings} warning(s), {len(findings) - errors - warnings} info"
