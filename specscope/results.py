@@ -26,9 +26,24 @@ def to_json(value: Any, indent: int | None = 2) -> str:
 
 
 def write_json(columns: list[str], rows: list[tuple], out: TextIO) -> None:
-    """A JSON list with one object per row (NULL -> null, PostgreSQL numerics -> numbers)."""
-    out.write(to_json([dict(zip(columns, row)) for row in rows], indent=1))
+    """A JSON list with one object per row (NULL -> null, PostgreSQL numerics -> numbers); a column
+    name seen before gets a suffix (``a``, ``a_2``), so no column is lost to another of its name."""
+    keys = _distinct(columns)
+    out.write(to_json([dict(zip(keys, row)) for row in rows], indent=1))
     out.write("\n")
+
+
+def _distinct(names: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        key, n = name, 1
+        while key in seen:
+            n += 1
+            key = f"{name}_{n}"
+        seen.add(key)
+        out.append(key)
+    return out
 
 
 def write_csv(columns: list[str], rows: list[tuple], out: TextIO) -> None:

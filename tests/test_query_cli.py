@@ -52,6 +52,11 @@ def test_json_output(db: str, capsys: pytest.CaptureFixture) -> None:
         {"mean_acceptance_length": 2.75, "acceptance_rate": 0.4375}]
 
 
+def test_json_keeps_columns_of_one_name(db: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(["query", "--db", db, "--json", "SELECT 1 AS a, 2 AS a, 3 AS a_2"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"a": 1, "a_2": 2, "a_2_2": 3}]
+
+
 def test_csv_output_and_limit(db: str, capsys: pytest.CaptureFixture) -> None:
     assert main(["query", "--db", db, "--csv", "--limit", "1", SQL]) == 0
     out, err = capsys.readouterr()
