@@ -69,12 +69,18 @@ class Decoder:
         return storable_text(self._decoded((token_id,)))
 
     def _text(self, ids: tuple[int, ...]) -> str:
-        # the text of the longest prefix whose decoding does not end in WITHHELD, each prefix's end
-        # read off its last ENDING_TOKENS (output ending in a long run of stray bytes walks back over
-        # all of them: one short decode per token, not one of the whole prefix)
+        # the text of the longest prefix whose decoding does not end in WITHHELD. Tokens without text
+        # of their own (special ones, skipped) end nothing: withheld with what precedes them. Each
+        # ending is read off the last ENDING_TOKENS tokens with text (output ending in a long run of
+        # stray bytes walks back over all of them: one short decode per token, not of the prefix)
         end = len(ids)
-        while end and self._decoded(ids[max(0, end - ENDING_TOKENS):end]).endswith(WITHHELD):
-            end -= 1
+        while end:
+            last = end
+            while last and not self._token(ids[last - 1]):
+                last -= 1
+            if not last or not self._decoded(ids[max(0, last - ENDING_TOKENS):last]).endswith(WITHHELD):
+                break
+            end = last - 1
         return storable_text(self._decoded(ids[:end]))
 
     def _decoded(self, ids: tuple[int, ...]) -> str:
