@@ -71,6 +71,14 @@ def test_unknown_run_is_bad_input(db, capsys):
     assert err.count("\n") == 1 and "no run 'missing'" in err and "no-aux" in err
 
 
+def test_an_empty_run_id_is_bad_input_not_the_only_run(tmp_path, capsys):
+    path = str(tmp_path / "one.db")
+    with open_store(path) as store:
+        T.no_aux_capture().write(store)
+    status, out, err = doctor(capsys, "--db", path, "--run", "")
+    assert (status, out) == (2, "") and err.count("\n") == 1 and "an empty run id" in err and "no-aux" in err
+
+
 def test_a_store_without_runs_is_bad_input_not_a_pass(tmp_path, capsys):
     """A store the engine never wrote to (a typo'd path the dashboard created): a `doctor || fail`
     gate must not pass on it."""

@@ -17,9 +17,12 @@ def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
     store in errors).
 
     Raises:
-        ConfigError: no run id equals or starts with ``run_id`` (the message names the known run ids),
-            or several start with it (the message names them).
+        ConfigError: ``run_id`` is empty (every run id starts with it), no run id equals or starts
+            with it (the message names the known run ids), or several start with it (named).
     """
+    if not run_id:
+        raise ConfigError(f"an empty run id names no run of {url}: give a run id or a unique prefix of one; "
+                          f"{_known_runs(conn)}")
     if fetch(conn, q.RUN_META, run_id=run_id):
         return run_id
     literal = run_id.replace("!", "!!").replace("%", "!%").replace("_", "!_")  # wildcards stay literal
