@@ -3,7 +3,7 @@ engine thread) and the text is decoded here, never where the engine waits.
 
 The tokenizer is anything with Hugging Face's ``decode(ids, skip_special_tokens=...) -> str``; per
 verify step each emitted token is decoded alone (the Requests page marks each token as draft-accepted
-or bonus), a request's text in one call; special tokens are skipped in both, as engines return text.
+or bonus), a request's text as a whole; special tokens are skipped in both, as engines return text.
 A request's text ends where a streaming detokenizer's ends: engines decode as they stream and withhold
 the tokens' text while it ends in U+FFFD (an incomplete UTF-8 sequence a later token may finish), so a
 request that stops mid-character never returns its last tokens' text (vLLM's ``DecodeStream`` and its

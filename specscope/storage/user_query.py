@@ -163,9 +163,9 @@ def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None
                     functions: frozenset[str]) -> tuple[list[str], list[tuple]]:
     # A SELECT runs through a server-side cursor (DECLARE, then FETCH of about _FETCH_BYTES at a
     # time): its columns are known without a row and nothing is run twice; SHOW, whose result is
-    # one row, streams. Both send the statement in the extended protocol (one
-    # statement only) and take results as text: psycopg reads every type from text, where a type
-    # without a binary loader (regclass, xml, point, ...) would come back as its wire bytes.
+    # one row, streams. Both send the statement in the extended protocol (one statement only) and
+    # take results as text: psycopg reads every type from text, where a type without a binary
+    # loader (regclass, xml, point, ...) would come back as its wire bytes.
     import psycopg  # the PostgreSQL driver is optional (extra "postgres"); this store needs it
 
     raw = conn.connection.dbapi_connection
