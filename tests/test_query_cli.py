@@ -100,3 +100,14 @@ def test_postgres_types_without_a_binary_reader_print_as_postgresql_writes_them(
     sql = "SELECT 'pg_class'::regclass AS rel, xmlparse(content '<a>1</a>') AS doc, point(1, 2) AS p"
     assert main(["query", "--db", pg_url, "--json", sql]) == 0
     assert json.loads(capsys.readouterr().out) == [{"rel": "pg_class", "doc": "<a>1</a>", "p": "(1,2)"}]
+
+
+@pytest.mark.postgres
+def test_postgres_dates_out_of_pythons_range_and_intervals_print_as_postgresql_writes_them(
+        pg_url: str, capsys: pytest.CaptureFixture) -> None:
+    open_store(pg_url).close()
+    sql = ("SELECT 'infinity'::date AS d, '-infinity'::timestamp AS t, '0044-03-15 BC'::date AS bc, "
+           "'1 mon'::interval AS m, '-178000000 years'::interval AS y, '2026-01-02'::date AS ok")
+    assert main(["query", "--db", pg_url, "--json", sql]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"d": "infinity", "t": "-infinity", "bc": "0044-03-15 BC",
+                                                    "m": "1 mon", "y": "-178000000 years", "ok": "2026-01-02"}]

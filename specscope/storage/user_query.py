@@ -27,6 +27,7 @@ from specscope.storage._pg_guard import (
     postgres_timeout_sql,
     refuse_unlisted,
 )
+from specscope.storage._pg_values import register_value_readers
 
 MAX_SQL_CHARS = 1_000_000  # far above any query a person writes; PostgreSQL's parser is bounded again
 _PG_QUERY_CANCELED = "57014"  # SQLSTATE query_canceled: statement_timeout expired
@@ -169,6 +170,7 @@ def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None
     import psycopg  # the PostgreSQL driver is optional (extra "postgres"); this store needs it
 
     raw = conn.connection.dbapi_connection
+    register_value_readers(raw)  # the connection ends with this query (invalidated by the caller)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def limit_time() -> None:  # before each round trip: the statement gets the time that is left

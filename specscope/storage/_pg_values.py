@@ -1,0 +1,43 @@
+"""How a user query's PostgreSQL values become Python: as psycopg reads them (from text, see
+:mod:`.user_query`), except where psycopg cannot or reads them wrong.
+
+- ``date``, ``timestamp``, ``timestamptz``: a value outside Python's range (``infinity``, a BC date,
+  year 10000 and later) failed the whole query; it is kept as PostgreSQL writes it.
+- ``interval``: ``timedelta`` has no months (``'1 mon'`` read as 30 days) and psycopg's parse wraps
+  around past 32 bits of days (``'-178000000 years'`` read as -545490560 days); every interval is
+  kept as PostgreSQL writes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_AS_WRITTEN_WHEN_OUT_OF_RANGE = ("date", "timestamp", "timestamptz")
+
+
+def register_value_readers(connection: Any) -> None:
+    """Install the readers above on ``connection`` (a psycopg connection used for one user query)."""
+    import psycopg
+    from psycopg.adapt import Loader
+    from psycopg.pq import Format
+    from psycopg.types.string import TextLoader
+
+    adapters = connection.adapters
+    for name in _AS_WRITTEN_WHEN_OUT_OF_RANGE:
+        base = adapters.get_loader(adapters.types[name].oid, Format.TEXT)
+
+        class AsWrittenWhenOutOfRange(Loader):
+            _base = base
+
+            def __init__(self, oid: int, context: Any = None) -> None:
+                super().__init__(oid, context)
+                self._reader = self._base(oid, context)
+
+            def load(self, data: Any) -> Any:
+                try:
+                    return self._reader.load(data)
+                except psycopg.DataError:
+                    return bytes(data).decode()
+
+        adapters.register_loader(name, AsWrittenWhenOutOfRange)
+    adapters.register_loader("interval", TextLoader)
