@@ -30,6 +30,8 @@ SQLITE_DENIED = {
     "PRAGMA journal_mode = DELETE": "PRAGMA journal_mode",
     "PRAGMA query_only = OFF": "PRAGMA query_only",
     "PRAGMA Writable_Schema = ON": "PRAGMA Writable_Schema",
+    "SELECT sql FROM sqlite_stmt": "reading sqlite_stmt",
+    "WITH RECURSIVE c(x) AS (SELECT 1) SELECT sql FROM c, SQLITE_STMT": "reading sqlite_stmt",
     "UPDATE sqlite_master SET sql = 'x'": "table sqlite_master may not be modified",
     "WITH c AS (SELECT 1) UPDATE sqlite_schema SET name = 'x' WHERE name = 'runs'": "may not be modified",
     "SELECT load_extension('/tmp/nothing')": "load_extension",

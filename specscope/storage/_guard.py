@@ -61,6 +61,8 @@ _TABLE_WRITES = {sqlite3.SQLITE_INSERT: "INSERT", sqlite3.SQLITE_UPDATE: "UPDATE
 # SQLite authorizes CREATE / DROP as a write on its schema table before the CREATE / DROP action itself
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"})
 _MAIN_SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema"})
+# Virtual tables that read past the statement: the pooled connection is shared by the dashboard's viewers
+_PRIVATE_TABLES = {"sqlite_stmt": "the SQL of other statements prepared on this connection"}
 
 
 @dataclass
@@ -108,6 +110,10 @@ class SqliteGuard:
 
     def _authorize(self, action: int, arg1: str | None, arg2: str | None, db: str | None,
                    _trigger: str | None) -> int:
+        if action == sqlite3.SQLITE_READ and (arg1 or "").lower() in _PRIVATE_TABLES:
+            if self.denied is None:
+                self.denied = f"reading {arg1} ({_PRIVATE_TABLES[arg1.lower()]})"
+            return sqlite3.SQLITE_DENY
         if action in _ALLOWED:
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_FUNCTION and arg2 not in _DENIED_FUNCTIONS:
