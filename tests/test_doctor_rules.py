@@ -106,6 +106,18 @@ def test_dropped_keys(store):
     assert "ACCEPT_COLLAPSE" in report.codes()
 
 
+def test_a_dropped_key_prefix_is_quoted_in_the_fix_as_one_code_span(store):
+    """The fix is Markdown on the dashboard: a checkpoint's key prefix holding a backtick and an image
+    stays inside one code span (fenced past its backticks), never an image a viewer's browser fetches."""
+    hostile = "a`b![i](http://probe.invalid/x)."
+    trace = T.Trace("hostile-keys", (T.RankTrace(missing=tuple(f"midlayer.{p}" for p in T.LAYER_PARAMS),
+                                                 unexpected=tuple(f"{hostile}{p}" for p in T.LAYER_PARAMS),
+                                                 accepted=(0,)),))
+    dropped = only(run(store, trace), "WEIGHTS_DROPPED")
+    assert dropped.evidence["rename"] == [hostile, "midlayer."]
+    assert f"rename checkpoint keys ``{hostile}*`` to `midlayer.*`" in dropped.fix
+
+
 def test_nonfinite_activations(store):
     report = run(store, T.nonfinite())
     evidence = only(report, "NONFINITE_ACTIVATIONS").evidence

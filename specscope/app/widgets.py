@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import re
 import types
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -22,6 +21,7 @@ from specscope import readmodel
 from specscope.app import DB_ENV, queries, trace_threshold
 from specscope.errors import SpecscopeError
 from specscope.events import Finding, unhooked
+from specscope.findings import code_span as code
 from specscope.storage import Store, open_store
 
 logger = logging.getLogger("specscope")
@@ -282,7 +282,6 @@ def shape_text(shape: str | None) -> str:
 # written by whoever can write the store: in Streamlit's Markdown an image in it made every viewer's
 # browser fetch its URL, and a colour directive (``:green[no finding]``) drew a verdict of its own.
 _MARKUP = str.maketrans({c: "\\" + c for c in "\\`[]<>:"})
-_BACKTICKS = re.compile("`+")
 
 
 def inert(text: object) -> str:
@@ -291,15 +290,6 @@ def inert(text: object) -> str:
     escaped (CommonMark escapes ASCII punctuation with a backslash). A bare ``http://`` URL is still
     made a link (GFM): shown and fetched only when clicked."""
     return str(text).translate(_MARKUP)
-
-
-def code(text: object) -> str:
-    """``text`` as one literal inline code span (nothing inside a code span is Markdown), fenced by one
-    backtick more than its longest run of them (CommonMark), padded when it starts or ends with one."""
-    text = str(text)
-    fence = "`" * (max(map(len, _BACKTICKS.findall(text)), default=0) + 1)
-    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
