@@ -1,10 +1,11 @@
 """How a user query's PostgreSQL values become Python: as psycopg reads them (from text, see
 :mod:`.user_query`), except where psycopg cannot or reads them wrong.
 
-- ``date``, ``timestamp``, ``timestamptz``: a value outside Python's range (``infinity``, a BC date,
-  year 10000 and later) failed the whole query; it is kept as PostgreSQL writes it.
-- ``interval``: ``timedelta`` has no months (``'1 mon'`` read as 30 days) and psycopg's parse wraps
-  around past 32 bits of days (``'-178000000 years'`` read as -545490560 days); every interval is
+- ``date``, ``timestamp``, ``timestamptz``: psycopg refuses a value outside Python's range
+  (``infinity``, a BC date, year 10000 and later), which would fail the whole query; such a value is
+  kept as PostgreSQL writes it.
+- ``interval``: ``timedelta`` has no months (psycopg reads ``'1 mon'`` as 30 days) and psycopg's parse
+  wraps around past 32 bits of days (``'-178000000 years'`` as -545490560 days): every interval is
   kept as PostgreSQL writes it.
 """
 
