@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from specscope.events import Finding
@@ -146,17 +145,3 @@ def finding_lines(finding: Finding) -> list[str]:
         lines.append(f"        evidence: {shown}")
     lines.append(f"        fix: {finding.fix}")
     return lines
-
-
-_BACKTICKS = re.compile("`+")
-
-
-def code_span(text: object) -> str:
-    """``text`` as one literal Markdown inline code span (nothing inside a code span is Markdown),
-    fenced by one backtick more than its longest run of them (CommonMark), padded when it starts or
-    ends with one: how a fix (Markdown on the dashboard) quotes a name read from a checkpoint or a
-    store, and how the dashboard shows stored names."""
-    text = str(text)
-    fence = "`" * (max(map(len, _BACKTICKS.findall(text)), default=0) + 1)
-    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
-    return f"{fence}{pad}{text}{pad}{fence}"

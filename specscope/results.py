@@ -6,6 +6,11 @@ PostgreSQL ``'NaN'::float``) is written as ``null``, never as the ``NaN`` / ``In
 ``json.dumps`` emits by default and other parsers refuse. The aligned table escapes control
 characters of stored text (``\x1b`` as the four characters ``\x1b``), so a value cannot move the
 cursor, recolour or retitle the terminal that shows it.
+
+Stored text shown as Markdown (the dashboard's pages, a fix that quotes a checkpoint's key) is made
+literal the same way: whoever can write a store or a checkpoint writes its names, and in Streamlit's
+Markdown an image in one made every viewer's browser fetch its URL, and a colour directive
+(``:green[no finding]``) drew a verdict of its own.
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from decimal import Decimal
 from typing import Any, TextIO
 
 # every C0 control (tab and newline too: one row stays one line), DEL and C1 (ECMA-48 introducers)
 _CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+_MARKUP = str.maketrans({c: "\\" + c for c in "\\`[]<>:"})
+_BACKTICKS = re.compile("`+")
 
 
 def to_json(value: Any, indent: int | None = 2) -> str:
@@ -86,6 +94,24 @@ def terminal_lines(text: str) -> str:
     """``text`` line by line (``\n``) through :func:`terminal_text`: a report whose stored values
     (run ids, model names, messages) cannot move the cursor, recolour or retitle a terminal."""
     return "\n".join(map(terminal_text, text.split("\n")))
+
+
+def markdown_prose(text: object) -> str:
+    """``text`` as literal Markdown prose: the characters that open a code span, an image, a link, an
+    autolink (``<...>``) or one of Streamlit's ``:name[...]`` directives and ``:icon:`` shortcodes
+    escaped (CommonMark escapes ASCII punctuation with a backslash). A bare ``http://`` URL is still
+    made a link (GFM): shown and fetched only when clicked."""
+    return str(text).translate(_MARKUP)
+
+
+def markdown_code(text: object) -> str:
+    """``text`` as one literal Markdown inline code span (nothing inside a code span is Markdown),
+    fenced by one backtick more than its longest run of them (CommonMark), padded when it starts or
+    ends with one."""
+    text = str(text)
+    fence = "`" * (max(map(len, _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def portable(value: Any) -> Any:

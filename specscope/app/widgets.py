@@ -21,7 +21,8 @@ from specscope import readmodel
 from specscope.app import DB_ENV, queries, trace_threshold
 from specscope.errors import SpecscopeError
 from specscope.events import Finding, unhooked
-from specscope.findings import code_span as code
+from specscope.results import markdown_code as code
+from specscope.results import markdown_prose as inert
 from specscope.storage import Store, open_store
 
 logger = logging.getLogger("specscope")
@@ -276,20 +277,6 @@ def shape_text(shape: str | None) -> str:
     while free < len(dims) - 1 and dims[free] == "-1":
         free += 1
     return "×".join((["…"] if free else []) + dims[free:])
-
-
-# Stored text (run ids, model and engine names, request ids, hook points inside finding messages) is
-# written by whoever can write the store: in Streamlit's Markdown an image in it made every viewer's
-# browser fetch its URL, and a colour directive (``:green[no finding]``) drew a verdict of its own.
-_MARKUP = str.maketrans({c: "\\" + c for c in "\\`[]<>:"})
-
-
-def inert(text: object) -> str:
-    """``text`` as literal Markdown prose: the characters that open a code span, an image, a link, an
-    autolink (``<...>``) or one of Streamlit's ``:name[...]`` directives and ``:icon:`` shortcodes
-    escaped (CommonMark escapes ASCII punctuation with a backslash). A bare ``http://`` URL is still
-    made a link (GFM): shown and fetched only when clicked."""
-    return str(text).translate(_MARKUP)
 
 
 def fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:

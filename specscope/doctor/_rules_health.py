@@ -7,7 +7,8 @@ from collections import Counter
 from specscope.doctor._context import RunContext
 from specscope.doctor._rules_observed import runner_not_attached
 from specscope.events import Finding
-from specscope.findings import code_span, runtime_finding
+from specscope.findings import runtime_finding
+from specscope.results import markdown_code
 
 MAX_LISTED = 10
 """Keys or hook points listed in evidence at most."""
@@ -46,7 +47,7 @@ def check_weights_dropped(ctx: RunContext) -> list[Finding]:
         rename = prefix_rename(dropped, missing)
         if rename:
             evidence["rename"] = list(rename)
-        hint = (f"rename checkpoint keys {code_span(rename[0] + '*')} to {code_span(rename[1] + '*')}" if rename
+        hint = (f"rename checkpoint keys {markdown_code(rename[0] + '*')} to {markdown_code(rename[1] + '*')}" if rename
                 else "make the checkpoint keys match the parameters the loader maps")
         findings.append(runtime_finding(
             "WEIGHTS_DROPPED", ctx.run_id,
