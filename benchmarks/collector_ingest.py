@@ -5,12 +5,17 @@ Run: ``python -m benchmarks.collector_ingest [--events N] [--batch-size B] [--re
 The mix is :func:`specscope.collector.loadgen.make_events`, what an instrumented EAGLE-3 decode
 produces. Events are built before timing (that is the engine's cost, not the collector's).
 
-Three ways into a fresh store file with the full schema (indexes included), run in turn R times (so
-each repeat's three see the same machine load); each figure is the median over the repeats with its
-min..max, each ratio taken within a repeat:
+Four ways into a fresh store file with the full schema (indexes included), run in turn R times (so
+each repeat's four see the same machine load); each rate is the median over the repeats with its
+min..max; each share of the floor is the floor's time over the path's within a repeat, as the 20%
+trimmed mean of their logs with Yuen's 95% interval (``specscope.paired``: this machine's speed moves
+by tens of percent from second to second, so a single repeat says little):
 
 - ``raw sqlite3``: prebuilt row tuples, ``executemany`` per table, ONE transaction, on a connection
   with the store's own settings (WAL, ``synchronous = NORMAL``): the floor.
+- ``raw, batches of B``: the same, one transaction per batch of B events: what committing in the
+  collector's batches costs SQLite itself (a commit, and a WAL checkpoint every 1,000 pages), before
+  any Python of the collector's.
 - ``Store.write``: events -> rows -> executemany, one transaction per batch of B events.
 - ``Collector``: ``emit()`` on this thread, writes on the collector's thread, until ``flush()``
   returns; capacity = N so nothing is dropped. Also reports the engine-thread cost of ``emit()``.
@@ -30,6 +35,7 @@ from typing import TypeVar
 from specscope import events as ev
 from specscope.collector import Collector
 from specscope.collector.loadgen import RUN, make_events
+from specscope.paired import slowdown
 from specscope.storage import group_rows, insert_statements, open_store
 
 T = TypeVar("T")
@@ -41,22 +47,25 @@ def _fresh_store(folder: Path, name: str) -> str:
     return path
 
 
-def run_raw(events: list[ev.Event], folder: Path) -> float:
-    """Seconds to insert the plain-insert rows of ``events`` with sqlite3 executemany, one transaction.
-    (Runs, ranks and requests, under 1% of the mix, go through Store.write untimed.)"""
+def run_raw(events: list[ev.Event], folder: Path, batch_size: int | None = None) -> float:
+    """Seconds to insert the plain-insert rows of ``events`` with sqlite3 executemany, in one
+    transaction, or one per ``batch_size`` events. (Runs, ranks and requests, under 1% of the mix, go
+    through Store.write untimed; the rows are made before timing.)"""
     path = _fresh_store(folder, "raw")
-    grouped = group_rows(events)
+    size = batch_size or len(events)
+    batches = [group_rows(events[i:i + size]) for i in range(0, len(events), size)]
     with open_store(path) as store:
         store.write([e for e in events if e.kind in ("run_start", "rank_start", "request_start")])
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous = NORMAL")
     statements = insert_statements("sqlite")
     start = time.perf_counter()
-    conn.execute("BEGIN")
-    for name, sql in statements.items():
-        if grouped.get(name):
-            conn.executemany(sql, grouped[name])
-    conn.execute("COMMIT")
+    for grouped in batches:
+        conn.execute("BEGIN")
+        for name, sql in statements.items():
+            if grouped.get(name):
+                conn.executemany(sql, grouped[name])
+        conn.execute("COMMIT")
     elapsed = time.perf_counter() - start
     conn.close()
     return elapsed
@@ -86,6 +95,12 @@ def run_collector(events: list[ev.Event], folder: Path, batch_size: int) -> tupl
     return done - start, emitted - start, collector.dropped
 
 
+def share_of_floor(floor: list[float], seconds: list[float]) -> str:
+    """The floor's time over ``seconds``, paired by repeat: ``"73% (69% .. 77%)"``."""
+    estimate, low, high = slowdown(floor, seconds).ratio()
+    return f"{1 / estimate:.0%} ({1 / high:.0%} .. {1 / low:.0%})"
+
+
 def _fresh(fn: Callable[[Path], T]) -> T:
     """``fn`` of a new temporary folder, removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="specscope-bench-") as folder:
@@ -102,17 +117,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=5_000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args(argv)
     events = make_events(args.events)
     n = len(events)
     share = {kind: sum(e.kind == kind for e in events) / n for kind in ("tensor", "verify_step")}
 
-    runs: dict[str, list[float]] = {"raw sqlite3": [], "Store.write": [], "Collector": []}
+    batched = f"raw, batches of {args.batch_size:,}"
+    runs: dict[str, list[float]] = {"raw sqlite3": [], batched: [], "Store.write": [], "Collector": []}
     emits: list[float] = []
     drops: list[int] = []
     for _ in range(args.repeat):
         runs["raw sqlite3"].append(_fresh(lambda folder: run_raw(events, folder)))
+        runs[batched].append(_fresh(lambda folder: run_raw(events, folder, args.batch_size)))
         runs["Store.write"].append(_fresh(lambda folder: run_store(events, folder, args.batch_size)))
         total, emit_s, dropped = _fresh(lambda folder: run_collector(events, folder, args.batch_size))
         runs["Collector"].append(total)
@@ -121,11 +138,12 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"collector ingest into SQLite {sqlite3.sqlite_version}: {n} events "
           f"({share['tensor']:.0%} TensorEvent, {share['verify_step']:.0%} VerifyStep), "
-          f"batch {args.batch_size}, {args.repeat} repeats: median [min..max]")
-    print(f"{'path':<14}{'events/s':>30}{'vs raw, same repeat':>28}")
+          f"batch {args.batch_size}, {args.repeat} repeats: events/s median [min..max]; share of raw "
+          "sqlite3 (its time over the path's, same repeat): trimmed mean (95% CI)")
+    print(f"{'path':<26}{'events/s':>30}{'share of raw':>28}")
     for name, seconds in runs.items():
-        ratios = [raw / s for raw, s in zip(runs["raw sqlite3"], seconds)]
-        print(f"{name:<14}{spread([n / s for s in seconds], ',.0f'):>30}{spread(ratios, '.0%'):>28}")
+        of_raw = "100%" if name == "raw sqlite3" else share_of_floor(runs["raw sqlite3"], seconds)
+        print(f"{name:<26}{spread([n / s for s in seconds], ',.0f'):>30}{of_raw:>28}")
     print(f"emit() on the engine thread: {statistics.median(emits) / n * 1e6:.2f} µs/event; "
           f"dropped: {max(drops)}; target (docs/design.md, 'Budgets'): 200,000 events/s")
 

@@ -4,8 +4,10 @@ Run: ``python -m benchmarks.pg_ingest [--url URL] [--events N] [--writers W] [--
 (``--url`` default: ``$SPECSCOPE_TEST_PG_URL`` or the local test server; each measurement writes
 into a fresh schema that is dropped afterwards).
 
-Each figure is the median over R repeats with its min..max; each ratio is taken within a repeat,
-where the two strategies ran one after the other (alternately), so both saw the same machine load.
+Each rate is the median over R repeats with its min..max; each speed-up is taken within a repeat,
+where the two strategies ran one after the other (alternately), so both saw the same machine load, and
+reported as the 20% trimmed mean of the repeats' log-ratios with Yuen's 95% interval
+(``specscope.paired``).
 
 1. The decode event mix of ``specscope.collector.loadgen`` (per verify step one VerifyStep and six
    TensorEvents) into a fresh store, ``executemany`` (psycopg's executemany of one INSERT, pipelined)
@@ -37,6 +39,7 @@ import sqlalchemy as sa
 from benchmarks.collector_ingest import spread
 from specscope import events as ev
 from specscope.collector.loadgen import make_events, run_writers, writer_layout
+from specscope.paired import slowdown
 from specscope.storage import INSERT_COLUMNS, bulk_strategy, group_rows, insert_statements, open_store
 
 DEFAULT_URL = os.environ.get("SPECSCOPE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -119,13 +122,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--writers", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
 
     events = make_events(args.events)
     print(f"PostgreSQL ingest of {len(events):,} events (decode mix), {args.repeat} repeats, strategies "
-          "alternated: median [min..max]")
-    print(f"{'what':<12}{'bulk':<13}{'events/s':>28}{'copy speed-up':>22}")
+          "alternated: events/s median [min..max]")
+    print(f"{'what':<12}{'bulk':<13}{'events/s':>28}{'COPY speed-up (95% CI)':>28}")
     times: dict[str, list[float]] = {"executemany": [], "copy": []}
     for _ in range(args.repeat):  # alternate, so both see the same machine load
         for bulk in times:
@@ -173,11 +176,15 @@ def _report_cpu(events: int, costs: dict[str, list[tuple[float, float, float | N
 
 
 def _report(what: str, events: int, times: dict[str, list[float]]) -> None:
-    """One line per strategy: events/s and COPY's speed-up over executemany, within each repeat."""
+    """One line per strategy: events/s, and COPY's speed-up over executemany (executemany's time over
+    COPY's, paired by repeat: the trimmed mean of their logs with Yuen's 95% interval,
+    ``specscope.paired``)."""
     for bulk, seconds in times.items():
-        ratios = [many / s for many, s in zip(times["executemany"], seconds)]
-        print(f"{what:<12}{bulk:<13}{spread([events / s for s in seconds], ',.0f'):>28}"
-              f"{spread(ratios, '.1f') + 'x':>22}")
+        speed_up = "1x"
+        if bulk != "executemany":
+            estimate, low, high = slowdown(seconds, times["executemany"]).ratio()
+            speed_up = f"{estimate:.1f}x ({low:.1f}x .. {high:.1f}x)"
+        print(f"{what:<12}{bulk:<13}{spread([events / s for s in seconds], ',.0f'):>28}{speed_up:>28}")
 
 
 if __name__ == "__main__":

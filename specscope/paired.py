@@ -70,6 +70,11 @@ class Interval:
         room = 1 + stats.norm.ppf(0.95) / stats.norm.ppf(0.5 + CONFIDENCE / 2)  # |estimate| < 0.84 hw, 90%
         return max(self.n + 1, round(self.n * (room * self.half_width() / bound_pct) ** 2))
 
+    def ratio(self) -> tuple[float, float, float]:
+        """``(estimate, low, high)`` as B's time over A's (1.05 for +5%): a speed-up or a share of a
+        floor is this ratio or its inverse."""
+        return 1 + self.pct / 100, 1 + self.low / 100, 1 + self.high / 100
+
     def __str__(self) -> str:
         return (f"{self.pct:+.2f}% (95% CI {self.low:+.2f}% .. {self.high:+.2f}%, {self.n} pairs); "
                 f"plain mean {self.mean[0]:+.2f}% ({self.mean[1]:+.2f}% .. {self.mean[2]:+.2f}%)")

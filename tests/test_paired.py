@@ -89,3 +89,15 @@ def test_rare_stalls_widen_the_plain_mean_but_not_the_trimmed_figure():
     assert result.low > 0 and result.low < 1.0 < result.high
     assert result.mean is not None and result.mean[2] - result.mean[1] > 1.5 * (result.high - result.low)
     assert "plain mean" in str(result)
+
+
+def test_the_ratio_of_a_slowdown_is_the_time_ratio_its_inverse_a_share_of_the_floor():
+    """benchmarks.collector_ingest reports the Collector as a share of raw sqlite3 (raw time over its
+    time) and benchmarks.pg_ingest COPY's speed-up (executemany's time over COPY's): both read the
+    paired figure as a ratio, bounds included."""
+    rng = np.random.default_rng(5)
+    floor = np.linspace(1.0, 1.3, 12)
+    result = slowdown(noisy(rng, floor, 1.0, 0.01), noisy(rng, floor, 1.25, 0.01))
+    estimate, low, high = result.ratio()
+    assert low < 1.25 < high and low < estimate < high
+    assert 0.78 < 1 / high < 0.8 < 1 / low < 0.82  # the share of the floor: 80% within its interval
