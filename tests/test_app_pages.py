@@ -437,3 +437,29 @@ def test_requests_page_shows_acceptance_by_position_in_the_output(monkeypatch, t
     # 12 steps of ~3.4 tokens per request: the first three buckets of generated length, labelled by range
     assert list(bars["x"]) == ["0–15", "16–31", "32–63"] == [f"{lo}–{2 * lo - 1 if lo else 15}" for lo, _ in view]
     assert list(bars["y"]) == pytest.approx([al for _, al in view])
+
+
+def test_a_link_opens_its_run_and_the_address_follows_the_pick(monkeypatch, two_runs):
+    """``?run=<run id>``: a new session opens on the run the link names, on every page, though a newer
+    run exists; a pick puts the picked run in the address, so a copied link opens it."""
+    monkeypatch.setenv(DB_ENV, two_runs)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60)
+    at.query_params["run"] = "healthy-run"
+    at.run()
+    assert not at.exception and at.session_state["run_id"] == "healthy-run"
+    assert not texts(at, "warning") and float(at.metric[0].value) > 2.5
+    visit(at, "requests")
+    assert at.session_state["run_id"] == "healthy-run" and at.query_params["run"] == "healthy-run"
+    at.selectbox(key="run_picker").set_value("faulty-run").run()
+    assert at.query_params["run"] == "faulty-run"
+
+
+def test_a_link_to_a_run_the_store_does_not_hold_says_so_and_opens_the_newest(monkeypatch, two_runs):
+    monkeypatch.setenv(DB_ENV, two_runs)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60)
+    at.query_params["run"] = "gone-run"
+    at.run()
+    assert not at.exception and at.session_state["run_id"] == "faulty-run"
+    (warning,) = [w for w in texts(at, "warning") if "link" in w]
+    assert "`'gone-run'`" in warning and "newest run" in warning
+    assert at.query_params["run"] == "faulty-run"

@@ -266,3 +266,29 @@ def test_overview_compare_gives_the_verdict_in_chromium(server, tmp_path):
         page.screenshot(path=str(shots / "dashboard-compare.png"))
         assert page.get_by_text("95% CI").first.is_visible()
         assert page.get_by_text("Traceback").count() == 0
+
+
+def test_a_copied_address_opens_the_same_run_in_chromium(dashboard_store, tmp_path):
+    """The address bar names the open run (``?run=``): picked on one page, it stays there on the next,
+    and that address opened in a new browser shows the same run, not the newest."""
+    proc, url = _start(dashboard_store)
+    try:
+        with _chromium_page(tmp_path) as (page, _):
+            page.goto(f"{url}/requests")
+            page.wait_for_url("**/requests?run=faulty-run", timeout=60_000)  # the newest run, named
+            page.wait_for_function(SETTLED, timeout=60_000)
+            page.locator('[data-testid="stSelectbox"]').filter(has_text="Run").first.click()
+            page.get_by_role("option").filter(has_text="healthy").click()
+            page.wait_for_url("**/requests?run=healthy-run", timeout=60_000)
+            page.get_by_role("link", name="Findings").click()
+            page.wait_for_url("**/findings?run=healthy-run", timeout=60_000)
+            copied = page.url
+        with _chromium_page(tmp_path) as (page, _):
+            page.goto(copied)
+            page.get_by_text("Runtime (doctor)").first.wait_for(timeout=60_000)
+            page.wait_for_function(SETTLED, timeout=60_000)
+            page.screenshot(path=str(tmp_path / "linked-findings.png"))
+            assert page.get_by_text("AUX_NOT_FUSED").count() == 0
+            assert page.locator('[data-testid="stSelectbox"] input').first.input_value().endswith("healthy-run")
+    finally:
+        _stop(proc)

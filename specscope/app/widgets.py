@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import reprlib
 import types
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
@@ -31,6 +32,7 @@ REFRESH_S = 2.0  # refresh period of live pages, and the TTL of cached queries (
 FINISHED_TTL_S = 600.0  # cache lifetime of a finished run's rows (seconds)
 RUN_KEY = "run_id"
 PICKER_KEY = "run_picker"  # the select box's own state
+LINK_PARAM = "run"  # the open run in the page's address: ?run=<run id>
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
 STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale", "lost": "lost"}
@@ -204,7 +206,8 @@ def run_picker() -> str:
     """The run picker at the top of the page (newest run first, so the app opens on the latest run)
     with the picked run named in full beside it; returns the selected run id, kept in
     ``st.session_state['run_id']`` (a plain key, not the widget's, so the choice survives page
-    switches, which drop a widget's state). Each page calls it first. The open run is labelled with
+    switches, which drop a widget's state) and in the address as ``?run=<run id>``, which a new
+    session opens on (a link to a run). Each page calls it first. The open run is labelled with
     the doctor's counts (the page shows its findings anyway), the others with their stored counts.
     On the page, not in a sidebar: the page then has the window's full width for its tables.
 
@@ -214,11 +217,18 @@ def run_picker() -> str:
     runs = query(queries.runs)
     ids = [run["run_id"] for run in runs]
     current = st.session_state.get(RUN_KEY)
+    if current is None:  # this session's first view: a link may name the run (``?run=``)
+        current = st.query_params.get(LINK_PARAM)
+        if current is not None and current not in ids:
+            st.warning(f"The link names run {code(reprlib.repr(current))}, which this store does not hold; "
+                       "showing the newest run.")
     if current not in ids:  # first view, or the run vanished
         current = ids[0]
     # RUN_KEY is the truth (a pick reaches it through the callback, before this run); the select box
-    # is set from it on every run, since a page switch drops the box's own state.
+    # is set from it on every run, since a page switch drops the box's own state. The address bar
+    # names it too, so that a copied link opens this run on this page.
     st.session_state[RUN_KEY] = st.session_state[PICKER_KEY] = current
+    st.query_params[LINK_PARAM] = current
     short = short_ids(ids, at_least=12)
     labels = {run["run_id"]: run_label(run, short[run["run_id"]], diagnosed=run["run_id"] == current)
               for run in runs}
