@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=5_000)
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args(argv)
+    if min(args.events, args.batch_size) < 1 or args.repeat < 2:
+        parser.error("--events and --batch-size must be at least 1, --repeat at least 2 (an interval needs "
+                     "two paired repeats)")
     events = make_events(args.events)
     n = len(events)
     share = {kind: sum(e.kind == kind for e in events) / n for kind in ("tensor", "verify_step")}

@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
+    if min(args.events, args.writers) < 1 or args.repeat < 2 or args.events < args.writers:
+        parser.error("--events and --writers must be at least 1 (and --events at least --writers), --repeat "
+                     "at least 2 (an interval needs two paired repeats)")
 
     events = make_events(args.events)
     print(f"PostgreSQL ingest of {len(events):,} events (decode mix), {args.repeat} repeats, strategies "
