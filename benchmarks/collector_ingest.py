@@ -24,6 +24,7 @@ by tens of percent from second to second, so a single repeat says little):
 from __future__ import annotations
 
 import argparse
+import math
 import sqlite3
 import statistics
 import tempfile
@@ -39,6 +40,7 @@ from specscope.paired import slowdown
 from specscope.storage import group_rows, insert_statements, open_store
 
 T = TypeVar("T")
+MIN_EVENTS = 1_000
 
 
 def _fresh_store(folder: Path, name: str) -> str:
@@ -98,7 +100,8 @@ def run_collector(events: list[ev.Event], folder: Path, batch_size: int) -> tupl
 def share_of_floor(floor: list[float], seconds: list[float]) -> str:
     """The floor's time over ``seconds``, paired by repeat: ``"73% (69% .. 77%)"``."""
     estimate, low, high = slowdown(floor, seconds).ratio()
-    return f"{1 / estimate:.0%} ({1 / high:.0%} .. {1 / low:.0%})"
+    # a lower bound that underflows to 0 (a few repeats that disagree wildly) leaves the share unbounded
+    return f"{1 / estimate:.0%} ({1 / high:.0%} .. {1 / low if low > 0 else math.inf:.0%})"
 
 
 def _fresh(fn: Callable[[Path], T]) -> T:
@@ -119,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=5_000)
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args(argv)
-    if min(args.events, args.batch_size) < 1 or args.repeat < 2:
-        parser.error("--events and --batch-size must be at least 1, --repeat at least 2 (an interval needs "
-                     "two paired repeats)")
+    if args.events < MIN_EVENTS or args.batch_size < 1 or args.repeat < 3:
+        parser.error(f"--events must be at least {MIN_EVENTS:,} (a write worth timing), --batch-size at least 1, "
+                     "--repeat at least 3 (an interval needs paired repeats)")
     events = make_events(args.events)
     n = len(events)
     share = {kind: sum(e.kind == kind for e in events) / n for kind in ("tensor", "verify_step")}

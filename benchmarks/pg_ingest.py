@@ -36,7 +36,7 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 
-from benchmarks.collector_ingest import spread
+from benchmarks.collector_ingest import MIN_EVENTS, spread
 from specscope import events as ev
 from specscope.collector.loadgen import make_events, run_writers, writer_layout
 from specscope.paired import slowdown
@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    if min(args.events, args.writers) < 1 or args.repeat < 2 or args.events < args.writers:
-        parser.error("--events and --writers must be at least 1 (and --events at least --writers), --repeat "
-                     "at least 2 (an interval needs two paired repeats)")
+    if args.writers < 1 or args.events < MIN_EVENTS * args.writers or args.repeat < 3:
+        parser.error(f"--writers must be at least 1, --events at least {MIN_EVENTS:,} per writer (a write worth "
+                     "timing), --repeat at least 3 (an interval needs paired repeats)")
 
     events = make_events(args.events)
     print(f"PostgreSQL ingest of {len(events):,} events (decode mix), {args.repeat} repeats, strategies "
@@ -186,7 +186,7 @@ def _report(what: str, events: int, times: dict[str, list[float]]) -> None:
         speed_up = "1x"
         if bulk != "executemany":
             estimate, low, high = slowdown(seconds, times["executemany"]).ratio()
-            speed_up = f"{estimate:.1f}x ({low:.1f}x .. {high:.1f}x)"
+            speed_up = f"{estimate:.1f}x ({low:.2g}x .. {high:.1f}x)"
         print(f"{what:<12}{bulk:<13}{spread([events / s for s in seconds], ',.0f'):>28}{speed_up:>28}")
 
 

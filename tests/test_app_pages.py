@@ -463,3 +463,34 @@ def test_a_link_to_a_run_the_store_does_not_hold_says_so_and_opens_the_newest(mo
     (warning,) = [w for w in texts(at, "warning") if "link" in w]
     assert "`'gone-run'`" in warning and "newest run" in warning
     assert at.query_params["run"] == "faulty-run"
+
+
+def test_back_and_forward_follow_the_address(monkeypatch, two_runs):
+    """Going back in the browser reruns the page with the address it went back to: the run it names
+    opens (the session's own pick no longer holds it on the run it left), and the address is not
+    written again, which would add a history entry and trap Back on the page."""
+    monkeypatch.setenv(DB_ENV, two_runs)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    assert at.query_params["run"] == "faulty-run"
+    at.selectbox(key="run_picker").set_value("healthy-run").run()
+    assert at.query_params["run"] == "healthy-run"
+    at.query_params["run"] = "faulty-run"  # Back
+    at.run()
+    assert at.session_state["run_id"] == "faulty-run" and not texts(at, "warning")
+    assert at.selectbox(key="run_picker").value == "faulty-run"
+    visit(at, "gpus")  # a page switch keeps the address, and the run
+    assert at.session_state["run_id"] == "faulty-run"
+
+
+def test_a_link_to_a_run_younger_than_the_cached_run_list_opens_it(monkeypatch, tmp_path):
+    """The run list is cached for 2 s: a link to a run written meanwhile (a colleague's fresh run)
+    is looked up in the store itself before the page says the store does not hold it."""
+    db = write_store(tmp_path / "store.db", [trace("old-run")])
+    monkeypatch.setenv(DB_ENV, db)
+    assert AppTest.from_file(str(ENTRY), default_timeout=60).run().session_state["run_id"] == "old-run"
+    write_store(db, [trace("new-run", t0=1_750_000_100.0)])
+    at = AppTest.from_file(str(ENTRY), default_timeout=60)
+    at.query_params["run"] = "new-run"
+    at.run()
+    assert not at.exception and not texts(at, "warning")
+    assert at.session_state["run_id"] == "new-run" and at.selectbox(key="run_picker").value == "new-run"

@@ -268,9 +268,14 @@ def test_overview_compare_gives_the_verdict_in_chromium(server, tmp_path):
         assert page.get_by_text("Traceback").count() == 0
 
 
+# the run picker shows this run (its label ends with the run id)
+PICKED = """() => document.querySelector('[data-testid="stSelectbox"] input')?.value.endsWith('%s')"""
+
+
 def test_a_copied_address_opens_the_same_run_in_chromium(dashboard_store, tmp_path):
     """The address bar names the open run (``?run=``): picked on one page, it stays there on the next,
-    and that address opened in a new browser shows the same run, not the newest."""
+    Back and Forward return to the runs picked before, and that address opened in a new browser shows
+    the same run, not the newest."""
     proc, url = _start(dashboard_store)
     try:
         with _chromium_page(tmp_path) as (page, _):
@@ -280,6 +285,11 @@ def test_a_copied_address_opens_the_same_run_in_chromium(dashboard_store, tmp_pa
             page.locator('[data-testid="stSelectbox"]').filter(has_text="Run").first.click()
             page.get_by_role("option").filter(has_text="healthy").click()
             page.wait_for_url("**/requests?run=healthy-run", timeout=60_000)
+            page.go_back()  # back to the run open before the pick, and forward again
+            page.wait_for_function(PICKED % "faulty-run", timeout=60_000)
+            assert page.url.endswith("/requests?run=faulty-run")
+            page.go_forward()
+            page.wait_for_function(PICKED % "healthy-run", timeout=60_000)
             page.get_by_role("link", name="Findings").click()
             page.wait_for_url("**/findings?run=healthy-run", timeout=60_000)
             copied = page.url

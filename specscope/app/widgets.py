@@ -33,6 +33,7 @@ FINISHED_TTL_S = 600.0  # cache lifetime of a finished run's rows (seconds)
 RUN_KEY = "run_id"
 PICKER_KEY = "run_picker"  # the select box's own state
 LINK_PARAM = "run"  # the open run in the page's address: ?run=<run id>
+LINKED_KEY = "linked_run"  # the run this session last put in the address
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
 STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale", "lost": "lost"}
@@ -104,14 +105,14 @@ def _finished(run_id: Any) -> bool:
     return _state(run_id) in readmodel.ENDED
 
 
-def query(read: Callable[..., Any], *args: Any) -> Any:
+def query(read: Callable[..., Any], *args: Any, fresh: bool = False) -> Any:
     """``read(store, *args)``, one of :mod:`specscope.app.queries`, cached for :data:`REFRESH_S`
     seconds, or for :data:`FINISHED_TTL_S` when the first argument is a finished run (its rows no
-    longer change)."""
+    longer change); ``fresh``: read now, past the cache."""
     store()
     cached = _cached_finished if args and _finished(args[0]) else _cached
     try:
-        return cached(db_url(), read, args)
+        return read(_open(db_url()), *args) if fresh else cached(db_url(), read, args)
     except SpecscopeError as exc:
         st.error(f"Reading the store failed: {exc}")
         st.stop()
@@ -216,19 +217,29 @@ def run_picker() -> str:
     came back on the previous run."""
     runs = query(queries.runs)
     ids = [run["run_id"] for run in runs]
-    current = st.session_state.get(RUN_KEY)
-    if current is None:  # this session's first view: a link may name the run (``?run=``)
-        current = st.query_params.get(LINK_PARAM)
-        if current is not None and current not in ids:
-            st.warning(f"The link names run {code(reprlib.repr(current))}, which this store does not hold; "
+    # The address names the open run. Where it names another run than this session last put there,
+    # it changed under the session: a link opened, or Back / Forward (Streamlit reruns the page with
+    # the address it went back to, and a page switch keeps the address's parameters).
+    linked = st.query_params.get(LINK_PARAM)
+    if linked is not None and linked != st.session_state.get(LINKED_KEY):
+        if linked not in ids and any(run["run_id"] == linked for run in query(queries.runs, fresh=True)):
+            _cached.clear()  # the cached run list is older than the run: every read of the page must see it
+            runs = query(queries.runs)
+            ids = [run["run_id"] for run in runs]
+        if linked in ids:
+            st.session_state[RUN_KEY] = linked
+        else:
+            st.warning(f"The link names run {code(reprlib.repr(linked))}, which this store does not hold; "
                        "showing the newest run.")
+    current = st.session_state.get(RUN_KEY)
     if current not in ids:  # first view, or the run vanished
         current = ids[0]
     # RUN_KEY is the truth (a pick reaches it through the callback, before this run); the select box
-    # is set from it on every run, since a page switch drops the box's own state. The address bar
-    # names it too, so that a copied link opens this run on this page.
+    # is set from it on every run, since a page switch drops the box's own state.
     st.session_state[RUN_KEY] = st.session_state[PICKER_KEY] = current
-    st.query_params[LINK_PARAM] = current
+    if linked != current:  # (a new entry in the browser's history, except while going back)
+        st.query_params[LINK_PARAM] = current
+    st.session_state[LINKED_KEY] = current
     short = short_ids(ids, at_least=12)
     labels = {run["run_id"]: run_label(run, short[run["run_id"]], diagnosed=run["run_id"] == current)
               for run in runs}
