@@ -461,8 +461,13 @@ def test_a_link_to_a_run_the_store_does_not_hold_says_so_and_opens_the_newest(mo
     at.run()
     assert not at.exception and at.session_state["run_id"] == "faulty-run"
     (warning,) = [w for w in texts(at, "warning") if "link" in w]
-    assert "`'gone-run'`" in warning and "newest run" in warning
+    assert "`'gone-run'`" in warning and "showing the run in the picker below" in warning
     assert at.query_params["run"] == "faulty-run"
+    at.selectbox(key="run_picker").set_value("healthy-run").run()
+    at.query_params["run"] = "gone-too"  # edited in the address bar: the open run stays
+    at.run()
+    assert at.session_state["run_id"] == "healthy-run" and any("'gone-too'" in w for w in texts(at, "warning"))
+    assert at.query_params["run"] == "healthy-run"
 
 
 def test_back_and_forward_follow_the_address(monkeypatch, two_runs):

@@ -230,7 +230,7 @@ def run_picker() -> str:
             st.session_state[RUN_KEY] = linked
         else:
             st.warning(f"The link names run {code(reprlib.repr(linked))}, which this store does not hold; "
-                       "showing the newest run.")
+                       "showing the run in the picker below.")
     current = st.session_state.get(RUN_KEY)
     if current not in ids:  # first view, or the run vanished
         current = ids[0]
