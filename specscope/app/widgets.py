@@ -222,10 +222,11 @@ def run_picker() -> str:
     # the address it went back to, and a page switch keeps the address's parameters).
     linked = st.query_params.get(LINK_PARAM)
     if linked is not None and linked != st.session_state.get(LINKED_KEY):
-        if linked not in ids and any(run["run_id"] == linked for run in query(queries.runs, fresh=True)):
-            _cached.clear()  # the cached run list is older than the run: every read of the page must see it
-            runs = query(queries.runs)
-            ids = [run["run_id"] for run in runs]
+        if linked not in ids:  # perhaps a run younger than the cached list
+            fresh = query(queries.runs, fresh=True)
+            if any(run["run_id"] == linked for run in fresh):
+                _cached.clear()  # the cached list is older than the run: every read of the page must see it
+                runs, ids = fresh, [run["run_id"] for run in fresh]
         if linked in ids:
             st.session_state[RUN_KEY] = linked
         else:
