@@ -76,14 +76,17 @@ def test_a_malformed_event_is_refused_alone(bad: str, store_url: str, caplog: py
     assert len(refused) == 1 and "\n" not in refused[0].getMessage()
 
 
-@pytest.mark.parametrize("run_id", ["run\udcff", "run\x00"])
-def test_a_run_id_the_database_refuses_leaves_the_counters_of_others(run_id: str, store_url: str) -> None:
+@pytest.mark.parametrize("run_id", ["run\udcff", "run\x00"], ids=["lone-surrogate", "nul"])  # ids travel as UTF-8 to xdist workers
+def test_a_run_id_the_database_refuses_leaves_the_counters_of_others(run_id: str, store_url: str,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     """A run id that passes emit but not the database (a lone surrogate anywhere; a NUL on
     PostgreSQL): its events and its run_ranks counters are set aside; the other runs' counters keep
-    committing (they were refused with them, at every later flush, before)."""
+    committing (they were refused with them, at every later flush, before). The log names the run
+    escaped: a UTF-8 log file can hold the line."""
     if "\x00" in run_id and not store_url.startswith("postgresql"):
         pytest.skip("SQLite stores a NUL as it is")
-    with open_store(store_url) as store, Collector(store, batch_size=1000, flush_interval_s=60.0) as collector:
+    with caplog.at_level(logging.ERROR, logger="specscope"), open_store(store_url) as store, \
+            Collector(store, batch_size=1000, flush_interval_s=60.0) as collector:
         collector.emit(_tensor(0, run_id=run_id))
         for i in range(LATER):
             collector.emit(_tensor(i + 1))
@@ -93,6 +96,9 @@ def test_a_run_id_the_database_refuses_leaves_the_counters_of_others(run_id: str
             assert _flush(collector) is True
         assert (RUN, 0, LATER + 3, 0) in _counters(store)
         assert collector.written == LATER + 3
+    (rejected,) = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert f"of run {run_id!r} (" in rejected
+    rejected.encode()
 
 
 def test_the_writer_survives_an_event_broken_after_emit(tmp_path, caplog: pytest.LogCaptureFixture) -> None:

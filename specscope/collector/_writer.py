@@ -246,7 +246,7 @@ class Writer:
     def _rejected(self, event: Event, exc: Exception) -> None:
         if not self._logged_rejection:  # once per collector: a bad producer would flood the log
             self._logged_rejection = True
-            logger.error("specscope collector: store %s rejected a %s event of run %s (%s); it is "
+            logger.error("specscope collector: store %s rejected a %s event of run %r (%s); it is "
                          "dropped, the rest of its batch is written; later rejections are only counted",
                          self._handle.describe(), event.kind, event.run_id, exc)
 
