@@ -233,7 +233,10 @@ def run_picker() -> str:
             st.warning(f"The link names run {code(reprlib.repr(linked))}, which this store does not hold; "
                        "showing the run in the picker below.")
     current = st.session_state.get(RUN_KEY)
-    if current not in ids:  # first view, or the run vanished
+    if current not in ids:  # first view, or the open run was deleted
+        if current is not None:
+            st.warning(f"Run {code(reprlib.repr(current))}, open until now, is no longer in this store; "
+                       "showing the newest run.")
         current = ids[0]
     # RUN_KEY is the truth (a pick reaches it through the callback, before this run); the select box
     # is set from it on every run, since a page switch drops the box's own state.
