@@ -70,19 +70,26 @@ def test_postgres_functions_refused_by_what_runs(sql: str, pg_url: str) -> None:
 
 @pytest.fixture
 def extensions(pg_url: str):
-    """dblink and tablefunc installed in the test's schema (the superuser can), dropped afterwards."""
+    """dblink and tablefunc installed in the test's schema (the superuser can), dropped afterwards.
+    An extension is the database's, not the schema's: a session lock keeps a test running beside
+    this one (another pytest worker) from installing them at the same time."""
     admin = sa.create_engine(pg_url)
-    with admin.begin() as conn:
-        conn.exec_driver_sql("CREATE EXTENSION dblink SCHEMA " + conn.exec_driver_sql(
-            "SELECT current_schema()").scalar())
-        conn.exec_driver_sql("CREATE EXTENSION tablefunc")
-    try:
-        yield pg_url
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql("DROP EXTENSION dblink")
-            conn.exec_driver_sql("DROP EXTENSION tablefunc")
-        admin.dispose()
+    with admin.connect() as held:
+        held.exec_driver_sql("SELECT pg_advisory_lock(hashtext('specscope tests: extensions'))")
+        try:
+            with admin.begin() as conn:
+                conn.exec_driver_sql("CREATE EXTENSION dblink SCHEMA " + conn.exec_driver_sql(
+                    "SELECT current_schema()").scalar())
+                conn.exec_driver_sql("CREATE EXTENSION tablefunc")
+            try:
+                yield pg_url
+            finally:
+                with admin.begin() as conn:
+                    conn.exec_driver_sql("DROP EXTENSION dblink")
+                    conn.exec_driver_sql("DROP EXTENSION tablefunc")
+        finally:
+            held.exec_driver_sql("SELECT pg_advisory_unlock(hashtext('specscope tests: extensions'))")
+    admin.dispose()
 
 
 @pytest.mark.postgres
