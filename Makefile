@@ -45,9 +45,12 @@ $(PROMETHEUS):
 demo: $(STAMP)
 	$(BIN)/specscope demo
 
+# Two workers (pytest-xdist), each given whole test modules, the real engines' first, in that order
+# (tests/conftest.py); then, alone, the tests that restart PostgreSQL under every other client.
 test: $(STAMP) browser prometheus
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadfile --no-loadscope-reorder -m "not pgrestart"
+	$(BIN)/python -m pytest -q -m pgrestart
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

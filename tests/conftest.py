@@ -12,6 +12,10 @@ PostgreSQL tests are skipped when the server is unreachable, unless ``SPECSCOPE_
 which turns the skip into a failure. They carry the ``postgres`` marker.
 
 Checkpoints: ``ok_eagle3``, a healthy small EAGLE-3 checkpoint built by ``tests/_tiny_eagle3.py``.
+
+Workers: ``make test`` runs two pytest-xdist workers, each given whole test modules (so a module's
+fixtures, such as the vLLM runs of tests/test_vllm.py, are built once), the modules that run real
+engines first; each worker's torch runs on its share of the cores.
 """
 
 from __future__ import annotations
@@ -27,8 +31,44 @@ from pathlib import Path
 import _tiny_eagle3
 import pytest
 import sqlalchemy as sa
+import torch
 
 from specscope.storage import Store, open_store
+
+ENGINE_FIXTURES = frozenset({"target_pair", "demo_store", "vllm_compiled"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        # The workers share the cores: torch threads split between them, here and in the processes a
+        # test spawns (engine ranks, the compiled vLLM), or OpenMP threads spin against the other
+        # worker's and slow both many times over.
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+def _cost(item: pytest.Item) -> int:
+    """0: the test runs vLLM; 1: another real engine or the target model; 2: neither."""
+    if item.get_closest_marker("vllm"):
+        return 0
+    if ENGINE_FIXTURES.intersection(item.fixturenames) or any(map(item.get_closest_marker, ("slow", "llamacpp"))):
+        return 1
+    return 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    # xdist (--dist loadfile --no-loadscope-reorder) hands out whole modules in this order: the
+    # modules running real engines (minutes each) first, so that no long one starts last and runs
+    # alone at the end while the other worker idles.
+    cost: dict[Path, int] = {}
+    for item in items:
+        cost[item.path] = min(cost.get(item.path, 2), _cost(item))
+    items.sort(key=lambda item: cost[item.path])
+
 
 PG_URL = os.environ.get("SPECSCOPE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 

@@ -58,6 +58,7 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 # -- real runs ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_healthy_to_no_aux_capture_is_a_regression_exit_1(real, capsys):
     status, out, _ = cli(capsys, "--base-db", real["db"], "--base-run", real["healthy"][:12],
                          "--db", real["db"], "--run", real["no-aux"], "--json")
@@ -81,6 +82,7 @@ def test_healthy_to_no_aux_capture_is_a_regression_exit_1(real, capsys):
     assert {m["candidate_request_id"] for m in data["moved"]} == {f"req-{i:03d}" for i in range(PROMPTS)}
 
 
+@pytest.mark.slow
 def test_the_reverse_is_an_improvement_exit_0_and_text_names_it(real, capsys):
     status, out, _ = cli(capsys, "--base-db", real["db"], "--base-run", real["no-aux"],
                          "--db", real["db"], "--run", real["healthy"])
@@ -88,6 +90,7 @@ def test_the_reverse_is_an_improvement_exit_0_and_text_names_it(real, capsys):
     assert "verdict: improvement" in out and f"paired over {PROMPTS} request(s)" in out
 
 
+@pytest.mark.slow
 def test_healthy_runs_over_different_prompts_are_not_a_regression(real, capsys):
     # the candidate defaults to the store's newest run: other-prompts
     status, out, _ = cli(capsys, "--base-db", real["db"], "--base-run", real["healthy"], "--db", real["db"], "--json")
@@ -101,6 +104,7 @@ def test_healthy_runs_over_different_prompts_are_not_a_regression(real, capsys):
     assert data["paired"] is False and data["moved"] == []
 
 
+@pytest.mark.slow
 def test_run_al_is_the_stores_and_the_ratio_over_requests(real):
     with open_store(real["db"], create=False, read_only=True) as store:
         comparison = compare(store, store, real["healthy"], real["no-aux"])
@@ -112,6 +116,7 @@ def test_run_al_is_the_stores_and_the_ratio_over_requests(real):
     assert "regression" in render_text(comparison)
 
 
+@pytest.mark.slow
 def test_doctor_json_has_what_if_k_per_run(real, capsys):
     assert main(["doctor", "--db", real["db"], "--run", real["healthy"], "--json"]) == 0
     (run,) = json.loads(capsys.readouterr().out)["runs"]
@@ -123,6 +128,7 @@ def test_doctor_json_has_what_if_k_per_run(real, capsys):
     assert all(r["tokens_per_s"] > 0 for r in rows)  # the reference engine records draft / verify times
 
 
+@pytest.mark.slow
 def test_dashboard_overview_gives_the_verdict(real, monkeypatch):
     monkeypatch.setenv(DB_ENV, real["db"])
     at = AppTest.from_file(str(ENTRY), default_timeout=120).run()
@@ -147,6 +153,7 @@ def test_dashboard_overview_gives_the_verdict(real, monkeypatch):
 
 # -- bad input ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_bad_input_exits_2_with_one_line(real, tmp_path, capsys):
     db = real["db"]
     for argv, expected in (

@@ -9,7 +9,6 @@ inspection of the draft. Provenance sampling is on.
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import uuid
 from dataclasses import dataclass
@@ -93,9 +92,10 @@ def _serve_rank(rank: int, opts: DemoOptions, port: int | None) -> None:
     from specscope.collector import Collector
     from specscope.readmodel import store_verdict
 
-    # Ranks share the host's cores: oversubscribed OpenMP threads spin against each other and slow
-    # the target's forward by an order of magnitude.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // opts.ranks))
+    # Ranks share the process's threads (OMP_NUM_THREADS, else the cores): oversubscribed OpenMP
+    # threads spin against each other and slow the target's forward by an order of magnitude.
+    if opts.ranks > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // opts.ranks))
     if port is not None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=opts.ranks)
