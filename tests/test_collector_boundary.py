@@ -76,7 +76,8 @@ def test_a_malformed_event_is_refused_alone(bad: str, store_url: str, caplog: py
     assert len(refused) == 1 and "\n" not in refused[0].getMessage()
 
 
-@pytest.mark.parametrize("run_id", ["run\udcff", "run\x00"], ids=["lone-surrogate", "nul"])  # ids travel as UTF-8 to xdist workers
+# named ids: an id with a lone surrogate cannot travel to a pytest-xdist worker (UTF-8 only)
+@pytest.mark.parametrize("run_id", ["run\udcff", "run\x00"], ids=["lone-surrogate", "nul"])
 def test_a_run_id_the_database_refuses_leaves_the_counters_of_others(run_id: str, store_url: str,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     """A run id that passes emit but not the database (a lone surrogate anywhere; a NUL on
@@ -98,7 +99,7 @@ def test_a_run_id_the_database_refuses_leaves_the_counters_of_others(run_id: str
         assert collector.written == LATER + 3
     (rejected,) = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert f"of run {run_id!r} (" in rejected
-    rejected.encode()
+    rejected.encode("utf-8")  # raises UnicodeEncodeError on a lone surrogate
 
 
 def test_the_writer_survives_an_event_broken_after_emit(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
