@@ -487,6 +487,21 @@ def test_an_open_run_deleted_from_the_store_is_named_when_the_newest_replaces_it
     assert not texts(at, "warning")  # said once: the newest run is the open one now
 
 
+def test_a_store_emptied_and_written_again_opens_its_new_run_unannounced(monkeypatch, tmp_path):
+    db = write_store(tmp_path / "store.db", [trace("old-run"), trace("new-run", t0=1_750_000_100.0)])
+    monkeypatch.setenv(DB_ENV, db)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    at.selectbox(key="run_picker").set_value("old-run").run()
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        conn.exec_driver_sql("DELETE FROM runs")
+    time.sleep(2.1)  # past the run list's cache
+    at.run()  # the "Get started" page
+    write_store(db, [trace("later-run", t0=1_750_000_300.0)])
+    time.sleep(2.1)
+    at.run()
+    assert not at.exception and at.session_state["run_id"] == "later-run" and not texts(at, "warning")
+
+
 def test_back_and_forward_follow_the_address(monkeypatch, two_runs):
     """Going back in the browser reruns the page with the address it went back to: the run it names
     opens (the session's own pick no longer holds it on the run it left), and the address is not

@@ -21,6 +21,8 @@ st.set_page_config(page_title="specscope", page_icon=ICON, layout="wide")
 widgets.store()
 runs = widgets.query(queries.runs)
 if not runs:
+    # the open run went with the rest: a run written later opens as on a first view, unannounced
+    st.session_state.pop(widgets.RUN_KEY, None)
     pages = [st.Page("screens/get_started.py", title="Get started", icon=":material/rocket_launch:")]
 else:
     pages = [
