@@ -164,3 +164,16 @@ def test_flush_times_out_while_the_store_is_locked(tmp_path) -> None:
 def test_invalid_settings_are_refused(tmp_path, settings: dict) -> None:
     with pytest.raises(ConfigError):
         Collector(str(tmp_path / "s.db"), **settings)
+
+
+def test_a_failing_run_end_callback_is_one_log_line_whatever_the_run_id(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    """The run id comes from the engine's side: a newline in it must not start a forged log line."""
+    def verdict(store: Store, run_id: str) -> None:
+        raise RuntimeError("verdict failed")
+
+    run_id = "r1\nCRITICAL specscope: forged line"
+    with caplog.at_level(logging.ERROR, logger="specscope"), open_store(str(tmp_path / "s.db")) as store, \
+            Collector(store, on_run_end=verdict) as collector:
+        collector.emit(ev.RankStatus(run_id=run_id, rank=0, hook_calls=0, hook_errors=0, finished=True))
+    (failed,) = [r.getMessage() for r in caplog.records if "run-end callback failed" in r.getMessage()]
+    assert failed.endswith(f"for run {run_id!r}") and "\n" not in failed

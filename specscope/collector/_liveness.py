@@ -55,4 +55,4 @@ class Liveness:
             try:
                 self._on_run_end(self._open(), run_id)
             except Exception:  # noqa: BLE001 - the engine's events matter more than the verdict
-                logger.exception("specscope collector: the run-end callback failed for run %s", run_id)
+                logger.exception("specscope collector: the run-end callback failed for run %r", run_id)
