@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -283,6 +284,11 @@ def test_postgres_refuses_before_running(sql: str, pg_url: str, tmp_path: Path) 
 
 
 @pytest.mark.postgres
+def _advisory_locks(engine, key: int) -> int:
+    with engine.connect() as conn:
+        return conn.exec_driver_sql(f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {key}").scalar()
+
+
 def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
     """A role's own function is refused before it runs; a lock the reader's statement could still
     take (here through a view of the role's own, whose body the parse cannot see) dies with the
@@ -304,9 +310,11 @@ def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
             with pytest.raises(ReadOnlyViolation, match=r"function grab\(\) \(not a read-only built-in"):
                 reader.query(f"SELECT grab({_PG_MIGRATION_LOCK})")
             assert len(reader.query("SELECT * FROM grabbing").rows) == 1
-            with admin.connect() as conn:
-                held = conn.exec_driver_sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                                            f" AND objid = {_PG_MIGRATION_LOCK}").scalar()
+            # The reader's connection is closed after the query; its server process exits a moment
+            # later, and a store opened in another test (another pytest worker) holds the lock briefly.
+            deadline = time.monotonic() + 5
+            while (held := _advisory_locks(admin, _PG_MIGRATION_LOCK)) and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert held == 0
             with open_store(pg_url, lock_timeout_s=5) as writer:  # takes the migration lock
                 writer.write([ev.RunStart(run_id="run-b", engine="e", engine_version="1", target_model="t",
