@@ -283,12 +283,12 @@ def test_postgres_refuses_before_running(sql: str, pg_url: str, tmp_path: Path) 
     assert _snapshot(pg_url) == [("run-a", "reference")]
 
 
-@pytest.mark.postgres
 def _advisory_locks(engine, key: int) -> int:
     with engine.connect() as conn:
         return conn.exec_driver_sql(f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {key}").scalar()
 
 
+@pytest.mark.postgres
 def test_postgres_reader_lock_never_outlives_its_query(pg_url: str) -> None:
     """A role's own function is refused before it runs; a lock the reader's statement could still
     take (here through a view of the role's own, whose body the parse cannot see) dies with the
