@@ -357,6 +357,9 @@ def test_postgres_statement_runs_once(pg_url: str) -> None:
     def scans() -> int:
         with admin.connect() as conn:
             for _ in range(2_400):  # its stats arrive when its backend exits (the store is closed)
+                # a transaction reads pg_stat_activity once and keeps it: without clearing, a backend
+                # still exiting at the first look stays there for every later look
+                conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
                 if not conn.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE application_name "
                                             f"= '{name}'").scalar():
                     break
