@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,14 +100,19 @@ def _free_port() -> int:
 def _start(store: Path) -> tuple[subprocess.Popen, str]:
     """``specscope dashboard`` on a free port, once its health endpoint answers: (process, url)."""
     port = _free_port()
+    # the server's output goes to a file, never a pipe nobody reads (a full pipe would stall the
+    # server); _stop prints it, so a failed test's report shows it
+    log = tempfile.TemporaryFile("w+", encoding="utf-8")
     proc = subprocess.Popen([sys.executable, "-m", "specscope", "dashboard", "--db", str(store),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log = log
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while not _healthy(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"dashboard did not come up: {proc.stdout.read() if proc.poll() is not None else ''}")
+            proc.wait()
+            pytest.fail(f"dashboard did not come up: {_output(proc)}")
         time.sleep(0.2)  # polling the server's health endpoint, not synchronising the test
     return proc, url
 
@@ -118,6 +124,11 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _output(proc: subprocess.Popen) -> str:
+    proc.log.seek(0)
+    return proc.log.read()
+
+
 def _stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -125,6 +136,8 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    print(f"dashboard output:\n{_output(proc)[-4000:]}")
+    proc.log.close()
 
 
 @pytest.fixture
@@ -152,8 +165,15 @@ def _chromium_page(tmp_path: Path) -> Iterator[tuple[Any, Path]]:
     shots.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
         try:
-            yield browser.new_page(viewport={"width": 1400, "height": 900}), shots
+            yield page, shots
+        except sync_api.Error as exc:  # a wait that timed out: what the page showed instead
+            try:
+                shown = page.inner_text("body", timeout=5_000)[:4000]
+            except sync_api.Error as again:
+                shown = f"(unreadable: {again})"
+            raise AssertionError(f"{exc}\nthe page at {page.url} showed:\n{shown}") from exc
         finally:
             browser.close()
 
