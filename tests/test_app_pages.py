@@ -457,11 +457,12 @@ def test_a_link_opens_its_run_and_the_address_follows_the_pick(monkeypatch, two_
 def test_a_link_to_a_run_the_store_does_not_hold_says_so_and_opens_the_newest(monkeypatch, two_runs):
     monkeypatch.setenv(DB_ENV, two_runs)
     at = AppTest.from_file(str(ENTRY), default_timeout=60)
-    at.query_params["run"] = "gone-run"
+    gone = "gone-run-" + "0" * 32  # a uuid's length and more: named whole, so it can be copied
+    at.query_params["run"] = gone
     at.run()
     assert not at.exception and at.session_state["run_id"] == "faulty-run"
     (warning,) = [w for w in texts(at, "warning") if "link" in w]
-    assert "`'gone-run'`" in warning and "showing the run in the picker below" in warning
+    assert f"`'{gone}'`" in warning and "showing the run in the picker below" in warning
     assert at.query_params["run"] == "faulty-run"
     at.selectbox(key="run_picker").set_value("healthy-run").run()
     at.query_params["run"] = "gone-too"  # edited in the address bar: the open run stays

@@ -34,6 +34,10 @@ RUN_KEY = "run_id"
 PICKER_KEY = "run_picker"  # the select box's own state
 LINK_PARAM = "run"  # the open run in the page's address: ?run=<run id>
 LINKED_KEY = "linked_run"  # the run this session last put in the address
+# A run id named in a warning: whole (a uuid's 32 hex digits and more), cut only where an address
+# could carry any length.
+_IDS = reprlib.Repr()
+_IDS.maxstring = 200
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
 STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale", "lost": "lost"}
@@ -230,12 +234,12 @@ def run_picker() -> str:
         if linked in ids:
             st.session_state[RUN_KEY] = linked
         else:
-            st.warning(f"The link names run {code(reprlib.repr(linked))}, which this store does not hold; "
+            st.warning(f"The link names run {code(_IDS.repr(linked))}, which this store does not hold; "
                        "showing the run in the picker below.")
     current = st.session_state.get(RUN_KEY)
     if current not in ids:  # first view, or the open run was deleted
         if current is not None:
-            st.warning(f"Run {code(reprlib.repr(current))}, open until now, is no longer in this store; "
+            st.warning(f"Run {code(_IDS.repr(current))}, open until now, is no longer in this store; "
                        "showing the newest run.")
         current = ids[0]
     # RUN_KEY is the truth (a pick reaches it through the callback, before this run); the select box
