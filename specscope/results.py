@@ -5,7 +5,9 @@ JSON is strict (RFC 8259): a non-finite number (NaN, +/-Infinity; a float column
 PostgreSQL ``'NaN'::float``) is written as ``null``, never as the ``NaN`` / ``Infinity`` tokens that
 ``json.dumps`` emits by default and other parsers refuse. The aligned table escapes control
 characters of stored text (``\x1b`` as the four characters ``\x1b``), so a value cannot move the
-cursor, recolour or retitle the terminal that shows it.
+cursor, recolour or retitle the terminal that shows it. A binary value (SQLite BLOB, PostgreSQL
+``bytea``) reads the same in the table, CSV, JSON and the dashboard: PostgreSQL's own hex text,
+``\x00ff41``.
 
 Stored text shown as Markdown (the dashboard's pages, a fix that quotes a checkpoint's key) is made
 literal the same way: whoever can write a store or a checkpoint writes its names, and in Streamlit's
@@ -26,10 +28,11 @@ from typing import Any, TextIO
 _CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
 _MARKUP = str.maketrans({c: "\\" + c for c in "\\`[]<>:"})
 _BACKTICKS = re.compile("`+")
+_BINARY = (bytes, bytearray, memoryview)
 
 
 def to_json(value: Any, indent: int | None = 2) -> str:
-    """Strict JSON of ``value``: non-finite floats as null, Decimals as numbers, bytes as hex."""
+    """Strict JSON of ``value``: non-finite floats as null, Decimals as numbers, bytes as hex text."""
     return json.dumps(portable(value), default=_json_value, indent=indent, allow_nan=False)
 
 
@@ -58,7 +61,8 @@ def write_csv(columns: list[str], rows: list[tuple], out: TextIO) -> None:
     """CSV (``csv`` module, excel dialect) with a header row; NULL is an empty field."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
-    writer.writerows(rows)
+    writer.writerows([bytes_text(value) if isinstance(value, _BINARY) else value for value in row]
+                     for row in rows)
 
 
 def write_table(columns: list[str], rows: list[tuple], out: TextIO) -> None:
@@ -81,7 +85,15 @@ def write_table(columns: list[str], rows: list[tuple], out: TextIO) -> None:
 
 
 def _text(value: Any) -> str:
-    return "NULL" if value is None else terminal_text(str(value))
+    if value is None:
+        return "NULL"
+    return bytes_text(value) if isinstance(value, _BINARY) else terminal_text(str(value))
+
+
+def bytes_text(value: bytes | memoryview) -> str:
+    """A binary value as PostgreSQL writes ``bytea`` (its hex format): ``\\x`` and two hex digits a
+    byte."""
+    return "\\x" + bytes(value).hex()
 
 
 def terminal_text(text: str) -> str:
@@ -115,9 +127,9 @@ def markdown_code(text: object) -> str:
 
 
 def portable(value: Any) -> Any:
-    """``value`` with non-finite floats as None and Decimals as floats (their digits as text beyond a
-    float's range), through dicts, lists and tuples: what strict JSON and Arrow tables (the dashboard's
-    dataframes: Decimal precision at most 76) can hold."""
+    """``value`` with non-finite floats as None, Decimals as floats (their digits as text beyond a
+    float's range) and binary values as their hex text, through dicts, lists and tuples: what strict
+    JSON and Arrow tables (the dashboard's dataframes: Decimal precision at most 76) can hold."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Decimal):  # NaN -> null; beyond a float's range -> its digits as text
@@ -128,12 +140,12 @@ def portable(value: Any) -> Any:
         return {key: portable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [portable(item) for item in value]
+    if isinstance(value, _BINARY):
+        return bytes_text(value)
     return value
 
 
 def _json_value(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy scalars in evidence
         return portable(value.item())
-    if isinstance(value, (bytes, memoryview)):
-        return bytes(value).hex()
     return str(value)
