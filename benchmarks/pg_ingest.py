@@ -186,7 +186,7 @@ def _report(what: str, events: int, times: dict[str, list[float]]) -> None:
         speed_up = "1x"
         if bulk != "executemany":
             estimate, low, high = slowdown(seconds, times["executemany"]).ratio()
-            speed_up = f"{estimate:.1f}x ({low:.2g}x .. {high:.1f}x)"
+            speed_up = f"{estimate:.1f}x ({low:.1f}x .. {high:.1f}x)"
         print(f"{what:<12}{bulk:<13}{spread([events / s for s in seconds], ',.0f'):>28}{speed_up:>28}")
 
 
