@@ -7,6 +7,7 @@ created beside it.
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import time
@@ -150,6 +151,20 @@ def test_runaway_statement_stops_at_the_time_limit(db: str) -> None:
         with pytest.raises(StoreError, match=r"time limit of 0.3 s"):
             store.query(RECURSIVE_FOREVER, timeout_s=0.3)
         assert store.query("SELECT COUNT(*) FROM runs")[1] == [(1,)]  # connection reusable
+
+
+def test_a_count_sqlite_runs_in_one_step_stops_at_the_time_limit(tmp_path) -> None:
+    """``count(*)`` of a whole table is one step of SQLite's program (it counts the table's pages in C):
+    a progress handler is never called during it, the interrupt of the time limit is."""
+    db = _seed(str(tmp_path / "store.db"))
+    with sqlite3.connect(db) as conn:  # 60 MB: counted in tens of milliseconds, a limit of 1 µs is long past
+        conn.execute("CREATE TABLE big (payload BLOB)")
+        conn.execute("WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 600000) "
+                     "INSERT INTO big SELECT zeroblob(100) FROM r")
+    with open_store(db, read_only=True) as store:
+        with pytest.raises(StoreError, match=r"stopped after the time limit of 1e-06 s"):
+            store.query("SELECT count(*) FROM big", timeout_s=1e-6)
+        assert store.query("SELECT count(*) FROM big", timeout_s=60).rows == [(600_000,)]
 
 
 def test_huge_results_are_capped_in_rows_and_bytes(db: str) -> None:

@@ -1,6 +1,6 @@
 """SQLite built-ins whose one call can outlive a user statement's time limit, bounded per call.
 
-SQLite never interrupts a function call (its progress handler runs between VM instructions), and
+SQLite never interrupts a function call (it looks at an interrupt between VM instructions), and
 these grow faster than their arguments: ``instr`` and ``replace`` search naively (a 4 MB text and a
 300 KB near-match took 22.8 s), ``trim`` / ``ltrim`` / ``rtrim`` scan their whole character set for
 every character trimmed (100 KB by 100 KB: 29 s), ``json_patch`` compares every key with every key

@@ -6,11 +6,11 @@ Read-only is enforced by the database on the connection, for every statement cla
 tables, calling functions other than ``load_extension`` and ``fts3_tokenizer``, recursive CTEs and
 the schema-reading PRAGMAs of :data:`READ_PRAGMAS`, and denies everything else: ATTACH / DETACH (also
 how ``VACUUM INTO`` opens its target file; a ``mode=ro`` connection would still create the file),
-writes, temp tables, transactions, state-changing PRAGMAs. A progress handler
-(``set_progress_handler``) interrupts a statement that runs past its time limit.
+writes, temp tables, transactions, state-changing PRAGMAs. ``sqlite3_interrupt`` from a timer
+(:class:`~._time_limit.SqliteDeadline`) stops a statement that runs past its time limit.
 
-SQLite checks the progress handler only where its program jumps (between rows, in loops), never
-inside one function call, so the work of one row is bounded instead: ``SQLITE_LIMIT_LENGTH`` caps
+SQLite looks at the interrupt where its program jumps (between rows, in loops) and in its own long
+loops (counting a table, sorting), never inside one function call, so the work of one row is bounded instead: ``SQLITE_LIMIT_LENGTH`` caps
 every value while it is computed (:data:`SQLITE_MAX_VALUE_BYTES`, or the byte cap when smaller), the
 authorizer refuses a statement naming more than :data:`MAX_FUNCTION_CALLS` functions, and the
 built-ins whose time grows faster than their arguments (``instr``, ``replace``, the trims,
@@ -26,17 +26,16 @@ pages", and a user's ad-hoc aggregate gets five times that).
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from specscope.storage._builtins import Builtins
+from specscope.storage._time_limit import SqliteDeadline
 
 DEFAULT_QUERY_TIMEOUT_S = 2.0
 MAX_QUERY_TIMEOUT_S = 24 * 3600.0  # PostgreSQL's statement_timeout holds at most 2**31 - 1 ms (24.8 days)
 DEFAULT_MAX_RESULT_BYTES = 64 * 1024 * 1024
-_PROGRESS_STEPS = 10_000  # SQLite VM instructions between two deadline checks (about a millisecond)
 SQLITE_MAX_VALUE_BYTES = 4 * 2**20  # largest value a SQLite user statement may compute
 MAX_FUNCTION_CALLS = 256  # function references one SQLite user statement may hold
 
@@ -70,34 +69,33 @@ class SqliteGuard:
     """Authorizer and time limit installed on one sqlite3 connection for one user statement.
 
     ``denied`` names the first action refused (for the error message); ``timed_out`` is True once
-    the progress handler interrupted the statement; ``builtins`` says which bounded call failed.
+    the time limit interrupted the statement; ``builtins`` says which bounded call failed.
     """
 
     timeout_s: float | None
     max_value_bytes: int | None = None
     denied: str | None = None
-    timed_out: bool = False
-    _deadline: float = 0.0
+    _deadline: SqliteDeadline | None = None
     _length_limit: int | None = None
     builtins: Builtins = field(init=False)
     _functions: int = 0
 
     def install(self, connection: sqlite3.Connection) -> None:
-        """Start the clock and install the authorizer, the value-length limit, the bounded built-ins
-        and, with a time limit, the progress handler."""
+        """Install the authorizer, the value-length limit and the bounded built-ins, and start the
+        clock of the time limit, if any."""
         connection.set_authorizer(self._authorize)
         self.builtins = Builtins(self.value_limit)
         self.builtins.install(connection)
         self._length_limit = connection.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
         connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.value_limit)
         if self.timeout_s is not None:
-            self._deadline = time.monotonic() + self.timeout_s
-            connection.set_progress_handler(self._progress, _PROGRESS_STEPS)
+            self._deadline = SqliteDeadline(connection, self.timeout_s)
 
     def remove(self, connection: sqlite3.Connection) -> None:
         """Take them off (the connection returns to the pool and runs specscope's own SQL next)."""
+        if self._deadline is not None:
+            self._deadline.stop()
         connection.set_authorizer(None)
-        connection.set_progress_handler(None, 0)
         if self._length_limit is not None:
             connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self._length_limit)
 
@@ -144,11 +142,9 @@ class SqliteGuard:
                 self.denied = _ACTION_NAMES.get(action, "creating or dropping objects")
         return sqlite3.SQLITE_DENY
 
-    def _progress(self) -> int:
-        if time.monotonic() > self._deadline:
-            self.timed_out = True
-            return 1  # non-zero: SQLite interrupts the statement
-        return 0
+    @property
+    def timed_out(self) -> bool:
+        return self._deadline is not None and self._deadline.fired
 
 
 @dataclass
