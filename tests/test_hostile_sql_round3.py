@@ -78,6 +78,8 @@ def extensions(pg_url: str):
         held.exec_driver_sql("SELECT pg_advisory_lock(hashtext('specscope tests: extensions'))")
         try:
             with admin.begin() as conn:
+                # left by a run killed before its teardown (in a schema nobody dropped then)
+                conn.exec_driver_sql("DROP EXTENSION IF EXISTS dblink, tablefunc CASCADE")
                 conn.exec_driver_sql("CREATE EXTENSION dblink SCHEMA " + conn.exec_driver_sql(
                     "SELECT current_schema()").scalar())
                 conn.exec_driver_sql("CREATE EXTENSION tablefunc")
