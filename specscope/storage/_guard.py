@@ -10,12 +10,14 @@ writes, temp tables, transactions, state-changing PRAGMAs. ``sqlite3_interrupt``
 (:class:`~._time_limit.SqliteDeadline`) stops a statement that runs past its time limit.
 
 SQLite looks at the interrupt where its program jumps (between rows, in loops) and in its own long
-loops (counting a table, sorting), never inside one function call, so the work of one row is bounded instead: ``SQLITE_LIMIT_LENGTH`` caps
-every value while it is computed (:data:`SQLITE_MAX_VALUE_BYTES`, or the byte cap when smaller), the
-authorizer refuses a statement naming more than :data:`MAX_FUNCTION_CALLS` functions, and the
-built-ins whose time grows faster than their arguments (``instr``, ``replace``, the trims,
-``json_patch``, ``LIKE``, ``GLOB``, ``printf``) are replaced on the connection by checks that refuse an over-budget call
-and run the others on SQLite's own built-in (:mod:`._builtins`). One row then costs at most that many calls of about 12 ms.
+loops (counting a table, sorting), never inside one function call, so the work of one row is bounded
+instead: ``SQLITE_LIMIT_LENGTH`` caps every value while it is computed
+(:data:`SQLITE_MAX_VALUE_BYTES`, or the byte cap when smaller), the authorizer refuses a statement
+naming more than :data:`MAX_FUNCTION_CALLS` functions, and the built-ins whose time grows faster
+than their arguments (``instr``, ``replace``, the trims, ``json_patch``, ``LIKE``, ``GLOB``,
+``printf``) are replaced on the connection by checks that refuse an over-budget call and run the
+others on SQLite's own built-in (:mod:`._builtins`). One row then costs at most that many calls of
+about 12 ms.
 
 Results are capped in rows and in bytes (:class:`ResultCap`). Time limit default:
 :data:`DEFAULT_QUERY_TIMEOUT_S` (Datasette uses 1 s for the same job; each of the dashboard's own
