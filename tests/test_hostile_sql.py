@@ -395,9 +395,9 @@ def test_postgres_statement_runs_once(pg_url: str) -> None:
         admin.dispose()
 
 
-def _refused_with_peak(url: str, sql: str, **options) -> tuple[str, int]:
-    """(the StoreError's message, MiB the statement added to the peak RSS) of ``Store.query(sql)``
-    in a fresh subprocess, after one small query warmed it up."""
+def _outcome_with_peak(url: str, sql: str, **options) -> tuple[str, int]:
+    """(the StoreError's message, or ``returned``; MiB the statement added to the peak RSS) of
+    ``Store.query(sql)`` in a fresh subprocess, after one small query warmed it up."""
     script = (
         "import re, sys\n"
         "def peak():  # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)\n"
@@ -409,6 +409,7 @@ def _refused_with_peak(url: str, sql: str, **options) -> tuple[str, int]:
         "    before = peak()\n"
         "    try:\n"
         f"        store.query(sys.argv[2], timeout_s=60, **{options!r})\n"
+        "        print('returned')\n"
         "    except StoreError as exc:\n"
         "        print(exc)\n"
         "    print((peak() - before) // 1024)\n")
@@ -422,15 +423,15 @@ def test_value_over_the_byte_cap_stops_while_computed(tmp_path: Path) -> None:
     before); the query adds less than one of them to the subprocess's peak RSS."""
     url = str(tmp_path / "store.db")
     open_store(url).close()
-    message, added_mib = _refused_with_peak(url, "SELECT zeroblob(200000000), zeroblob(200000000), "
+    message, added_mib = _outcome_with_peak(url, "SELECT zeroblob(200000000), zeroblob(200000000), "
                                                  "zeroblob(200000000)")
     assert "larger than the per-value limit of 4,194,304 bytes" in message
     assert added_mib < 190
 
 
 def test_nested_replace_is_bounded_per_row(tmp_path: Path) -> None:
-    """Nested replace() on a large string ran 7.4 s under a 1 s limit (SQLite checks its progress
-    handler only between rows, never between the calls computing one row). Each call's value is now
+    """Nested replace() on a large string ran 7.4 s under a 1 s limit (SQLite looks at its interrupt
+    between rows, never between the calls computing one row). Each call's value is now
     bounded while it is computed (4 MiB), and so is the count of calls in a statement."""
     url = str(tmp_path / "store.db")
     open_store(url).close()
@@ -465,10 +466,21 @@ def test_postgres_row_over_the_byte_cap_never_reaches_the_client(pg_url: str) ->
     """Two 40 MB values in one row under the SQL page's 16 MiB cap: the server stops the statement
     at that row (the whole row used to arrive before the cap applied)."""
     open_store(pg_url).close()
-    message, added_mib = _refused_with_peak(pg_url, "SELECT repeat('x', 40000000) AS a, "
+    message, added_mib = _outcome_with_peak(pg_url, "SELECT repeat('x', 40000000) AS a, "
                                                     "repeat('y', 40000000) AS b", max_bytes=16 * 2**20)
     assert "larger than the result cap of 16,777,216 bytes" in message
     assert added_mib < 40
+
+
+@pytest.mark.postgres
+def test_postgres_array_takes_about_its_text_in_the_client(pg_url: str) -> None:
+    """A ``numeric[]`` of 4M elements, 8 MB of text under the 64 MiB cap: it comes back as PostgreSQL
+    writes it, taking about its text's size (read as Decimals it added 579 MB to the client, 56 times
+    its text, so a value under the cap could exhaust memory: found by an attack trial)."""
+    open_store(pg_url).close()
+    outcome, added_mib = _outcome_with_peak(pg_url, "SELECT array_fill(0::numeric, ARRAY[4000000]) AS a")
+    assert outcome == "returned"
+    assert added_mib < 100
 
 
 @pytest.mark.postgres

@@ -186,24 +186,16 @@ which count nothing as text) is bounded by the cap too."""
 
 def row_bytes(row: tuple) -> int:
     """What a row counts against the byte cap: :data:`ROW_OVERHEAD_BYTES`, 8 per value (a reference),
-    and the values' contents: text as UTF-8, bytes as they are, arrays and JSON by their contents (8
-    more for each element), numerics by their digits, 8 for any other value."""
-    size, pending = ROW_OVERHEAD_BYTES + 8 * len(row), list(row)
-    while pending:
-        value = pending.pop()
+    and the values' contents: text as UTF-8 (PostgreSQL's arrays, JSON and records arrive as their
+    text, :mod:`._pg_values`), bytes as they are, numerics by their digits, 8 for any other value."""
+    size = ROW_OVERHEAD_BYTES + 8 * len(row)
+    for value in row:
         if isinstance(value, str):
             size += len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
         elif isinstance(value, bytes):
             size += len(value)
         elif isinstance(value, Decimal):  # PostgreSQL's numeric: up to 16,383 digits after the point
             size += 8 + len(value.as_tuple().digits)
-        elif isinstance(value, dict):
-            size += 8 * len(value)
-            pending.extend(value.keys())
-            pending.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            size += 8 * len(value)
-            pending.extend(value)
         else:
             size += 8
     return size
