@@ -44,6 +44,41 @@ def _token_ids(ids: Any, most: int) -> bool:
     return isinstance(ids, tuple) and len(ids) <= most and all(is_int(i) and 0 <= i <= MAX_COUNT for i in ids)
 
 
+def _texts(value: Any, width: int = 1) -> bool:
+    """A tuple or list of strings (``width`` 1), or of tuples / lists of ``width`` strings."""
+    if not isinstance(value, (tuple, list)):
+        return False
+    if width == 1:
+        return all(isinstance(item, str) for item in value)
+    return all(isinstance(item, (tuple, list)) and len(item) == width and _texts(item) for item in value)
+
+
+def check_rank_status(e: Any) -> None:
+    """Counts up to :data:`MAX_COUNT`; ``finished`` a bool, ``graph_mode`` text, ``error`` text or None."""
+    check_counts("rank status", hook_calls=e.hook_calls, hook_errors=e.hook_errors)
+    if max(e.hook_calls, e.hook_errors) > MAX_COUNT:
+        raise InvalidEvent(f"rank status: hook_calls={e.hook_calls}, hook_errors={e.hook_errors}: counts go "
+                           f"up to {MAX_COUNT}")
+    if not isinstance(e.finished, bool) or not isinstance(e.graph_mode, str) \
+            or not isinstance(e.error, (str, type(None))):
+        raise InvalidEvent(f"rank status: finished {e.finished!r:.40}, graph_mode {e.graph_mode!r:.40}, "
+                           f"error {e.error!r:.40}: a bool, text, and text or None")
+
+
+def check_load_report(e: Any) -> None:
+    """``loaded`` a count; ``module`` / ``source`` text, ``strict`` a bool; ``missing`` /
+    ``unexpected`` strings (keys), ``renamed`` pairs of them: the doctor matches keys as text."""
+    check_counts("load report", loaded=e.loaded)
+    if not (isinstance(e.module, str) and isinstance(e.source, str) and isinstance(e.strict, bool)):
+        raise InvalidEvent(f"load report: module {e.module!r:.40}, source {e.source!r:.40}, strict "
+                           f"{e.strict!r:.40}: text, text and a bool")
+    for name, width in (("missing", 1), ("unexpected", 1), ("renamed", 2)):
+        value = getattr(e, name)
+        if not _texts(value, width):
+            what = "keys (strings)" if width == 1 else "(checkpoint key, parameter) pairs of strings"
+            raise InvalidEvent(f"load report: {name} {value!r:.80} is not a sequence of {what}")
+
+
 def check_request_end(e: Any) -> None:
     check_counts("request end", output_tokens=e.output_tokens, verify_steps=e.verify_steps)
     if e.output_ids is not None and not _token_ids(e.output_ids, MAX_COUNT):

@@ -19,7 +19,9 @@ from specscope.event_checks import (
     MAX_PROPOSED,
     PIT_BINS,
     check_counts,
+    check_load_report,
     check_lossless_audit,
+    check_rank_status,
     check_replay_result,
     check_request_end,
     check_request_tokens,
@@ -112,6 +114,9 @@ class RankStatus(EventBase):
     finished: bool = False
     error: str | None = None
     ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        check_rank_status(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +297,9 @@ class LoadReport(EventBase):
     unexpected: tuple[str, ...] = ()
     renamed: tuple[tuple[str, str], ...] = ()
     ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        check_load_report(self)
 
 
 @dataclass(frozen=True, slots=True)

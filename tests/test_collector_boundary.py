@@ -18,9 +18,10 @@ LATER = 202  # good events emitted after the bad one
 HANG = 120.0
 
 
-def _tensor(i: int, run_id: object = RUN, rank: object = 0) -> ev.TensorEvent:
+def _tensor(i: int, run_id: object = RUN, rank: object = 0, ts_wall: object = None) -> ev.TensorEvent:
     return ev.TensorEvent(run_id=run_id, rank=rank, hook_point="draft.forward:hidden_states", call_index=i,
-                          shape=(1, 1, 8), dtype="float32", device="cpu", ts_wall=1000.0 + i)
+                          shape=(1, 1, 8), dtype="float32", device="cpu",
+                          ts_wall=1000.0 + i if ts_wall is None else ts_wall)
 
 
 def _rank_start(world_size: object) -> ev.RankStart:
@@ -53,6 +54,11 @@ REFUSED = {
     "world_size 0": (lambda: _rank_start(0), True),
     "world_size -2": (lambda: _rank_start(-2), True),
     "RunStart world_size 0": (lambda: ev.RunStart(RUN, "e", "0", "t", "d", {}, world_size=0), True),
+    # stored by SQLite as given, every reader's arithmetic on the time then failed (an attack trial)
+    "ts_wall text": (lambda: _tensor(0, ts_wall="now"), True),
+    "ts_wall None": (lambda: ev.RankStatus(RUN, 0, 1, 0, ts_wall=None), True),
+    "ts_wall bool": (lambda: ev.Finding(code="X", severity="info", message="m", evidence={}, fix="f",
+                                        run_id=RUN, ts_wall=True), True),
 }
 
 

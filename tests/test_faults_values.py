@@ -230,6 +230,41 @@ def test_request_start_refuses_bad_counts(fields: dict) -> None:
         _start("q", **fields)
 
 
+def _load_report(**fields) -> ev.LoadReport:
+    return ev.LoadReport(**{"run_id": "run", "rank": 0, "module": "draft", "source": "/m", "strict": False,
+                            "loaded": 3, "missing": ("fc.weight",), "renamed": (("a.w", "b.w"),)} | fields)
+
+
+# Values the doctor reads as checkpoint keys: stored as given, one of them failed the doctor for every
+# run of the store, the dashboard's first page and the exporter's findings (an attack trial).
+@pytest.mark.parametrize("fields, named", [
+    (dict(missing=(1, 2)), "missing"), (dict(missing=3), "missing"), (dict(unexpected=[None]), "unexpected"),
+    (dict(unexpected={"k": 1}), "unexpected"), (dict(renamed=(("a",),)), "renamed"),
+    (dict(renamed=(("a", 1),)), "renamed"), (dict(loaded=-1), "loaded"), (dict(loaded="3"), "loaded"),
+    (dict(strict="yes"), "strict"), (dict(module=None), "module"),
+])
+def test_load_report_refuses_what_is_not_keys(fields: dict, named: str) -> None:
+    with pytest.raises(InvalidEvent, match=named) as info:
+        _load_report(**fields)
+    assert "\n" not in str(info.value)
+
+
+def test_load_report_takes_lists_of_keys() -> None:
+    """Lists, as a loader returns them, are keys too."""
+    report = _load_report(missing=["fc.weight"], unexpected=[], renamed=[["a.w", "b.w"]])
+    assert report.missing == ["fc.weight"]
+
+
+@pytest.mark.parametrize("fields, named", [
+    (dict(hook_errors="x"), "hook_errors"), (dict(hook_calls=-1), "hook_calls"),
+    (dict(hook_calls=2**31), "counts go up to"), (dict(finished="no"), "finished"),
+    (dict(graph_mode=1), "graph_mode"), (dict(error=5), "error"),
+])
+def test_rank_status_refuses_what_is_not_its_counters(fields: dict, named: str) -> None:
+    with pytest.raises(InvalidEvent, match=named):
+        ev.RankStatus(**{"run_id": "run", "rank": 0, "hook_calls": 1, "hook_errors": 0} | fields)
+
+
 def test_requests_page_rows_tolerate_token_ids(tmp_path: Path) -> None:
     """A store written before the check, holding token ids as ``emitted``: the Requests page's token
     rows are text (they broke the page with a traceback)."""

@@ -15,7 +15,8 @@ from specscope.events import MAX_COUNT, Event, Finding, RankStart, RunStart
 Key = tuple[str, int]  # (run_id, rank): a run_ranks row
 _TYPES = frozenset(get_args(Event))
 _SIZED = (RunStart, RankStart)  # events that carry the run's world_size
-_PLAIN = _TYPES - {*_SIZED, Finding}  # events with a run_id and a rank and nothing else to check
+_PLAIN = _TYPES - {*_SIZED, Finding}  # events with a run_id, a rank and a time and nothing else to check
+_TIMES = (float, int)
 
 
 def key_of(event: object) -> Key | None:
@@ -30,7 +31,7 @@ def refusal(event: object) -> str | None:
     """Why the collector cannot take ``event`` (one line), or None when it can."""
     if type(event) in _PLAIN:  # the hot path: exact types, about 100 ns
         run_id, rank = event.run_id, event.rank
-        if type(run_id) is str and type(rank) is int and 0 <= rank <= MAX_COUNT:
+        if type(run_id) is str and type(rank) is int and 0 <= rank <= MAX_COUNT and type(event.ts_wall) in _TIMES:
             return None
     return _refusal(event)
 
@@ -45,6 +46,9 @@ def _refusal(event: object) -> str | None:
         return f"rank {reprlib.repr(rank)} is not an int in 0..{MAX_COUNT}"
     if isinstance(event, _SIZED) and not _count(event.world_size, 1):
         return f"world_size {reprlib.repr(event.world_size)} is not an int in 1..{MAX_COUNT}"
+    if not isinstance(event.ts_wall, _TIMES) or isinstance(event.ts_wall, bool):
+        # every reader does arithmetic on it (run start, per-second acceptance); SQLite would store text
+        return f"ts_wall {reprlib.repr(event.ts_wall)} is not a number (seconds since the epoch)"
     return None
 
 

@@ -138,7 +138,8 @@ class Collector:
         """Queue one event for writing (about a microsecond). Never blocks on the store and never
         raises; when ``capacity`` events are held, or after close, the event is dropped and counted
         for its (run_id, rank). Anything but a specscope event with a string run_id, a rank in
-        0..2**31-1 (and a world_size >= 1) is refused: counted in ``dropped`` and ``rejected``, logged once."""
+        0..2**31-1, a number for ts_wall (and a world_size >= 1) is refused: counted in ``dropped`` and
+        ``rejected``, logged once."""
         reason = refusal(event)
         if reason is not None:
             self._refuse(event, reason)
