@@ -114,6 +114,33 @@ def test_postgres_extension_functions_refused(sql: str, named: str, extensions: 
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("sql, named", [
+    ("SELECT 1 === 1", "operator === (one of that name is not a built-in of pg_catalog)"),
+    ("SELECT x FROM generate_series(1, 2) x WHERE x === ANY (ARRAY[1])", "operator === (one of that"),
+    ("SELECT 1 OPERATOR({schema}.===) ANY (SELECT 1)", "operator {schema}.=== (only built-ins"),
+    ("SELECT x FROM generate_series(1, 2) x ORDER BY x USING OPERATOR({schema}.<)", "operator {schema}.< (only"),
+])
+def test_postgres_operators_of_a_roles_own_never_run(sql: str, named: str, pg_url: str) -> None:
+    """An operator on the store's schema whose function takes an advisory lock (what a role with
+    CREATE there can leave): refused before it runs, unqualified (it shadows nothing and resolves to
+    it) or qualified in a subquery comparison or an ORDER BY (the parse checked ``a OP b`` only, an
+    attack trial ran it through ``OPERATOR(s.===) ANY (subquery)``); no lock was taken."""
+    _seed(pg_url)
+    engine = sa.create_engine(pg_url)
+    with engine.begin() as conn:
+        schema_name = conn.exec_driver_sql("SELECT current_schema()").scalar()
+        conn.exec_driver_sql("CREATE FUNCTION grab(a int, b int) RETURNS boolean LANGUAGE sql AS "
+                             "'SELECT pg_advisory_xact_lock(4242) IS NOT NULL'")
+        conn.exec_driver_sql("CREATE OPERATOR === (LEFTARG = int, RIGHTARG = int, FUNCTION = grab)")
+        conn.exec_driver_sql("CREATE OPERATOR < (LEFTARG = int, RIGHTARG = int, FUNCTION = grab)")
+    engine.dispose()
+    with open_store(pg_url, read_only=True) as store:
+        with pytest.raises(ReadOnlyViolation, match="not allowed") as info:
+            store.query(sql.format(schema=schema_name))
+    assert named.format(schema=schema_name) in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.postgres
 def test_postgres_columns_and_builtins_still_run(pg_url: str) -> None:
     """No false refusal: every column of every table and view read qualified (``t.col``, which
     PostgreSQL would resolve to a function were it not a column), the SQL page's examples, and the

@@ -17,6 +17,11 @@ before it runs unless it is one query whose every function is a read-only built-
   read-only stable or volatile built-ins of :data:`READ_ONLY_BUILTINS`. Extension functions
   (``dblink_exec``, ``crosstab``) and a role's own are refused; a field name that is no function's
   stays a column.
+- Operators likewise, wherever one is named (``a OP b``, ``a OP ANY (subquery)``, ``ORDER BY ...
+  USING OP``): a schema-qualified one runs only from ``pg_catalog``, and an unqualified one is
+  refused when an operator of that name lives in a schema of the search path other than
+  ``pg_catalog`` (a role's own ``===`` on the store's schema ran its function, which can take a lock
+  or sleep, from a plain ``1 === 1``).
 - Before the parser sees it, the statement is bounded (:data:`MAX_SQL_OPERATORS`): a left-deep
   expression (``1+1+...``, 30,000 terms) overflows the C stack inside the parser and kills the
   process; PostgreSQL's grammar refuses right-deep nesting itself ("memory exhausted").
@@ -29,7 +34,6 @@ role: docs/robustness.md, "PostgreSQL: the reader's role".
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +96,12 @@ _UNLISTED = (
     "SELECT proname FROM pg_catalog.pg_proc WHERE proname = ANY(%s) GROUP BY proname "
     "HAVING NOT bool_and(pronamespace = 'pg_catalog'::regnamespace "
     "AND (provolatile = 'i' OR prokind IN ('a', 'w') OR proname = ANY(%s))) ORDER BY proname")
+# The names of ``names`` that some operator of a schema on the search path other than pg_catalog bears.
+# (pg_temp is never searched for operators.)
+_UNLISTED_OPERATORS = (
+    "SELECT o.oprname FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace "
+    "WHERE o.oprname = ANY(%s) AND n.nspname <> 'pg_catalog' AND n.nspname = ANY(current_schemas(false)) "
+    "ORDER BY o.oprname LIMIT 1")
 # pg_catalog relations refused by name (named in the refusal), by what they reach beyond the store:
 # the server's files, the roles' secrets, other sessions, other tables' values. Their functions
 # (pg_hba_file_rules(), pg_stat_get_activity(), ...) are not read-only built-ins, so refused anyway.
@@ -107,17 +117,21 @@ DENIED_POSTGRES_RELATIONS = {
 _DENIED_RELATIONS = {relation: what for what, relations in DENIED_POSTGRES_RELATIONS.items()
                      for relation in relations}
 _MODIFYING_NODES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"})
+# Where the parse names an operator: ``a OP b`` (and ANY / ALL of an array, IN, LIKE, ...), ``a OP ANY
+# (subquery)``, ``ORDER BY x USING OP``.
+_OPERATOR_SLOTS = {"A_Expr": "name", "SubLink": "operName", "SortBy": "useOp"}
 _PARAMETER = re.compile(r"%\(\w+\)s")  # psycopg's named placeholders, as SQLAlchemy compiles them
 
 
 @dataclass(frozen=True)
 class CheckedQuery:
     """A statement that passed the parse: ``select`` is its own text for a SELECT / WITH / VALUES /
-    TABLE (no ``;``, for :func:`capped_select`), None for SHOW; ``functions`` the names
-    :func:`refuse_unlisted` looks up before it runs."""
+    TABLE (no ``;``, for :func:`capped_select`), None for SHOW; ``functions`` and ``operators`` the
+    names :func:`refuse_unlisted` looks up before it runs."""
 
     select: str | None
-    functions: frozenset[str]
+    functions: frozenset[str] = frozenset()
+    operators: frozenset[str] = frozenset()
 
 
 def check_postgres(sql: str, url: str) -> CheckedQuery:
@@ -150,29 +164,33 @@ def check_postgres(sql: str, url: str) -> CheckedQuery:
         raise _refused(url, "EXPLAIN (a plan prints the values PostgreSQL folds while planning, of any "
                             "size, past the result cap; run it in psql)")
     if kind == "VariableShowStmt":
-        return CheckedQuery(None, frozenset())
+        return CheckedQuery(None)
     if kind != "SelectStmt":
         first = sql[raw.stmt_location or 0:].split(None, 1)
         raise _refused(url, f"{first[0].upper() if first else kind} (a statement that is not a query)")
-    functions = _functions(node, url)
+    functions, operators = _names(node, url)
     start = raw.stmt_location or 0
-    return CheckedQuery(sql[start:start + raw.stmt_len] if raw.stmt_len else sql[start:], functions)
+    return CheckedQuery(sql[start:start + raw.stmt_len] if raw.stmt_len else sql[start:], functions, operators)
 
 
-def refuse_unlisted(cursor: Any, functions: Iterable[str], url: str) -> None:
-    """Refuse the statement when one of ``functions`` names a function that is not a read-only
-    built-in (module notes), asked of the server's own catalog on the statement's connection.
+def refuse_unlisted(cursor: Any, checked: CheckedQuery, url: str) -> None:
+    """Refuse the statement when one of its functions is not a read-only built-in, or one of its
+    operators may resolve outside ``pg_catalog`` (module notes), asked of the server's own catalog on
+    the statement's connection.
 
     Raises:
-        ReadOnlyViolation: naming the first such function.
+        ReadOnlyViolation: naming the first such function or operator.
     """
-    names = sorted(functions)
-    if not names:
-        return
-    cursor.execute(_UNLISTED, (names, sorted(READ_ONLY_BUILTINS)))
-    row = cursor.fetchone()
-    if row is not None:
-        raise _refused(url, f"function {row[0]}() (not a read-only built-in of pg_catalog)")
+    if checked.functions:
+        cursor.execute(_UNLISTED, (sorted(checked.functions), sorted(READ_ONLY_BUILTINS)))
+        row = cursor.fetchone()
+        if row is not None:
+            raise _refused(url, f"function {row[0]}() (not a read-only built-in of pg_catalog)")
+    if checked.operators:
+        cursor.execute(_UNLISTED_OPERATORS, (sorted(checked.operators),))
+        row = cursor.fetchone()
+        if row is not None:
+            raise _refused(url, f"operator {row[0]} (one of that name is not a built-in of pg_catalog)")
 
 
 def postgres_timeout_sql(timeout_s: float) -> str:
@@ -202,12 +220,14 @@ def _refused(url: str, what: str) -> ReadOnlyViolation:
                              "SELECT, WITH, VALUES, TABLE and SHOW only)")
 
 
-def _functions(root: object, url: str) -> frozenset[str]:
-    """The function names below ``root`` to look up in the catalog; raises for what the parse
-    alone refuses (modifying CTEs, row locks, denied functions, functions outside pg_catalog)."""
+def _names(root: object, url: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The function and operator names below ``root`` to look up in the catalog; raises for what the
+    parse alone refuses (modifying CTEs, row locks, denied functions, functions and operators outside
+    pg_catalog)."""
     from pglast import ast
 
     names: set[str] = set()
+    operators: set[str] = set()
     pending = [root]
     while pending:
         node = pending.pop()
@@ -232,10 +252,11 @@ def _functions(root: object, url: str) -> frozenset[str]:
             names.update(field.sval for field in node.fields[1:] if isinstance(field, ast.String))
         elif name == "A_Indirection":  # (x).f: a field of x, else the function f(x)
             names.update(part.sval for part in node.indirection if isinstance(part, ast.String))
-        elif name == "A_Expr" and isinstance(node.name, tuple) and len(node.name) > 1:
-            schema = node.name[0].sval
-            if schema != "pg_catalog":
-                raise _refused(url, f"operator {schema}.{node.name[-1].sval} (only built-ins of pg_catalog run)")
+        elif name in _OPERATOR_SLOTS and isinstance(operator := getattr(node, _OPERATOR_SLOTS[name]), tuple):
+            *schema, symbol = (part.sval for part in operator)
+            if schema and schema != ["pg_catalog"]:
+                raise _refused(url, f"operator {'.'.join(schema)}.{symbol} (only built-ins of pg_catalog run)")
+            operators.add(symbol)
         elif name == "RangeVar" and node.relname.lower() in _DENIED_RELATIONS:
             raise _refused(url, f"reading {node.relname} ({_DENIED_RELATIONS[node.relname.lower()]})")
         pending.extend(value for value in (getattr(node, slot) for slot in node)
@@ -244,4 +265,4 @@ def _functions(root: object, url: str) -> frozenset[str]:
         for what, prefixes in DENIED_POSTGRES_FUNCTIONS.items():
             if function.lower().startswith(prefixes):
                 raise _refused(url, f"function {function}() ({what})")
-    return frozenset(names)
+    return frozenset(names), frozenset(operators)

@@ -22,6 +22,7 @@ from specscope.storage._errors import translate
 from specscope.storage._guard import MAX_QUERY_TIMEOUT_S, ResultCap, SqliteGuard, row_bytes
 from specscope.storage._pg_guard import (
     ROW_OVER_CAP,
+    CheckedQuery,
     capped_select,
     check_postgres,
     postgres_timeout_sql,
@@ -75,8 +76,7 @@ def run_query(engine: Engine, dialect: str, url: str, sql: str, params: Mapping[
         if dialect == "postgresql":
             started = time.perf_counter()
             try:
-                columns, rows = _query_postgres(conn, sent, sent_params, cap, timeout_s, url,
-                                                checked.select is not None, checked.functions)
+                columns, rows = _query_postgres(conn, sent, sent_params, cap, timeout_s, url, checked)
             finally:
                 # closing the connection ends its session: an advisory lock or setting the
                 # statement took (a role's own function) dies with it
@@ -160,8 +160,7 @@ def _query_sqlite(conn: Connection, sql: str, params: Mapping[str, Any] | None, 
 
 
 def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None, cap: ResultCap,
-                    timeout_s: float | None, url: str, declarable: bool,
-                    functions: frozenset[str]) -> tuple[list[str], list[tuple]]:
+                    timeout_s: float | None, url: str, checked: CheckedQuery) -> tuple[list[str], list[tuple]]:
     # A SELECT runs through a server-side cursor (DECLARE, then FETCH of about _FETCH_BYTES at a
     # time): its columns are known without a row and nothing is run twice; SHOW, whose result is
     # one row, streams. Both send the statement in the extended protocol (one statement only) and
@@ -183,8 +182,8 @@ def _query_postgres(conn: Connection, sql: str, params: Mapping[str, Any] | None
     try:
         limit_time()
         with raw.cursor() as cursor:
-            refuse_unlisted(cursor, functions, url)
-        if declarable:
+            refuse_unlisted(cursor, checked, url)
+        if checked.select is not None:
             with raw.cursor(name="specscope_user_query") as cursor:
                 cursor.execute(sql, params)
                 columns = [column.name for column in cursor.description]
