@@ -175,6 +175,29 @@ def test_sql_page_shows_huge_numerics(pg_url: str, monkeypatch: pytest.MonkeyPat
 LONG_NAME = "a" * 300  # past NAME_MAX (255): every system call on it fails with ENAMETOOLONG
 
 
+# a byte that is not UTF-8 in argv arrives as a lone surrogate: the run lookup raised UnicodeEncodeError
+@pytest.mark.parametrize("argv", [
+    ["doctor", "--db", "{db}", "--run", "run\udcff"], ["replay", "--db", "{db}", "--run", "run\udcff"],
+    ["compare", "--base-db", "{db}", "--db", "{db}", "--run", "run\udcff"],
+    ["compare", "--base-db", "{db}", "--base-run", "run\udcff", "--db", "{db}"],
+], ids=["doctor", "replay", "compare-run", "compare-base-run"])
+def test_a_run_id_that_is_not_utf8(argv: list[str], db: str) -> None:
+    code, _, err = _cli([a.format(db=db) for a in argv])
+    _one_line_exit_2(code, err)
+    assert "is not UTF-8 text (character 4)" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "--db", "", "SELECT 1"], ["doctor", "--db", " "], ["compare", "--base-db", "", "--db", "x.db"],
+    ["demo", "--db", ""],
+], ids=["query", "doctor", "compare", "demo"])
+def test_an_empty_store_location(argv: list[str]) -> None:
+    """It named the current directory: "  is a directory, not a specscope store"."""
+    code, _, err = _cli(argv)
+    _one_line_exit_2(code, err)
+    assert "the store location is empty" in err
+
+
 @pytest.mark.parametrize("argv", [
     ["query", "--db", "~nosuchuser/x.db", "SELECT 1"], ["doctor", "--db", "~nosuchuser/x.db"],
     ["dashboard", "--db", "~nosuchuser/x.db"], ["doctor", "--db", "sqlite:///~nosuchuser/x.db"],

@@ -54,9 +54,31 @@ def port(text: str) -> int:
     return int(text)
 
 
+def _utf8(text: str, what: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a byte that is not UTF-8 arrives from argv as a lone surrogate
+        raise argparse.ArgumentTypeError(f"{ascii(text)[:80]} is not UTF-8 text (character {exc.start + 1}); "
+                                         f"give {what} as typed") from None
+    return text
+
+
+def run_id(text: str) -> str:
+    """A run id or a unique prefix of one: UTF-8 text. Raises argparse.ArgumentTypeError otherwise."""
+    return _utf8(text, "a run id")
+
+
+def store_location(text: str) -> str:
+    """A store's SQLite path or SQLAlchemy URL: UTF-8 text, not empty (an empty path names the
+    current directory). Raises argparse.ArgumentTypeError otherwise."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the store location is empty: give a SQLite path or a SQLAlchemy URL")
+    return _utf8(text, "a store path or URL")
+
+
 def add_db_argument(parser: argparse.ArgumentParser, *, created: bool = False) -> None:
     """The required ``--db`` store location (``created``: a missing store is created)."""
-    parser.add_argument("--db", required=True, help="store: a SQLite path or a SQLAlchemy URL "
+    parser.add_argument("--db", required=True, type=store_location, help="store: a SQLite path or a SQLAlchemy URL "
                         "(postgresql+psycopg://user@host:5432/db)" + ("; created when missing" if created else ""))
 
 

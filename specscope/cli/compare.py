@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from specscope.cli._types import add_db_argument, add_json_argument
+from specscope.cli._types import add_db_argument, add_json_argument, run_id, store_location
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,15 +23,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "compare", help="compare two runs' acceptance with a confidence interval (exit 1 on a regression)",
         description="Compare the candidate run (--db, --run) with the base run (--base-db, --base-run): "
                     "each run's acceptance length, rate and per-position acceptance, the difference in "
-                    "acceptance length with a 95%% bootstrap interval over requests (paired by prompt when "
+                    "acceptance length with a 95% bootstrap interval over requests (paired by prompt when "
                     "both served the same prompts), and a verdict, per sampling group where the runs served "
                     "several (the verdict names the groups that gave it); a candidate that fails its "
                     "losslessness audit is lossy. Exit 1 on a regression or lossy, 3 when inconclusive.")
-    parser.add_argument("--base-db", required=True, help="store of the base run: a SQLite path or a SQLAlchemy URL")
-    parser.add_argument("--base-run", metavar="ID", help="the base run, by its id or a unique prefix "
+    parser.add_argument("--base-db", required=True, type=store_location, help="store of the base run: a SQLite path or a SQLAlchemy URL")
+    parser.add_argument("--base-run", metavar="ID", type=run_id, help="the base run, by its id or a unique prefix "
                         "(default: the base store's newest run)")
     add_db_argument(parser)
-    parser.add_argument("--run", metavar="ID", help="the candidate run, by its id or a unique prefix "
+    parser.add_argument("--run", metavar="ID", type=run_id, help="the candidate run, by its id or a unique prefix "
                         "(default: the store's newest run)")
     add_json_argument(parser)
     parser.set_defaults(func=run)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from specscope.cli._types import host, int_in, non_negative_int, port, positive_int
+from specscope.cli._types import host, int_in, non_negative_int, port, positive_int, store_location
 from specscope.engine.faults import FAULTS, parse_rank_fault
 from specscope.engine.vllm_run import VLLM_FAULTS
 from specscope.errors import ConfigError
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Serve built-in prompts with the reference EAGLE-3 engine, instrumented "
                                    "(provenance sampling on), into a trace store; print the doctor's "
                                    "summary, or run healthy + faulty and open the dashboard.")
-    p.add_argument("--db", default=DEFAULT_DB, help=f"store path or SQLAlchemy URL (default {DEFAULT_DB})")
+    p.add_argument("--db", default=DEFAULT_DB, type=store_location, help=f"store path or SQLAlchemy URL (default {DEFAULT_DB})")
     p.add_argument("--requests", type=int_in(1, MAX_REQUESTS), default=8,
                    help=f"requests per run (1-{MAX_REQUESTS:,}; default 8)")
     p.add_argument("--first-prompt", type=non_negative_int, default=0, metavar="N",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from specscope.cli._types import add_db_argument, add_json_argument
+from specscope.cli._types import add_db_argument, add_json_argument, run_id
 from specscope.doctor import render_text
 from specscope.errors import ConfigError
 from specscope.readmodel import report as verdict
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run the runtime rules over the runs of a specscope store and print the findings, "
                     "errors first, each with evidence and a fix.")
     add_db_argument(parser)
-    parser.add_argument("--run", metavar="ID", help="diagnose this run only, by its id or a unique "
+    parser.add_argument("--run", metavar="ID", type=run_id, help="diagnose this run only, by its id or a unique "
                         "prefix of it (default: every run)")
     add_json_argument(parser)
     parser.set_defaults(func=run)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from specscope.cli._types import add_db_argument, add_json_argument
+from specscope.cli._types import add_db_argument, add_json_argument, run_id
 from specscope.findings import finding_lines
 from specscope.results import to_json
 
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Teacher-force each stored request's prompt + output through the target served alone, one "
                     "forward per request, and report where the output departs from the target's own choice.")
     add_db_argument(parser)
-    parser.add_argument("--run", metavar="ID", help="the run, by its id or a unique prefix (default: the newest)")
+    parser.add_argument("--run", metavar="ID", type=run_id, help="the run, by its id or a unique prefix (default: the newest)")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--target", metavar="FOLDER", help="a local Hugging Face target folder, run with transformers")
     where.add_argument("--server", metavar="URL", help="an OpenAI-compatible server without speculation that "
