@@ -11,8 +11,9 @@ cursor, recolour or retitle the terminal that shows it. A binary value (SQLite B
 
 Stored text shown as Markdown (the dashboard's pages, a fix that quotes a checkpoint's key) is made
 literal the same way: whoever can write a store or a checkpoint writes its names, and in Streamlit's
-Markdown an image in one made every viewer's browser fetch its URL, and a colour directive
-(``:green[no finding]``) drew a verdict of its own.
+Markdown an image in one made every viewer's browser fetch its URL, a colour directive
+(``:green[no finding]``) drew a verdict of its own, and a line break started a heading ("ALL RUNS
+HEALTHY") inside the line of runs.
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ import re
 from decimal import Decimal
 from typing import Any, TextIO
 
+_LINE_BREAKS = "\n\r\x0b\x0c\x85\u2028\u2029"
 # every C0 control (tab and newline too: one row stays one line), DEL and C1 (ECMA-48 introducers)
 _CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
-_MARKUP = str.maketrans({c: "\\" + c for c in "\\`[]<>:"})
+# A line break would let stored text start a block of its own (a heading, a list, a rule) inside the
+# page's line; ``*`` / ``~`` draw emphasis, ``$`` opens Streamlit's LaTeX, ``#`` a heading.
+_MARKUP = str.maketrans({**{c: "\\" + c for c in "\\`[]<>:*~$#"}, **dict.fromkeys(_LINE_BREAKS, " ")})
+_SPACED = str.maketrans(dict.fromkeys(_LINE_BREAKS, " "))
 _BACKTICKS = re.compile("`+")
 _BINARY = (bytes, bytearray, memoryview)
 
@@ -39,12 +44,14 @@ def to_json(value: Any, indent: int | None = 2) -> str:
 def write_json(columns: list[str], rows: list[tuple], out: TextIO) -> None:
     """A JSON list with one object per row (NULL -> null, PostgreSQL numerics -> numbers); a column
     name seen before gets a suffix (``a``, ``a_2``), so no column is lost to another of its name."""
-    keys = _distinct(columns)
+    keys = distinct_names(columns)
     out.write(to_json([dict(zip(keys, row)) for row in rows], indent=1))
     out.write("\n")
 
 
-def _distinct(names: list[str]) -> list[str]:
+def distinct_names(names: list[str]) -> list[str]:
+    """``names`` with a suffix on each one seen before (``a``, ``a_2``), for a result's columns where
+    a name is a key (JSON objects, the dashboard's tables): no column is lost to another of its name."""
     seen: set[str] = set()
     out = []
     for name in names:
@@ -67,8 +74,9 @@ def write_csv(columns: list[str], rows: list[tuple], out: TextIO) -> None:
 
 def write_table(columns: list[str], rows: list[tuple], out: TextIO) -> None:
     """An aligned text table (numbers right-aligned, NULL shown as ``NULL``) and a row count."""
+    names = [terminal_text(name) for name in columns]  # a column's name is stored text too (a view's)
     cells = [[_text(value) for value in row] for row in rows]
-    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(columns)]
+    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(names)]
     numeric = [bool(rows) and all(isinstance(row[i], (int, float, Decimal)) or row[i] is None
                                   for row in rows) for i in range(len(columns))]
 
@@ -77,7 +85,7 @@ def write_table(columns: list[str], rows: list[tuple], out: TextIO) -> None:
                          for v, w, num in zip(values, widths, numeric)).rstrip()
 
     if columns:
-        out.write(line(columns) + "\n")
+        out.write(line(names) + "\n")
         out.write("  ".join("-" * w for w in widths) + "\n")
         for row in cells:
             out.write(line(row) + "\n")
@@ -109,18 +117,19 @@ def terminal_lines(text: str) -> str:
 
 
 def markdown_prose(text: object) -> str:
-    """``text`` as literal Markdown prose: the characters that open a code span, an image, a link, an
-    autolink (``<...>``) or one of Streamlit's ``:name[...]`` directives and ``:icon:`` shortcodes
-    escaped (CommonMark escapes ASCII punctuation with a backslash). A bare ``http://`` URL is still
-    made a link (GFM): shown and fetched only when clicked."""
+    """``text`` as literal Markdown prose on the line it is put in: line breaks as spaces, and the
+    characters that open a code span, an image, a link, an autolink (``<...>``), emphasis, LaTeX, a
+    heading or one of Streamlit's ``:name[...]`` directives and ``:icon:`` shortcodes escaped
+    (CommonMark escapes ASCII punctuation with a backslash). A bare ``http://`` URL is still made a
+    link (GFM): shown and fetched only when clicked."""
     return str(text).translate(_MARKUP)
 
 
 def markdown_code(text: object) -> str:
     """``text`` as one literal Markdown inline code span (nothing inside a code span is Markdown),
     fenced by one backtick more than its longest run of them (CommonMark), padded when it starts or
-    ends with one."""
-    text = str(text)
+    ends with one; line breaks as spaces (a blank line would end the span's paragraph)."""
+    text = str(text).translate(_SPACED)
     fence = "`" * (max(map(len, _BACKTICKS.findall(text)), default=0) + 1)
     pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
     return f"{fence}{pad}{text}{pad}{fence}"

@@ -158,6 +158,16 @@ def test_sql_page_refuses_writes(monkeypatch, two_runs):
         assert len(store.fetch(RUNS)) == 2
 
 
+def test_sql_page_keeps_columns_of_one_name(monkeypatch, two_runs):
+    """Both columns named ``a`` are shown (the table kept the second only), as ``--json`` names them."""
+    at = visit(app(monkeypatch, two_runs), "sql")
+    at.text_area[0].set_value("SELECT 1 AS a, 2 AS a")
+    at.button[0].click().run()
+    assert not at.exception
+    (table,) = at.dataframe
+    assert list(table.value.columns) == ["a", "a_2"] and table.value.iloc[0].tolist() == [1, 2]
+
+
 def test_empty_store_explains_instrumentation(monkeypatch, tmp_path):
     open_store(str(tmp_path / "empty.db")).close()
     at = app(monkeypatch, str(tmp_path / "empty.db"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -233,10 +234,11 @@ def test_stored_text_is_never_markdown(tmp_path):
     from specscope.storage import open_store
 
     image = "![img](http://127.0.0.9:9/probe.png)"
-    run, request = f"run`{image}`x", f"q`{image}"
+    block = "\n\n# ALL RUNS HEALTHY\n\n* item\n\n---\n"  # a heading, a list and a rule, line by line
+    run, request = f"run`{image}`x{block}", f"q`{image}"
     store = tmp_path / "hostile.db"
     with open_store(str(store)) as s:
-        s.write([ev.RunStart(run_id=run, engine=f"eng {image}", engine_version="1", target_model=f"tm {image}",
+        s.write([ev.RunStart(run_id=run, engine=f"eng {image}{block}", engine_version="1", target_model=f"tm {image}",
                              draft_model="dm [link](http://127.0.0.9:9/l) :green[**no finding**]", config={},
                              ts_wall=1_750_000_000.0),
                  ev.RankStart(run_id=run, rank=0, world_size=1, host="h", pid=1, device="cpu", ts_wall=1_750_000_000.0),
@@ -248,7 +250,7 @@ def test_stored_text_is_never_markdown(tmp_path):
         with _chromium_page(tmp_path) as (page, _):
             probed: list[str] = []
             page.on("request", lambda r: probed.append(r.url) if "127.0.0.9" in r.url else None)
-            for path, shown in (("", ":green[no finding]"), ("requests", f"{request} has no step detail")):
+            for path, shown in (("", ":green[**no finding**]"), ("requests", f"{request} has no step detail")):
                 page.goto(f"{url}/{path}")
                 page.get_by_text(shown).first.wait_for(timeout=60_000)
                 page.wait_for_function(SETTLED, timeout=60_000)
@@ -257,6 +259,11 @@ def test_stored_text_is_never_markdown(tmp_path):
                 assert page.eval_on_selector_all("img", "els => els.filter(e => e.src.includes('127.0.0.9'))"
                                                  ".length") == 0, path
                 assert page.get_by_text("Traceback").count() == 0, path
+                # a heading or list item of its own (the page's headings name the run, line break and all)
+                for element, text in (("h1, h2, h3, h4", "ALL RUNS HEALTHY"), ("li", "item")):
+                    own = page.locator(element).filter(has_text=re.compile(rf"^\s*{text}\s*$"))
+                    assert own.count() == 0, (path, element)
+                assert page.locator('[data-testid="stMarkdownContainer"] hr').count() == 0, path
             assert probed == []
     finally:
         _stop(proc)

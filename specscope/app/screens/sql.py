@@ -8,7 +8,7 @@ import streamlit as st
 
 from specscope.app import widgets
 from specscope.errors import SpecscopeError
-from specscope.results import portable, write_csv
+from specscope.results import distinct_names, portable, write_csv
 from specscope.storage import DEFAULT_QUERY_TIMEOUT_S, schema, views
 from specscope.storage.queries import EXAMPLES
 
@@ -53,7 +53,8 @@ if submitted or sql:
         columns, rows = result
         if result.truncated:
             st.warning(f"Result cut at {result.truncated}: add a LIMIT or narrow the query.")
-        st.dataframe([dict(zip(columns, portable(row))) for row in rows], hide_index=True)
+        names = distinct_names(columns)  # a row is a dict: a second "a" would overwrite the first
+        st.dataframe([dict(zip(names, portable(row))) for row in rows], hide_index=True)
         out = io.StringIO()
         write_csv(columns, rows, out)
         st.download_button("Download CSV", out.getvalue(), file_name="specscope-query.csv", mime="text/csv")
