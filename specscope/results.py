@@ -34,6 +34,7 @@ _MARKUP = str.maketrans({**{c: "\\" + c for c in "\\`[]<>:*~$#"}, **dict.fromkey
 _SPACED = str.maketrans(dict.fromkeys(_LINE_BREAKS, " "))
 _BACKTICKS = re.compile("`+")
 _BINARY = (bytes, bytearray, memoryview)
+_INT64 = 2**63  # the dashboard's Arrow tables hold whole numbers up to int64
 
 
 def to_json(value: Any, indent: int | None = 2) -> str:
@@ -136,14 +137,18 @@ def markdown_code(text: object) -> str:
 
 
 def portable(value: Any) -> Any:
-    """``value`` with non-finite floats as None, Decimals as floats (their digits as text beyond a
-    float's range) and binary values as their hex text, through dicts, lists and tuples: what strict
-    JSON and Arrow tables (the dashboard's dataframes: Decimal precision at most 76) can hold."""
+    """``value`` with non-finite floats as None, Decimals as ints when whole (their digits as text
+    beyond int64) and floats otherwise (their digits as text beyond a float's range), and binary
+    values as their hex text, through dicts, lists and tuples: what strict JSON and Arrow tables (the
+    dashboard's dataframes: Decimal precision at most 76) can hold. A whole ``numeric`` read as a
+    float lost its digits past 2**53 (9007199254740993 became ...992, an attack trial)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Decimal):  # NaN -> null; beyond a float's range -> its digits as text
         if not value.is_finite():
             return None
+        if value == value.to_integral_value():  # a whole number exactly, as a bigint column reads
+            return int(value) if -_INT64 <= value < _INT64 else str(value)
         return float(value) if math.isfinite(float(value)) else str(value)
     if isinstance(value, dict):
         return {key: portable(item) for key, item in value.items()}

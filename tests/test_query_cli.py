@@ -115,6 +115,18 @@ def test_postgres_types_without_a_binary_reader_print_as_postgresql_writes_them(
 
 
 @pytest.mark.postgres
+def test_postgres_whole_numerics_keep_their_digits_in_json(pg_url: str, capsys: pytest.CaptureFixture) -> None:
+    """As a float, 9007199254740993::numeric became ...992, a number never stored; whole numbers are
+    exact (past int64 as their digits), as a bigint column reads."""
+    open_store(pg_url).close()
+    sql = ("SELECT 9007199254740993::numeric AS m, 9007199254740993::bigint AS b, "
+           "12345678901234567891::numeric AS n, 2.75::numeric AS f")
+    assert main(["query", "--db", pg_url, "--timeout", "60", "--json", sql]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"m": 9007199254740993, "b": 9007199254740993,
+                                                    "n": "12345678901234567891", "f": 2.75}]
+
+
+@pytest.mark.postgres
 def test_postgres_dates_out_of_pythons_range_and_intervals_print_as_postgresql_writes_them(
         pg_url: str, capsys: pytest.CaptureFixture) -> None:
     open_store(pg_url).close()
