@@ -14,21 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from specscope.event_checks import (
-    MAX_COUNT,
-    MAX_PROPOSED,
-    PIT_BINS,
-    check_counts,
-    check_load_report,
-    check_lossless_audit,
-    check_rank_status,
-    check_replay_result,
-    check_request_end,
-    check_request_tokens,
-    check_verify_group,
-    check_verify_step,
-    storable_text,
-)
+from specscope import event_checks as checks
+from specscope.event_checks import MAX_COUNT, MAX_PROPOSED, PIT_BINS, storable_text
 from specscope.metrics import chain_mask
 from specscope.run_config import UNHOOKED_SOURCES, RunConfig, unhooked
 
@@ -116,7 +103,7 @@ class RankStatus(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        check_rank_status(self)
+        checks.check_rank_status(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +124,7 @@ class RequestStart(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        check_counts("request start", prompt_tokens=self.prompt_tokens)
+        checks.check_counts("request start", prompt_tokens=self.prompt_tokens)
 
     @property
     def sampling(self) -> str | None:
@@ -183,7 +170,7 @@ class RequestEnd(EventBase):
     output_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_request_end(self)
+        checks.check_request_end(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +195,7 @@ class VerifyStep(EventBase):
     emitted_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_verify_step(self)
+        checks.check_verify_step(self)
 
     def mask(self) -> str:
         """The per-position mask, derived from ``accepted`` for a chain when not given."""
@@ -234,7 +221,7 @@ class VerifyGroup(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        check_verify_group(self)
+        checks.check_verify_group(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +286,7 @@ class LoadReport(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        check_load_report(self)
+        checks.check_load_report(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +320,7 @@ class LosslessAudit(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        check_lossless_audit(self)
+        checks.check_lossless_audit(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +336,7 @@ class RequestTokens(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        check_request_tokens(self)
+        checks.check_request_tokens(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +357,7 @@ class ReplayResult(EventBase):
     ts_wall: float = field(default_factory=now)
 
     def __post_init__(self) -> None:
-        check_replay_result(self)
+        checks.check_replay_result(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from specscope.events import Finding
+from specscope.results import terminal_text
 
 _CHECKPOINT = {
     "CKPT_FORMAT": "info",
@@ -135,13 +136,14 @@ def evidence_line(evidence: dict[str, Any]) -> str:
 
 def finding_lines(finding: Finding) -> list[str]:
     """A finding for people: severity, code, its run (a checkpoint finding stored with a run says
-    so) and message, then its evidence and fix, indented."""
+    so) and message, then its evidence and fix, indented; each stored value on its line
+    (:func:`~specscope.results.terminal_text`: a newline in a run id would forge a line)."""
     where = ""
     if finding.run_id is not None:
         origin = " (checkpoint inspection)" if finding.source == "inspect" else ""
-        where = f" [run {finding.run_id}]{origin}"
-    lines = [f"{finding.severity.upper():7} {finding.code}{where}: {finding.message}"]
+        where = f" [run {terminal_text(finding.run_id)}]{origin}"
+    lines = [f"{finding.severity.upper():7} {finding.code}{where}: {terminal_text(finding.message)}"]
     if shown := evidence_line(finding.evidence):
-        lines.append(f"        evidence: {shown}")
-    lines.append(f"        fix: {finding.fix}")
+        lines.append(f"        evidence: {terminal_text(shown)}")
+    lines.append(f"        fix: {terminal_text(finding.fix)}")
     return lines

@@ -26,8 +26,11 @@ from decimal import Decimal
 from typing import Any, TextIO
 
 _LINE_BREAKS = "\n\r\x0b\x0c\x85\u2028\u2029"
-# every C0 control (tab and newline too: one row stays one line), DEL and C1 (ECMA-48 introducers)
-_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))}
+# every C0 control (tab and newline too: one row stays one line), DEL and C1 (ECMA-48 introducers),
+# and the bidirectional controls, which reorder what a terminal shows after them (Unicode TR 9)
+_BIDI = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))} | {
+    code: f"\\u{code:04x}" for code in _BIDI}
 # A line break would let stored text start a block of its own (a heading, a list, a rule) inside the
 # page's line; ``*`` / ``~`` draw emphasis, ``$`` opens Streamlit's LaTeX, ``#`` a heading.
 _MARKUP = str.maketrans({**{c: "\\" + c for c in "\\`[]<>:*~$#"}, **dict.fromkeys(_LINE_BREAKS, " ")})
@@ -105,10 +108,11 @@ def bytes_text(value: bytes | memoryview) -> str:
     return "\\x" + bytes(value).hex()
 
 
-def terminal_text(text: str) -> str:
+def terminal_text(text: object) -> str:
     """``text`` with its control characters escaped (``\\x1b`` as the four characters ``\\x1b``, a
-    newline as ``\\x0a``): one line that cannot move the cursor, recolour or retitle a terminal."""
-    return text.translate(_CONTROLS)
+    newline as ``\\x0a``, a right-to-left override as ``\\u202e``): one line that cannot move the
+    cursor, recolour, retitle or reorder a terminal. For each stored value put into a report's line."""
+    return str(text).translate(_CONTROLS)
 
 
 def terminal_lines(text: str) -> str:

@@ -145,6 +145,27 @@ def test_doctor_and_compare_escape_stored_run_ids(db: str) -> None:
         assert not set(out) & {"\x1b", "\x07"} and "run-\\x1b[2J\\x1b]0;pwned\\x07" in out
 
 
+def test_a_stored_newline_or_bidi_control_cannot_forge_a_report_line(store_url: str) -> None:
+    """Each report line was escaped, not each stored value in it: a newline in a run id started a
+    line of its own ("verdict: ..."), and a right-to-left override reordered the rest of the line
+    (an attack trial)."""
+    run = "run\nFORGED verdict: no change\u202eevil"
+    served = [event for run_id in (run, "run-plain") for q in ("q0", "q1") for event in (
+        ev.RequestStart(run_id=run_id, request_id=f"{q}\nFORGED", rank=0, prompt_tokens=3, ts_wall=2.0),
+        *(ev.VerifyStep(run_id=run_id, request_id=f"{q}\nFORGED", rank=0, step=n, proposed=4, accepted=2,
+                        ts_wall=2.0) for n in range(4)))]
+    with open_store(store_url) as store:
+        store.write([*(ev.RunStart(run_id=run_id, engine="e\nFORGED", engine_version="1", target_model="t",
+                                   draft_model="d", config={}, fault="f\u2066", ts_wall=2.0)
+                       for run_id in (run, "run-plain")), *served])
+    doctor = _cli(["doctor", "--db", store_url])
+    compare = _cli(["compare", "--base-db", store_url, "--db", store_url, "--base-run", "run-plain", "--run", "run\n"])
+    for code, out, err in (doctor, compare):
+        assert code in (0, 1, 3) and "Traceback" not in err, err
+        assert "run\\x0aFORGED verdict: no change\\u202eevil" in out
+        assert not any(line.startswith("FORGED") for line in out.splitlines()) and not set(out) & {"\u202e", "\u2066"}
+
+
 def test_to_json_of_a_report_with_nonfinite_evidence() -> None:
     from decimal import Decimal
 

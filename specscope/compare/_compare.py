@@ -10,6 +10,7 @@ from specscope import readmodel
 from specscope.compare._runs import Side, read_side
 from specscope.compare._stats import MIN_REQUESTS, Difference, difference, moved, split_groups, tail
 from specscope.errors import ConfigError
+from specscope.results import terminal_text
 from specscope.storage import Store
 
 EXIT_REGRESSION = 1
@@ -133,10 +134,11 @@ def _al(value: float | None) -> str:
 
 
 def _side_line(name: str, side: Side) -> str:
-    fault = f" fault={side.fault}" if side.fault else ""
+    fault = f" fault={terminal_text(side.fault)}" if side.fault else ""
     rate = "n/a" if side.acceptance_rate is None else f"{side.acceptance_rate:.1%}"
     positions = " ".join(f"{p:.2f}" for p in side.per_position_acceptance) or "n/a"
-    return (f"{name:9} run {side.run_id} [{side.engine}{fault}] in {side.store}: {len(side.requests)} request(s), "
+    return (f"{name:9} run {terminal_text(side.run_id)} [{terminal_text(side.engine)}{fault}] in "
+            f"{terminal_text(side.store)}: {len(side.requests)} request(s), "
             f"{side.verify_steps} verify step(s), AL {_al(side.mean_acceptance_length)}, rate {rate}, p_i {positions}")
 
 
@@ -169,9 +171,9 @@ def render_text(comparison: Comparison) -> str:
             f"{t['ci95'][1]:+.2f}{', changed' if t['changed'] else ''})" for name, t in c.tail.items()))
     if c.moved:
         lines.append("requests that moved most (AL base -> candidate):")
-        lines += [f"  {m['candidate_request_id']}: {m['base_acceptance_length']:.2f} -> "
+        lines += [f"  {terminal_text(m['candidate_request_id'])}: {m['base_acceptance_length']:.2f} -> "
                   f"{m['candidate_acceptance_length']:.2f} ({m['delta']:+.2f})" for m in c.moved[:5]]
-    lines += [f"lossy: {message}" for message in c.lossy]
+    lines += [f"lossy: {terminal_text(message)}" for message in c.lossy]
     if c.lossy:
         lines.append(f"verdict: lossy, decided by the candidate's {AUDIT} (acceptance alone: {c.acceptance_verdict}; "
                      f"{c.rule})")

@@ -9,6 +9,7 @@ from specscope.doctor._causes import relate
 from specscope.doctor._summary import RunSummary
 from specscope.events import Finding
 from specscope.findings import finding_lines
+from specscope.results import terminal_text
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,12 @@ def render_text(report: DoctorReport) -> str:
     totals, then the findings (errors first) with evidence and fix."""
     lines = []
     for run in report.runs:
-        fault = f" fault={run.fault}" if run.fault else ""
+        fault = f" fault={terminal_text(run.fault)}" if run.fault else ""
         positions = " ".join(f"{p:.2f}" for p in run.per_position_acceptance) or "n/a"
         verdict = ""
         if len(report.runs) > 1:
             verdict = f" -> {_counts([f for f in report.findings if f.run_id == run.run_id])}"
-        lines.append(f"run {run.run_id} [{run.engine}{fault}]: {run.requests} request(s), "
+        lines.append(f"run {terminal_text(run.run_id)} [{terminal_text(run.engine)}{fault}]: {run.requests} request(s), "
                      f"{run.verify_steps} verify step(s), AL {_number(run.mean_acceptance_length, '.2f')}, "
                      f"rate {_number(run.acceptance_rate, '.1%')}, p_i {positions}{verdict}")
     if not report.runs:
