@@ -166,6 +166,26 @@ def test_a_stored_newline_or_bidi_control_cannot_forge_a_report_line(store_url: 
         assert not any(line.startswith("FORGED") for line in out.splitlines()) and not set(out) & {"\u202e", "\u2066"}
 
 
+def test_a_load_report_row_of_no_keys_is_one_line(store_url: str) -> None:
+    """Written by another tool, a load report whose ``missing`` holds numbers failed the doctor with
+    an AttributeError deep in a rule; now a one-line StoreError names the run and the column."""
+    import sqlalchemy as sa
+
+    with open_store(store_url) as store:
+        store.write([ev.RunStart(run_id="run-k", engine="e", engine_version="1", target_model="t", draft_model="d",
+                                 config={}, ts_wall=2.0),
+                     ev.LoadReport(run_id="run-k", rank=0, module="draft", source="/m", strict=False, loaded=3,
+                                   missing=("fc.weight",), ts_wall=2.0)])
+    url = store_url if "://" in store_url else f"sqlite:///{store_url}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE load_reports SET missing = '[1, 2]'")
+    engine.dispose()
+    code, _, err = _cli(["doctor", "--db", store_url])
+    _one_line_exit_2(code, err)
+    assert "run run-k: load_reports.missing holds [1, 2], not a list of keys" in err
+
+
 def test_to_json_of_a_report_with_nonfinite_evidence() -> None:
     from decimal import Decimal
 

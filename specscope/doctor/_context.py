@@ -223,11 +223,19 @@ class RunContext:
         ``unexpected`` parsed (lists of names)."""
         problems = []
         for row in self.rows(q.LOAD_REPORTS):
-            row.missing = parse_json(row.missing, "load_reports.missing", self.run_id)
-            row.unexpected = parse_json(row.unexpected, "load_reports.unexpected", self.run_id)
+            row.missing = self._keys(row.missing, "load_reports.missing")
+            row.unexpected = self._keys(row.unexpected, "load_reports.unexpected")
             if row.missing or row.unexpected:
                 problems.append(row)
         return problems
+
+    def _keys(self, text: str, what: str) -> list[str]:
+        """A JSON list of checkpoint keys; anything else (a store written by another tool) is a
+        StoreError naming the run and column, not a failure of the rules that match keys as text."""
+        keys = parse_json(text, what, self.run_id)
+        if not isinstance(keys, list) or not all(isinstance(key, str) for key in keys):
+            raise StoreError(f"run {self.run_id}: {what} holds {str(keys)[:80]}, not a list of keys")
+        return keys
 
     @cached_property
     def provenance(self) -> list[tuple[int, tuple[int | None, ...], int]]:
