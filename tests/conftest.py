@@ -25,6 +25,7 @@ import functools
 import multiprocessing
 import os
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,6 +72,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 PG_URL = os.environ.get("SPECSCOPE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_kept(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Torch's grad mode belongs to the thread, and a worker's main thread runs every test of its
+    modules: one left with grad off (by the test or a fixture it set up) made a training test of a
+    later module fail, far from the cause. Turned back on here and named in a warning."""
+    yield
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)
+        warnings.warn(f"{request.node.nodeid} left torch's grad mode off (turned back on)", stacklevel=1)
 
 
 @functools.cache
