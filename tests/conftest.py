@@ -74,15 +74,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 PG_URL = os.environ.get("SPECSCOPE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
+def _torch_thread_state() -> tuple:
+    """What a test can leave behind in torch's per-thread state: grad mode, the dispatch keys excluded
+    and included, and the torch-function and dispatch mode stacks."""
+    return (torch.is_grad_enabled(), repr(torch._C._dispatch_tls_local_exclude_set()),
+            repr(torch._C._dispatch_tls_local_include_set()), torch._C._len_torch_function_stack(),
+            torch._C._len_torch_dispatch_stack())
+
+
+_CLEAN_TORCH_STATE = _torch_thread_state()
+
+
 @pytest.fixture(autouse=True)
-def _grad_mode_kept(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Torch's grad mode belongs to the thread, and a worker's main thread runs every test of its
-    modules: one left with grad off (by the test or a fixture it set up) made a training test of a
-    later module fail, far from the cause. Turned back on here and named in a warning."""
+def _torch_state_kept(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Torch's grad mode and dispatch state belong to the thread, and a worker's main thread runs every
+    test of its modules: one left with grad off, or with the Python dispatch key excluded (a finalizer
+    that raised inside a torch.compile trace), made the compile and training tests of a later module
+    fail, far from the cause. Named in a warning; grad mode is turned back on."""
     yield
-    if not torch.is_grad_enabled():
+    state = _torch_thread_state()
+    if state != _CLEAN_TORCH_STATE:
         torch.set_grad_enabled(True)
-        warnings.warn(f"{request.node.nodeid} left torch's grad mode off (turned back on)", stacklevel=1)
+        warnings.warn(f"{request.node.nodeid} left torch's thread state changed: {state} "
+                      f"(at the start: {_CLEAN_TORCH_STATE})", stacklevel=1)
 
 
 @functools.cache

@@ -123,6 +123,28 @@ def test_healthy_run_equals_vllms_own_counters(runs):
     assert [int(p[1]) for p in positions] == counters["accepted_per_pos"]
 
 
+def test_a_finished_run_leaves_no_engine_to_collect_later(runs):
+    """vLLM's engine lives in reference cycles, and its oneDNN handlers' finalizers call ``.item()``: one
+    collected inside a compiled run's trace (FakeTensorMode refused the real tensor, or recursed) broke
+    later compiles and autograd in this process. A run collects nothing while its engine serves and
+    collects its garbage once the engine is gone: no handler waits for a later collection (a compiled
+    engine's models stay alive, pinned by vLLM's bytecode hooks), and the dispatch state is clean."""
+    import gc
+
+    import torch
+    from vllm._custom_ops import CPUDNNLGEMMHandler
+
+    def handlers() -> int:
+        return sum(type(o) is CPUDNNLGEMMHandler for o in gc.get_objects())
+
+    assert runs[1][None].error is None and gc.isenabled()
+    alive = handlers()
+    gc.collect()
+    assert handlers() == alive
+    assert not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python)
+    assert torch._C._len_torch_function_stack() == 0 and torch._C._len_torch_dispatch_stack() == 0
+
+
 def test_healthy_run_records_the_fused_width_and_no_error(runs):
     db, done = runs
     run_id = done[None].run_id

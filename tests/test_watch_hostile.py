@@ -162,7 +162,8 @@ def test_a_stop_during_a_slow_scrape_cuts_it_short(servers, tmp_path) -> None:
         watcher.scrape()
         slow.trickle_s, fast.body = 1.0, llamacpp_exposition(_counters(1, 2))
         stop = threading.Event()
-        threading.Timer(0.5, stop.set).start()
+        # Long enough for the fast endpoint's answer on a loaded CI worker; the slow one needs minutes.
+        threading.Timer(5.0, stop.set).start()
         results = watcher.scrape(stop)
     assert [(r.ok, r.error) for r in results] == [(False, "stopped"), (True, None)]
     assert results[1].verify_steps == 2

