@@ -7,6 +7,11 @@ from __future__ import annotations
 import html
 from typing import Any
 
+# Imported before any figure: plotly's validators take pandas from sys.modules without importing it,
+# so a figure built while another script thread was still importing pandas read a half-initialised
+# module ("partially initialized module 'pandas' has no attribute 'Series'", seen in CI). An import
+# statement waits for that other thread's import to finish.
+import pandas  # noqa: F401
 import plotly.graph_objects as go
 
 from specscope.app import ACCENT
