@@ -163,7 +163,7 @@ def serve(store: str) -> None:
     print(json.dumps({
         "emitted": sink.emitted, "written": collector.written, "dropped": collector.dropped,
         "write_errors": collector.write_errors, "hook_errors": tracer.hook_errors,
-        "fault_steps": len(faulted), "max_step_s": max(faulted),
+        "fault_steps": len(faulted), "longest_steps_s": sorted(faulted)[-3:],
         "median_healthy_step_s": statistics.median(healthy),
         "close_s": close_s}), flush=True)
 
