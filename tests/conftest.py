@@ -88,9 +88,9 @@ _CLEAN_TORCH_STATE = _torch_thread_state()
 @pytest.fixture(autouse=True)
 def _torch_state_kept(request: pytest.FixtureRequest) -> Iterator[None]:
     """Torch's grad mode and dispatch state belong to the thread, and a worker's main thread runs every
-    test of its modules: one left with grad off, or with the Python dispatch key excluded (a finalizer
-    that raised inside a torch.compile trace), made the compile and training tests of a later module
-    fail, far from the cause. Named in a warning; grad mode is turned back on."""
+    test of its modules: a worker's later compile and training tests failed, far from whatever changed
+    that state (docs/design.md, "The test suite"). A change is named in a warning; grad mode is turned
+    back on."""
     yield
     state = _torch_thread_state()
     if state != _CLEAN_TORCH_STATE:

@@ -67,9 +67,9 @@ def run(db: str, *, fault: str | None = None, prompts: list[str], max_new_tokens
     llm = None
     healthy_verifier = RejectionSampler.forward
     # vLLM's engine lives in reference cycles, and its oneDNN handlers' finalizers call .item(): one
-    # collected while torch.compile traces (under fake tensors) raised or recursed inside the trace
-    # and left this process's dispatch state broken for later compiles and autograd. No collection
-    # while the engine serves; its cycles are collected once it is gone, outside any trace.
+    # collected while torch.compile traces ran under fake tensors and raised (or recursed) inside
+    # torch's dispatch, the likely cause of later compiles and autograd failing in that process. No
+    # collection while the engine serves; its cycles are collected once it is gone, outside any trace.
     collecting = gc.isenabled()
     gc.disable()
     try:
