@@ -626,16 +626,17 @@ def test_a_replay_against_the_target_alone_names_the_lossy_runs_and_counts_the_h
     """The same runs re-scored by the target served alone (docs/design.md, "Replay against the
     target"): teacher-forced from the kept token ids, one transformers forward per request over the
     target folder; the CLI for the draft-token verifier, the Python API for the rest."""
-    import shutil
     import subprocess
     import sys
+
+    from _store_copy import copy_store
 
     from specscope.engine import target_folder
     from specscope.replay import NEAR_TIE_MARGIN, TransformersTarget, replay_run
 
     db, runs = audited_runs
     copy = str(tmp_path / "replayed.db")  # the module's other tests read the store as the engine left it
-    shutil.copy(db, copy)
+    copy_store(db, copy)
     folder = str(target_folder())
     out = subprocess.run([sys.executable, "-m", "specscope", "replay", "--db", copy, "--run",
                           runs["emit-draft-token"][0], "--target", folder, "--json"],

@@ -230,14 +230,14 @@ def test_a_replay_against_the_target_alone_finds_the_mixed_batch_corruption_and_
     greedy run and the mixed batch from the token ids the plugin kept (docs/design.md, "Replay against
     the target"): the greedy requests corrupted by their batch-mates depart by whole logits, an error
     the replay finds without the audit; the healthy run departs nowhere, or by near-ties only, counted."""
-    import shutil
+    from _store_copy import copy_store
 
     from specscope.engine import target_folder
     from specscope.replay import NEAR_TIE_MARGIN, TransformersTarget, replay_run
 
     db, done = runs
     copy = str(tmp_path / "replayed.db")  # the module's other tests read the store as vLLM left it
-    shutil.copy(db, copy)
+    copy_store(db, copy)
     target = TransformersTarget(target_folder())
     with open_store(copy) as store:
         for name in (None, "mixed"):
