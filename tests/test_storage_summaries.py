@@ -41,11 +41,12 @@ _groups = st.builds(
     st.floats(1.0, 1e3))
 _tensors = st.builds(
     lambda rank, point, width, expected, nonfinite, call, ts: ev.TensorEvent(
-        run_id=RUN, rank=rank, hook_point=point, call_index=call, shape=(1, 3, width), dtype="bfloat16",
+        run_id=RUN, rank=rank, hook_point=point, call_index=call, shape=() if width is None else (1, 3, width),
+        dtype="bfloat16",
         device=f"cuda:{rank}", expected_shape=None if expected is None else (-1, -1, expected),
         nonfinite=nonfinite, ts_wall=ts),
     st.integers(0, 1), st.sampled_from(["draft.forward:hidden_states", "target.layers.2:input"]),
-    st.sampled_from([576, 1728]), st.sampled_from([None, 1728]), st.sampled_from([None, 0, 3]),
+    st.sampled_from([576, 1728, None]), st.sampled_from([None, 1728]), st.sampled_from([None, 0, 3]),
     st.integers(0, 10_000), st.floats(1.0, 1e3))
 
 

@@ -338,8 +338,8 @@ def group_rows(events: Iterable[ev.Event]) -> dict[str, list[Row | tuple]]:
 
 def summary_rows(grouped: Mapping[str, list[Row | tuple]]) -> dict[str, list[Row]]:
     """The summary rows of a batch (:func:`group_rows`), per summary table that has some."""
-    folded = ((u.table.name, u.fold(grouped[s.name])) for s in STATEMENTS if grouped.get(s.name) for u in s.summaries)
-    return {name: rows for name, rows in folded if rows}
+    return {name: rows for s in STATEMENTS if grouped.get(s.name)
+            for name, rows in _summaries.fold_all(s.summaries, grouped[s.name]).items()}
 
 
 def write_statements(insert: Insert) -> dict[str, sa.Executable]:

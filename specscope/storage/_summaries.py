@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import chain
 from operator import itemgetter
 
@@ -36,18 +37,24 @@ from specscope.storage import schema
 Row = dict[str, object]
 
 
+Groups = Mapping[tuple, list[tuple]]
+
+
 @dataclass(frozen=True)
 class Summary:
-    """A summary table kept by writes: ``fold`` turns a batch of raw rows into one row per ``key``
-    (sorted by key, so concurrent writers lock shared keys in one order); the upsert adds ``sums`` and
-    widens the ``firsts`` (min) and ``lasts`` (max) of the stored row."""
+    """A summary table kept by writes: ``group`` splits a batch of raw rows by what the summary
+    derives from them, ``fold`` turns those groups into one row per ``key`` (sorted by key, so
+    concurrent writers lock shared keys in one order); the upsert adds ``sums`` and widens the
+    ``firsts`` (min) and ``lasts`` (max) of the stored row. Summaries of one table whose ``group`` is
+    the same function share one grouping of a batch (:func:`fold_all`)."""
 
     table: sa.Table
     key: tuple[str, ...]
     sums: tuple[str, ...]
     firsts: tuple[str, ...]
     lasts: tuple[str, ...]
-    fold: Callable[[Sequence[tuple]], list[Row]]
+    group: Callable[[Sequence[tuple]], Groups]
+    fold: Callable[[Groups], list[Row]]
 
     def upsert(self, insert: Callable[[sa.Table], sa.Insert]) -> sa.Executable:
         """INSERT ... ON CONFLICT DO UPDATE built with the dialect's ``insert``."""
@@ -59,16 +66,31 @@ class Summary:
         return stmt.on_conflict_do_update(index_elements=list(self.key), set_=update)
 
 
+def fold_all(summaries: Iterable[Summary], rows: Sequence[tuple]) -> dict[str, list[Row]]:
+    """The summary rows of one table's batch ``rows``, per summary table that has some; each grouping
+    made once."""
+    groupings: dict[Callable, Groups] = {}
+    out = {}
+    for summary in summaries:
+        groups = groupings.get(summary.group)
+        if groups is None:
+            groups = groupings[summary.group] = summary.group(rows)
+        folded = summary.fold(groups)
+        if folded:
+            out[summary.table.name] = folded
+    return out
+
+
 def _pick(new: sa.ColumnElement, old: sa.ColumnElement, smaller: bool) -> sa.ColumnElement:
     # CASE, not MIN(a, b) / LEAST(a, b): SQLite and PostgreSQL spell the scalar min / max differently
     return sa.case(((new < old) if smaller else (new > old), new), else_=old)
 
 
-def _groups(rows: Sequence[tuple], keys: Iterable[tuple]) -> dict[tuple, list[tuple]]:
+def _groups(rows: Sequence[tuple], keys: Iterable[object]) -> dict[object, list[tuple]]:
     """``rows`` by their ``keys`` (one per row), in order, grouped in C: the defaultdict's lookup makes
     a missing group, ``list.append`` adds the row, an empty deque drains the map (a loop in Python was
     a third of the folds' time). The per-group sums and bounds run in C too (map, sum, min, max)."""
-    groups: defaultdict[tuple, list[tuple]] = defaultdict(list)
+    groups: defaultdict[object, list[tuple]] = defaultdict(list)
     deque(map(list.append, map(groups.__getitem__, keys), rows), maxlen=0)
     return groups
 
@@ -77,24 +99,35 @@ def _getter(columns: tuple[str, ...], *names: str) -> Callable[[tuple], object]:
     return itemgetter(*(columns.index(name) for name in names))
 
 
+@cache
+def _grouping(columns: tuple[str, ...], *names: str) -> Callable[[Sequence[tuple]], Groups]:
+    """Rows (tuples in ``columns`` order) grouped by the values of ``names``: one function per
+    columns and names, so summaries grouping alike share it."""
+    key_of = _getter(columns, *names)
+
+    def group(rows: Sequence[tuple]) -> Groups:
+        return _groups(rows, map(key_of, rows))
+
+    return group
+
+
 _MASK_KEY = ("run_id", "rank", "accepted_mask")
 
 
 def acceptance_masks(columns: tuple[str, ...]) -> Summary:
     """The summary of ``verify_steps`` rows (tuples in ``columns`` order): one row per accepted mask."""
-    mask_of = _getter(columns, *_MASK_KEY)
     step, proposed, accepted, wall, steps = (_getter(columns, c) for c in
                                              ("step", "proposed", "accepted", "ts_wall", "steps"))
 
-    def fold(rows: Sequence[tuple]) -> list[Row]:
+    def fold(groups: Groups) -> list[Row]:
         return [{"run_id": run_id, "rank": rank, "accepted_mask": mask, "steps": sum(map(steps, group)),
                  "proposed": sum(map(proposed, group)), "accepted": sum(map(accepted, group)),
                  "first_wall": min(map(wall, group)), "last_wall": max(map(wall, group)),
                  "step_detail": 1 if max(map(step, group)) >= 0 else 0}
-                for (run_id, rank, mask), group in sorted(_groups(rows, map(mask_of, rows)).items())]
+                for (run_id, rank, mask), group in sorted(groups.items())]
 
     return Summary(schema.acceptance_masks, _MASK_KEY, ("steps", "proposed", "accepted"), ("first_wall",),
-                   ("last_wall", "step_detail"), fold)
+                   ("last_wall", "step_detail"), _grouping(columns, *_MASK_KEY), fold)
 
 
 _REQUEST_KEY = ("run_id", "request_id", "accepted_drafts")
@@ -107,26 +140,32 @@ def request_accepts(columns: tuple[str, ...]) -> Summary:
     """The per-request summary of ``verify_steps`` rows (tuples in ``columns`` order): one row per
     request and accepted drafts per step (``v_acceptance_histogram``'s unit; :data:`UNKNOWN_DRAFTS`
     where not known)."""
-    run, request, step, proposed, accepted, mask, wall, steps = (_getter(columns, c) for c in (
-        "run_id", "request_id", "step", "proposed", "accepted", "accepted_mask", "ts_wall", "steps"))
+    step, wall = _getter(columns, "step"), _getter(columns, "ts_wall")
 
-    def drafts_key(row: tuple) -> tuple:
-        n = steps(row)
-        known = n > 0 and (mask(row) != "" or proposed(row) == 0)
-        return run(row), request(row), accepted(row) // n if known else UNKNOWN_DRAFTS
-
-    def fold(rows: Sequence[tuple]) -> list[Row]:
-        return [{"run_id": run_id, "request_id": request_id, "accepted_drafts": drafts,
-                 "steps": sum(map(steps, group)), "proposed": sum(map(proposed, group)),
-                 "accepted": sum(map(accepted, group)),
-                 "position0_steps": sum(steps(r) for r in group if mask(r)[:1] == "1"),
-                 "drafts": max(proposed(r) // steps(r) for r in group) if drafts >= 0 else 0,
-                 "first_wall": min(map(wall, group)), "last_wall": max(map(wall, group)),
-                 "step_detail": 1 if max(map(step, group)) >= 0 else 0}
-                for (run_id, request_id, drafts), group in sorted(_groups(rows, map(drafts_key, rows)).items())]
+    def fold(groups: Groups) -> list[Row]:
+        # rows that agree on the grouping's columns agree on all the summary derives from them (the
+        # key's accepted drafts, the sums, the first place of the mask): derived once per group
+        by_key: defaultdict[tuple, list[tuple[tuple, list[tuple]]]] = defaultdict(list)
+        for (run_id, request_id, n, proposed, accepted, mask), group in groups.items():
+            known = n > 0 and (mask != "" or proposed == 0)
+            by_key[run_id, request_id, accepted // n if known else UNKNOWN_DRAFTS].append(
+                ((n, proposed, accepted, mask), group))
+        out = []
+        for (run_id, request_id, drafts), parts in sorted(by_key.items()):
+            walls = list(chain.from_iterable(map(wall, group) for _, group in parts))
+            out.append({"run_id": run_id, "request_id": request_id, "accepted_drafts": drafts,
+                        "steps": sum(n * len(group) for (n, _, _, _), group in parts),
+                        "proposed": sum(proposed * len(group) for (_, proposed, _, _), group in parts),
+                        "accepted": sum(accepted * len(group) for (_, _, accepted, _), group in parts),
+                        "position0_steps": sum(n * len(group) for (n, _, _, mask), group in parts if mask[:1] == "1"),
+                        "drafts": max(proposed // n for (n, proposed, _, _), _ in parts) if drafts >= 0 else 0,
+                        "first_wall": min(walls), "last_wall": max(walls),
+                        "step_detail": 1 if max(max(map(step, group)) for _, group in parts) >= 0 else 0})
+        return out
 
     return Summary(schema.request_accepts, _REQUEST_KEY, ("steps", "proposed", "accepted", "position0_steps"),
-                   ("first_wall",), ("last_wall", "step_detail", "drafts"), fold)
+                   ("first_wall",), ("last_wall", "step_detail", "drafts"),
+                   _grouping(columns, "run_id", "request_id", "steps", "proposed", "accepted", "accepted_mask"), fold)
 
 
 def _second(wall: sa.ColumnElement) -> sa.ColumnElement:
@@ -141,15 +180,17 @@ def step_seconds(columns: tuple[str, ...]) -> Summary:
     run, rank, wall, steps, accepted = (_getter(columns, c) for c in
                                         ("run_id", "rank", "ts_wall", "steps", "accepted"))
 
-    def fold(rows: Sequence[tuple]) -> list[Row]:
-        groups = _groups(rows, zip(map(run, rows), map(rank, rows), map(math.floor, map(wall, rows))))
+    def group(rows: Sequence[tuple]) -> Groups:
+        return _groups(rows, zip(map(run, rows), map(rank, rows), map(math.floor, map(wall, rows))))
+
+    def fold(groups: Groups) -> list[Row]:
         return [{"run_id": run_id, "rank": r, "wall_second": second, "steps": sum(map(steps, group)),
                  "accepted": sum(map(accepted, group)), "first_wall": min(map(wall, group)),
                  "last_wall": max(map(wall, group))}
                 for (run_id, r, second), group in sorted(groups.items())]
 
     return Summary(schema.step_seconds, ("run_id", "rank", "wall_second"), ("steps", "accepted"), ("first_wall",),
-                   ("last_wall",), fold)
+                   ("last_wall",), group, fold)
 
 
 NO_WIDTH = -1
@@ -157,55 +198,54 @@ NO_WIDTH = -1
 in a key would never conflict."""
 
 _DRAFT_INPUT_KEY = ("run_id", "rank", "hook_point", "width", "expected_width", "wall_second")
+_SHAPE_KEY = ("run_id", "rank", "hook_point", "shape", "dtype", "device", "expected_shape", "graph_phase")
+_SHAPE_ROW = itemgetter(*_SHAPE_KEY)
 
 
 def draft_input_seconds(columns: tuple[str, ...]) -> Summary:
     """The summary of ``tensor_events`` rows at a draft hook point with a width contract by wall-clock
     second: one row per run, rank, hook point, observed and expected width and second."""
-    run, rank, point, width, expected, wall = (_getter(columns, c) for c in
-                                               ("run_id", "rank", "hook_point", "width", "expected_width", "ts_wall"))
+    width, expected, wall = (_getter(columns, c) for c in ("width", "expected_width", "ts_wall"))
 
-    def fold(rows: Sequence[tuple]) -> list[Row]:
-        # grouped in C, first by hook point (one value, no key tuple), then the draft points' rows by
-        # their key, keeping the groups with a width contract: cheaper than choosing rows in Python
-        by_point = _groups(rows, map(point, rows))
-        drafts = list(chain.from_iterable(group for p, group in by_point.items() if p.startswith(points.DRAFT_PREFIX)))
-        widths = [NO_WIDTH if observed is None else observed for observed in map(width, drafts)]
-        keys = zip(map(run, drafts), map(rank, drafts), map(point, drafts), widths, map(expected, drafts),
-                   map(math.floor, map(wall, drafts)))
-        groups = _groups(drafts, keys)
-        return [dict(zip(_DRAFT_INPUT_KEY, k), events=len(groups[k]), first_wall=min(map(wall, groups[k])),
-                     last_wall=max(map(wall, groups[k])))
-                for k in sorted(k for k in groups if k[4] is not None)]
+    def fold(groups: Groups) -> list[Row]:
+        # tensor_shapes' groups: a shape and an expected shape each, so one width and one expected
+        # width each; only the draft points' groups with a width contract are split by second
+        seconds: defaultdict[tuple, list[float]] = defaultdict(list)
+        for (run_id, rank, point, *_), group in groups.items():
+            contract = expected(group[0])
+            if contract is None or not point.startswith(points.DRAFT_PREFIX):
+                continue
+            observed = width(group[0])
+            walls = list(map(wall, group))
+            for second, in_second in _groups(walls, map(math.floor, walls)).items():
+                seconds[run_id, rank, point, NO_WIDTH if observed is None else observed, contract, second].extend(
+                    in_second)
+        return [dict(zip(_DRAFT_INPUT_KEY, k), events=len(walls), first_wall=min(walls), last_wall=max(walls))
+                for k, walls in sorted(seconds.items())]
 
-    return Summary(schema.draft_input_seconds, _DRAFT_INPUT_KEY, ("events",), ("first_wall",), ("last_wall",), fold)
-
-
-_SHAPE_KEY = ("run_id", "rank", "hook_point", "shape", "dtype", "device", "expected_shape", "graph_phase")
-_SHAPE_ROW = itemgetter(*_SHAPE_KEY)
+    return Summary(schema.draft_input_seconds, _DRAFT_INPUT_KEY, ("events",), ("first_wall",), ("last_wall",),
+                   _grouping(columns, *_SHAPE_KEY), fold)
 
 
 def tensor_shapes(columns: tuple[str, ...]) -> Summary:
     """The summary of ``tensor_events`` rows (tuples in ``columns`` order): one row per shape seen."""
-    shape_of = _getter(columns, *_SHAPE_KEY)
     call, width, expected_width, nonfinite, wall = (_getter(columns, c) for c in
                                                     ("call_index", "width", "expected_width", "nonfinite", "ts_wall"))
 
-    def fold(rows: Sequence[tuple]) -> list[Row]:
+    def fold(groups: Groups) -> list[Row]:
         out = []
-        for key, group in _groups(rows, map(shape_of, rows)).items():
+        for key, group in groups.items():
             run_id, rank, point, shape, dtype, device, expected, phase = key
-            calls, walls = list(map(call, group)), list(map(wall, group))
             out.append({"run_id": run_id, "rank": rank, "hook_point": point, "shape": shape, "dtype": dtype,
                         "device": device, "expected_shape": expected or "", "graph_phase": phase,
                         "width": width(group[0]), "expected_width": expected_width(group[0]),
-                        "events": len(group), "first_call": min(calls), "last_call": max(calls),
-                        "first_wall": min(walls), "last_wall": max(walls),
+                        "events": len(group), "first_call": min(map(call, group)), "last_call": max(map(call, group)),
+                        "first_wall": min(map(wall, group)), "last_wall": max(map(wall, group)),
                         "nonfinite": sum(filter(None, map(nonfinite, group)))})
         return sorted(out, key=_SHAPE_ROW)
 
     return Summary(schema.tensor_shapes, _SHAPE_KEY, ("events", "nonfinite"), ("first_call", "first_wall"),
-                   ("last_call", "last_wall"), fold)
+                   ("last_call", "last_wall"), _grouping(columns, *_SHAPE_KEY), fold)
 
 
 def _request_accepts_select() -> sa.Select:
