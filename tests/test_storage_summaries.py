@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import numpy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specscope import events as ev
 from specscope import metrics
+from specscope.errors import EventRejected
 
 RUN = "r"  # replaced per example
 SUMMARIES = ("SELECT run_id, rank, accepted_mask, steps, proposed, accepted, first_wall, last_wall, step_detail "
@@ -155,3 +157,53 @@ def test_steps_stored_again_are_found_among_many_requests_and_spans(store) -> No
                       for rank, n in ((0, 5 + 5), (1, 1))]  # 0, 2, 4, 6, 8 + 5, 7, 9, 10, 11; rank 1: 3
     assert store.query("SELECT steps FROM acceptance_masks WHERE run_id = 'many' ORDER BY rank")[1] == [
         (120 * 10,), (120,)]
+
+
+_SHAPE_DIMS = itertools.count(40_001)  # the write path caches shapes per process: a new one per example
+
+
+@pytest.mark.parametrize("first", [float, numpy.int64], ids=["float", "numpy-int"])
+def test_a_shape_given_with_other_numbers_stores_the_integer_shape(store, first) -> None:
+    """A shape whose last dimension is ``4096.0`` or ``numpy.int64(4096)`` is the same cache key as
+    ``(7, 4096)``: whichever comes first, every one of them stores ``"7x<n>"`` with an integer width
+    (a float cached as given stored the later valid shapes as ``"7x<n>.0"`` on SQLite and failed them
+    on PostgreSQL; a numpy width went into SQLite as an 8-byte blob), and the summaries equal a
+    rebuild. A dimension that is no integer is refused, and the store takes the next batch."""
+    n = next(_SHAPE_DIMS)
+
+    def tensor(call: int, shape: tuple) -> ev.TensorEvent:
+        return ev.TensorEvent(run_id="shape", rank=0, hook_point="draft.fc:input", call_index=call, shape=shape,
+                              dtype="float32", device="cpu", expected_shape=(1, -1, n), ts_wall=2.0 + call)
+
+    store.write([ev.RunStart(run_id="shape", engine="e", engine_version="0", target_model="t", draft_model="d",
+                             config={}, ts_wall=1.0)])
+    store.write([tensor(0, (7, first(n)))])
+    store.write([tensor(1, (7, n)), tensor(2, (7, n))])
+    store.write([tensor(3, (7, float(n)))])  # a hit of the cache, now the integer's columns
+    with pytest.raises(EventRejected, match=r"shape dimension 0\.5 is not an integer"):
+        store.write([tensor(4, (7, 0.5))])
+    store.write([tensor(5, (7, n))])
+    assert store.query("SELECT call_index, shape, width FROM tensor_events WHERE run_id = 'shape' "
+                       "ORDER BY call_index")[1] == [(c, f"7x{n}", n) for c in (0, 1, 2, 3, 5)]
+    assert {type(width) for (width,) in store.query("SELECT width FROM tensor_events")[1]} == {int}
+    kept = [store.query(sql)[1] for sql in SUMMARIES]
+    store.rebuild_summaries()
+    assert [store.query(sql)[1] for sql in SUMMARIES] == kept
+
+
+def test_an_integer_wall_time_past_double_precision_is_summed_by_its_stored_second(store) -> None:
+    """``ts_wall`` given in nanoseconds as an int (``time.time_ns()``): the column keeps a double, so the
+    per-second summaries fold the second of the stored double, as a rebuild does (floored exactly,
+    four steps a nanosecond apart made four seconds where the stored rows hold one)."""
+    t0 = 1_733_580_000_123_456_789
+    store.write([ev.RunStart(run_id="ns", engine="e", engine_version="0", target_model="t", draft_model="d",
+                             config={}, ts_wall=1.0)])
+    for i in range(0, 4, 2):
+        store.write([ev.VerifyStep(run_id="ns", request_id="q", rank=0, step=s, proposed=4, accepted=2,
+                                   ts_wall=t0 + s) for s in (i, i + 1)]
+                    + [ev.TensorEvent(run_id="ns", rank=0, hook_point="draft.fc:input", call_index=i, shape=(1, 8),
+                                      dtype="float32", device="cpu", expected_shape=(1, 8), ts_wall=t0 + i)])
+    assert store.query("SELECT steps FROM step_seconds WHERE run_id = 'ns'")[1] == [(4,)]
+    kept = [store.query(sql)[1] for sql in SUMMARIES]
+    store.rebuild_summaries()
+    assert [store.query(sql)[1] for sql in SUMMARIES] == kept

@@ -75,13 +75,27 @@ _MAX_SHAPES = 4096  # a run sees few distinct shapes; past this many the cache s
 
 
 def _shape_columns(shape: Iterable[int]) -> tuple[str, int | None]:
-    """A shape's stored columns, text and width (last dimension, None for 0-d), kept in ``_SHAPES``."""
+    """A shape's stored columns, text and width (last dimension, None for 0-d), kept in ``_SHAPES``.
+    The cache is keyed by the shape as given, and ``(7, 4096.0)``, ``(7, numpy.int64(4096))`` and
+    ``(7, 4096)`` are one key: each dimension is stored as the integer it equals, so whichever of them
+    comes first, all of them store ``"7x4096"`` and width 4096 (a producer's float shape cached as
+    given would have stored every later shape equal to it as ``"7x4096.0"``, or failed it on
+    PostgreSQL)."""
     shape = tuple(shape)
-    columns = "x".join(map(str, shape)), shape[-1] if shape else None
+    dims = tuple(map(_dimension, shape))
+    columns = "x".join(map(str, dims)), dims[-1] if dims else None
     if len(_SHAPES) >= _MAX_SHAPES:
         _SHAPES.clear()
     _SHAPES[shape] = columns
     return columns
+
+
+def _dimension(size: object) -> int:
+    """``size`` as the int it equals (a numpy integer, an integral float); ValueError otherwise."""
+    whole = int(size)
+    if whole != size:
+        raise ValueError(f"shape dimension {size!r} is not an integer")
+    return whole
 
 
 def _run(e: ev.RunStart) -> Row:

@@ -168,6 +168,13 @@ def request_accepts(columns: tuple[str, ...]) -> Summary:
                    _grouping(columns, "run_id", "request_id", "steps", "proposed", "accepted", "accepted_mask"), fold)
 
 
+def _seconds(walls: Iterable[object]) -> Iterable[int]:
+    """The wall-clock second of each of ``walls`` as stored: a ``ts_wall`` column holds a double, so an
+    integer past 2**53 (nanoseconds given for seconds) is floored as the double it is stored as, which
+    is what :func:`rebuild` floors."""
+    return map(math.floor, map(float, walls))
+
+
 def _second(wall: sa.ColumnElement) -> sa.ColumnElement:
     """SQL of floor(``wall``), the wall-clock second (math.floor in a fold): PostgreSQL's CAST rounds,
     SQLite's truncates; one below a rounded-up CAST is the floor on both."""
@@ -181,7 +188,7 @@ def step_seconds(columns: tuple[str, ...]) -> Summary:
                                         ("run_id", "rank", "ts_wall", "steps", "accepted"))
 
     def group(rows: Sequence[tuple]) -> Groups:
-        return _groups(rows, zip(map(run, rows), map(rank, rows), map(math.floor, map(wall, rows))))
+        return _groups(rows, zip(map(run, rows), map(rank, rows), _seconds(map(wall, rows))))
 
     def fold(groups: Groups) -> list[Row]:
         return [{"run_id": run_id, "rank": r, "wall_second": second, "steps": sum(map(steps, group)),
@@ -217,7 +224,7 @@ def draft_input_seconds(columns: tuple[str, ...]) -> Summary:
                 continue
             observed = width(group[0])
             walls = list(map(wall, group))
-            for second, in_second in _groups(walls, map(math.floor, walls)).items():
+            for second, in_second in _groups(walls, _seconds(walls)).items():
                 seconds[run_id, rank, point, NO_WIDTH if observed is None else observed, contract, second].extend(
                     in_second)
         return [dict(zip(_DRAFT_INPUT_KEY, k), events=len(walls), first_wall=min(walls), last_wall=max(walls))
