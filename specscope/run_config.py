@@ -15,6 +15,28 @@ UNHOOKED_SOURCES = {"prometheus": "watched through its Prometheus endpoint",
 is exact and no tensor, graph mode or capture layer is observed."""
 
 
+_STORED_INTS = ("target_hidden_size", "expected_fused_width", "k", "topk", "num_draft_tokens", "num_target_layers")
+_STORED_IDS = ("aux_layer_ids_resolved", "aux_layer_ids_configured", "aux_layer_ids_active")
+
+
+def stored_config_problem(config: Any) -> str | None:
+    """What makes a stored ``RunStart.config`` unreadable to the contract's rules (one line), or None.
+    Any field may be absent (other adapters); a present contract field must be what :class:`RunConfig`
+    writes: an int, or a list of ints for the aux ids (a string ``"1728"`` would compare unequal to
+    every width, and ``"2,15,27"`` is no list of layers)."""
+    if not isinstance(config, dict):
+        return f"is {type(config).__name__}, not an object"
+    for name in _STORED_INTS:
+        value = config.get(name)
+        if value is not None and not is_int(value):
+            return f"{name} is {value!r}, not an int"
+    for name in _STORED_IDS:
+        ids = config.get(name)
+        if ids is not None and not (isinstance(ids, list) and all(map(is_int, ids))):
+            return f"{name} is {ids!r}, not a list of ints"
+    return None
+
+
 def unhooked(config: dict) -> str | None:
     """How a run with this ``RunStart.config`` was recorded from outside its engine; None when hooked."""
     return UNHOOKED_SOURCES.get(config.get("source"))

@@ -89,6 +89,33 @@ def test_a_store_without_runs_is_bad_input_not_a_pass(tmp_path, capsys):
         assert (status, out) == (2, "") and err.count("\n") == 1 and "no runs in" in err
 
 
+@pytest.mark.parametrize(("config", "problem"), [
+    ({"aux_layer_ids_resolved": "2,15,27"}, "aux_layer_ids_resolved is '2,15,27', not a list of ints"),
+    ({"aux_layer_ids_active": ["a"]}, "aux_layer_ids_active is ['a'], not a list of ints"),
+    ({"expected_fused_width": "1728"}, "expected_fused_width is '1728', not an int"),
+    ([2, 15, 27], "is list, not an object")])
+def test_a_run_config_the_rules_cannot_read_is_bad_input_not_a_verdict(tmp_path, capsys, config, problem):
+    """A config written around RunConfig (an adapter's dict) with a contract field of the wrong type:
+    one line and exit 2, the doctor's and compare's (a traceback exited 1, which a CI gate reads as an
+    error finding, or compare's regression)."""
+    from specscope import events as ev
+
+    path = str(tmp_path / "odd.db")
+    with open_store(path) as store:
+        for run_id in ("odd", "ok"):
+            store.write([ev.RunStart(run_id=run_id, engine="e", engine_version="0", target_model="t", draft_model="d",
+                                     config=config if run_id == "odd" else {}, ts_wall=1.0)]
+                        + [e for r in ("a", "b") for e in (
+                            ev.RequestStart(run_id, r, 0, prompt_tokens=3, temperature=0.0, prompt_key=r),
+                            *(ev.VerifyStep(run_id, r, 0, step=i, proposed=4, accepted=2, ts_wall=2.0 + i)
+                              for i in range(3)))])
+    status, out, err = doctor(capsys, "--db", path, "--run", "odd")
+    assert (status, out) == (2, "") and err == f"specscope doctor: error: run odd: runs.config {problem}\n"
+    status = main(["compare", "--base-db", path, "--base-run", "ok", "--db", path, "--run", "odd"])
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "") and err == f"specscope compare: error: run odd: runs.config {problem}\n"
+
+
 def test_missing_store_is_bad_input(tmp_path, capsys):
     path = tmp_path / "absent.db"
     status, out, err = doctor(capsys, "--db", str(path), "--json")

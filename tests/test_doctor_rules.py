@@ -284,3 +284,13 @@ def test_a_sampled_only_run_that_accepts_nothing_still_collapses(store):
     collapse = only(report, "ACCEPT_COLLAPSE")
     assert collapse.evidence["judged_on"] == "sampled requests" and collapse.evidence["mean_acceptance_length"] == 1.0
     assert "POSITION0_LOW" not in report.codes() and "ACCEPT_SATURATED" not in report.codes()
+
+
+def test_a_few_greedy_steps_do_not_hide_a_collapsed_sampled_run(store):
+    """Ten greedy steps accepting well beside 600 sampled steps accepting nothing (AL 1.049 over the
+    run): too few greedy steps to judge apart, so the whole run is judged and collapses (judging the
+    greedy group alone left the run without a verdict)."""
+    report = _sampling_run(store, "few-greedy", {0.0: [3] * 10, 0.8: [0] * 600})
+    collapse = only(report, "ACCEPT_COLLAPSE")
+    assert collapse.evidence["judged_on"] == "all requests" and collapse.evidence["verify_steps"] == 610
+    assert collapse.evidence["mean_acceptance_length"] == pytest.approx(1 + 30 / 610)

@@ -29,7 +29,9 @@ from specscope.doctor._rules_outlier import check_request_outliers
 from specscope.doctor._rules_ranks import check_rank_acceptance, check_rank_shapes
 from specscope.doctor._rules_replay import check_replay
 from specscope.doctor._summary import RunSummary
+from specscope.errors import StoreError
 from specscope.events import Finding, by_severity
+from specscope.run_config import stored_config_problem
 from specscope.storage import Store
 from specscope.storage import queries as q
 from specscope.storage.queries import fetch
@@ -59,7 +61,8 @@ def diagnose(store: Store, run_id: str | None = None, *, distributions: bool = F
     Raises:
         ConfigError: ``run_id`` is not in the store nor a prefix of a run id (the message names the
             known run ids), or a prefix of several (the message names them).
-        StoreError: the store cannot be read, or holds malformed JSON in a run's columns.
+        StoreError: the store cannot be read, or holds malformed JSON in a run's columns, or a run
+            config whose contract fields have the wrong type.
     """
     with store.connect() as conn:
         if run_id is None:
@@ -79,13 +82,16 @@ def run_context(conn: sa.Connection, run_id: str, url: str) -> RunContext:
 
     Raises:
         ConfigError: see :func:`specscope.storage.runs.resolve_run_id`.
-        StoreError: malformed JSON in the run's config.
+        StoreError: malformed JSON in the run's config, or a contract field of the wrong type.
     """
     return _context(conn, fetch(conn, q.RUN_META, run_id=resolve_run_id(conn, run_id, url))[0])
 
 
 def _context(conn: sa.Connection, row: dict) -> RunContext:
     config = parse_json(row["config"], "runs.config", row["run_id"])
+    problem = stored_config_problem(config)
+    if problem is not None:
+        raise StoreError(f"run {row['run_id']}: runs.config {problem}")
     return RunContext(conn, row["run_id"], row["engine"], row["fault"], config)
 
 

@@ -69,13 +69,15 @@ def _scope(j: Judged) -> str:
 
 def check_collapse(ctx: RunContext) -> list[Finding]:
     """ACCEPT_COLLAPSE [error]: AL <= COLLAPSE_AL over >= MIN_VERIFY_STEPS verify steps: of the greedy
-    requests where some sample, of the whole run where all do (a working draft accepts far more than
-    one draft in twenty steps at any usual temperature; ACCEPT_COLLAPSE_SAMPLED compares groups)."""
+    requests where some sample, of the whole run where all do or the greedy ones are too few to judge
+    (a working draft accepts far more than one draft in twenty steps at any usual temperature, so a few
+    greedy steps must not hide a collapsed run; ACCEPT_COLLAPSE_SAMPLED compares groups)."""
     j = judged(ctx)
-    if j is None and not any(g.sampling == "greedy" for g in ctx.sampling_acceptance):
+    if j is None:  # too few greedy steps to judge them apart: the whole run, as when none is greedy
         acc = ctx.acceptance
-        j = Judged("sampled requests", acc.verify_steps, acc.proposed, acc.accepted, acc.mean_acceptance_length,
-                   None, [])
+        greedy = any(g.sampling == "greedy" for g in ctx.sampling_acceptance)
+        j = Judged("all requests" if greedy else "sampled requests", acc.verify_steps, acc.proposed, acc.accepted,
+                   acc.mean_acceptance_length, None, [])
     if j is None or j.verify_steps < MIN_VERIFY_STEPS or j.mean_acceptance_length > COLLAPSE_AL:
         return []
     return [runtime_finding(
