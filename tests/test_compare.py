@@ -269,10 +269,23 @@ def test_no_change_is_claimed_only_within_the_margin_else_inconclusive():
     assert -close.margin <= close.ci95[0] and close.ci95[1] <= close.margin and close.verdict == "no change"
 
 
-def test_pairing_needs_half_of_each_side_matched():
+def test_pairing_needs_every_request_matched():
     base = side([f"r{i}" for i in range(8)], [4] * 8, [4] * 8)
-    assert difference(base, side([f"r{i}" for i in range(16)], [4] * 16, [4] * 16)).paired  # 8 of 16
+    assert difference(base, side([f"r{i}" for i in range(8)][::-1], [4] * 8, [4] * 8)).paired
+    assert not difference(base, side([f"r{i}" for i in range(16)], [4] * 16, [4] * 16)).paired  # 8 of 16
     assert not difference(base, side([f"r{i}" for i in range(5, 15)], [4] * 10, [4] * 10)).paired  # 3 of 10
+
+
+def test_a_collapse_in_requests_without_a_partner_is_not_left_out():
+    """The candidate serves the base's 20 prompts, then each once more with nothing accepted: paired on
+    the first pass alone (half of the candidate's requests) it read no change; over all requests it
+    is a regression."""
+    keys = [f"p{i}" for i in range(20)]
+    accepted = [20 + i % 5 for i in range(20)]
+    base = side(keys, accepted, [10] * 20)
+    diff = difference(base, side(keys * 2, accepted + [0] * 20, [10] * 40))
+    assert not diff.paired and diff.verdict == "regression"
+    assert diff.delta == pytest.approx((sum(accepted) / 400 + 1) - (sum(accepted) / 200 + 1))
 
 
 def test_repeated_prompts_pair_in_order():

@@ -13,7 +13,6 @@ from specscope.compare._stats import (
     CONFIDENCE,
     EQUIVALENCE_MARGIN,
     MIN_REQUESTS,
-    PAIRED_MIN_SHARE,
     PRACTICAL_FLOOR,
     VERDICTS,
     Difference,
@@ -24,7 +23,7 @@ from specscope.compare._stats import (
 )
 
 __all__ = [
-    "CONFIDENCE", "EQUIVALENCE_MARGIN", "MIN_REQUESTS", "PAIRED_MIN_SHARE", "PRACTICAL_FLOOR", "VERDICTS",
+    "CONFIDENCE", "EQUIVALENCE_MARGIN", "MIN_REQUESTS", "PRACTICAL_FLOOR", "VERDICTS",
     "Comparison", "Difference", "Requests", "Side", "compare", "difference", "match", "moved", "read_side",
     "render_text",
 ]

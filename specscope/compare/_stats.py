@@ -33,9 +33,6 @@ EQUIVALENCE_MARGIN = 0.05
 """``no change`` is a claim too: the whole interval within this share of the base AL either way (the
 runs are shown to agree within 5% of tokens per verify step). An interval that straddles 0 and
 reaches past it is ``inconclusive``: too few or too noisy requests to tell a regression from noise."""
-PAIRED_MIN_SHARE = 0.5
-"""Pair only when the requests with a partner are at least this share of each side: the paired
-difference then speaks for most of both runs; otherwise both runs are used whole, unpaired."""
 MIN_REQUESTS = 2
 VERDICTS = ("regression", "improvement", "inconclusive", "no change")
 
@@ -111,9 +108,12 @@ def match(base: Requests, candidate: Requests) -> tuple[np.ndarray, np.ndarray]:
 
 def difference(base: Requests, candidate: Requests, *, resamples: int = RESAMPLES, seed: int | None = 0,
                floor_share: float = PRACTICAL_FLOOR) -> Difference:
-    """Candidate AL minus base AL with a 95% interval over requests, paired when at least
-    :data:`PAIRED_MIN_SHARE` of each side's requests have a partner, and the verdict
-    (:func:`verdict`; ``floor_share`` of the base AL is its practical floor).
+    """Candidate AL minus base AL with a 95% interval over requests, paired when every request of
+    both sides has a partner (the runs served the same prompts as often), and the verdict
+    (:func:`verdict`; ``floor_share`` of the base AL is its practical floor). A paired difference
+    speaks for the paired requests only, so with any request unpaired both runs are used whole: the
+    candidate serving the base's prompts and then each once more, all of those collapsed, paired
+    its first pass alone and read ``no change``.
 
     The interval is delta ± t x SE: SE from ``resamples`` bootstrap resamples of requests (pairs
     together; else each side on its own), each side's bootstrap variance scaled by n / (n - 1) (the
@@ -130,7 +130,7 @@ def difference(base: Requests, candidate: Requests, *, resamples: int = RESAMPLE
             raise ValueError(f"the {name} run has {len(side)} request(s) with verify steps; "
                              f"a comparison needs at least {MIN_REQUESTS}")
     b, c = match(base, candidate)
-    paired = len(b) >= MIN_REQUESTS and min(len(b) / len(base), len(c) / len(candidate)) >= PAIRED_MIN_SHARE
+    paired = len(b) >= MIN_REQUESTS and len(b) == len(base) == len(candidate)
     rng = np.random.default_rng(seed)
     if paired:
         ours, theirs = base.subset(b), candidate.subset(c)
