@@ -294,3 +294,44 @@ def test_a_few_greedy_steps_do_not_hide_a_collapsed_sampled_run(store):
     collapse = only(report, "ACCEPT_COLLAPSE")
     assert collapse.evidence["judged_on"] == "all requests" and collapse.evidence["verify_steps"] == 610
     assert collapse.evidence["mean_acceptance_length"] == pytest.approx(1 + 30 / 610)
+
+
+def _request_run(store, run_id: str, requests: list[tuple[int, list[int]]]):
+    """A greedy run of requests started one second apart, each ``(prompt tokens, accepted per verify
+    step)`` proposing 4 drafts a step; diagnosed."""
+    from specscope import events as ev
+
+    events = [ev.RunStart(run_id=run_id, engine="e", engine_version="0", target_model="t", draft_model="d",
+                          config={}, ts_wall=1.0)]
+    for n, (prompt_tokens, accepted) in enumerate(requests):
+        t0 = 10.0 + n
+        events.append(ev.RequestStart(run_id, f"q{n}", 0, prompt_tokens=prompt_tokens, temperature=0.0, ts_wall=t0))
+        events += [ev.VerifyStep(run_id, f"q{n}", 0, step=i, proposed=4, accepted=a, ts_wall=t0 + 0.01 * i)
+                   for i, a in enumerate(accepted)]
+    store.write(events)
+    return diagnose(store, run_id)
+
+
+@pytest.mark.parametrize("requests", [
+    [(40, [2, 3] * 10)] * 8 + [(40, [0] * 20)] * 11,  # too few requests for ACCEPT_DRIFT
+    [(40, [2, 3] * 10)] * 12 + [(200, [0] * 20)] * 18,  # the collapse comes with longer prompts
+], ids=["19-requests", "longer-prompts"])
+def test_a_run_whose_later_requests_accept_nothing_collapses_from_then_on(store, requests):
+    """The first requests accept well, every later one accepts nothing: the run's AL (about 2) reads
+    healthy and ACCEPT_DRIFT does not judge it (too few requests, or no prompt-length band on both
+    sides of the change); the collapse from the first collapsed request on is an error."""
+    report = _request_run(store, f"late-{len(requests)}", requests)
+    collapse = only(report, "ACCEPT_COLLAPSE")
+    healthy = sum(1 for _, accepted in requests if sum(accepted))
+    e = collapse.evidence
+    assert (e["requests_before"], e["requests_after"], e["first_request_after"]) == (
+        healthy, len(requests) - healthy, f"q{healthy}")
+    assert (e["mean_acceptance_length"], e["al_before"]) == (1.0, 3.5) and report.exit_code == 1
+
+
+def test_one_request_accepting_nothing_at_the_end_is_not_a_collapse(store):
+    """A single hard prompt last (AL 1 over 20 steps) after healthy ones: no collapse, one request can
+    do that by itself; two of them can not."""
+    healthy = [(40, [2, 3] * 10)] * 8
+    assert "ACCEPT_COLLAPSE" not in _request_run(store, "one-hard", healthy + [(40, [0] * 20)]).codes()
+    assert "ACCEPT_COLLAPSE" in _request_run(store, "two-hard", healthy + [(40, [0] * 20)] * 2).codes()

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from specscope.doctor._context import RunContext, parse_json
 from specscope.doctor._report import DoctorReport
-from specscope.doctor._rules_accept import check_collapse, check_position0, check_saturated
+from specscope.doctor._rules_accept import check_collapse, check_late_collapse, check_position0, check_saturated
 from specscope.doctor._rules_capture import (
     check_capture_partial,
     check_capture_silent,
@@ -41,7 +41,7 @@ Rule = Callable[[RunContext], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
     check_lossless, check_replay, check_not_fused, check_capture_silent, check_capture_partial, check_layer_mismatch,
-    check_collapse, check_saturated, check_sampled_collapse, check_position0, check_drift, check_request_outliers,
+    check_collapse, check_late_collapse, check_saturated, check_sampled_collapse, check_position0, check_drift, check_request_outliers,
     check_nonfinite, check_rank_acceptance,
     check_rank_shapes, check_weights_dropped, check_events_dropped, check_hook_errors,
     check_graph_mode, check_runner, check_not_observed, check_skipped,

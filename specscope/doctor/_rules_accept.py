@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from specscope.doctor._context import RunContext
 from specscope.events import Finding
 from specscope.findings import runtime_finding
+from specscope.metrics import acceptance_length
 
 MIN_VERIFY_STEPS = 16
 """Verify steps a run (or rank) needs before its acceptance is judged (docs/design.md, "Finding codes"): fewer
@@ -88,6 +89,59 @@ def check_collapse(ctx: RunContext) -> list[Finding]:
          "accepted": j.accepted, "proposed": j.proposed, "threshold": COLLAPSE_AL, "judged_on": j.group},
         "Find the broken link between target and draft: fix any AUX_* or WEIGHTS_DROPPED finding of "
         "this run, then check the draft checkpoint (d2t map, lm_head) with `specscope inspect`.")]
+
+
+MIN_COLLAPSED_REQUESTS = 2
+"""A collapse from some point of a run on needs at least this many requests after it: one hard prompt
+can pull its own AL to 1 (the reason for :data:`MIN_VERIFY_STEPS`), two in a row at AL <= 1.05 cannot."""
+
+
+def check_late_collapse(ctx: RunContext) -> list[Finding]:
+    """ACCEPT_COLLAPSE [error] from a point of the run on: within a sampling group, in start order,
+    the requests from some request on hold AL <= COLLAPSE_AL over >= MIN_VERIFY_STEPS verify steps and
+    at least :data:`MIN_COLLAPSED_REQUESTS` requests, while those before accept more (the earliest
+    such point). A draft that stopped working mid-run is then named whatever the run's length or
+    traffic: ACCEPT_DRIFT needs 20 requests and compares requests within prompt-length bands, and the
+    run's whole AL may still read well above the threshold."""
+    groups: dict[str, list[SimpleNamespace]] = {}
+    for row in ctx.request_series:
+        groups.setdefault(row.sampling, []).append(row)
+    findings = []
+    for sampling, requests in groups.items():
+        steps = [int(r.verify_steps) for r in requests]
+        accepted = [int(r.accepted or 0) for r in requests]
+        total_steps, total_accepted = sum(steps), sum(accepted)
+        if acceptance_length(total_accepted, total_steps) <= COLLAPSE_AL:
+            continue  # the whole group collapsed: check_collapse's, or ACCEPT_COLLAPSE_SAMPLED's
+        after_steps = after_accepted = 0
+        start = None  # the earliest request from which on the group collapsed
+        for i in range(len(requests) - 1, 0, -1):
+            after_steps += steps[i]
+            after_accepted += accepted[i]
+            if (len(requests) - i >= MIN_COLLAPSED_REQUESTS and after_steps >= MIN_VERIFY_STEPS
+                    and acceptance_length(after_accepted, after_steps) <= COLLAPSE_AL
+                    and acceptance_length(total_accepted - after_accepted, total_steps - after_steps) > COLLAPSE_AL):
+                start = i
+        if start is None:
+            continue
+        before, after = requests[:start], requests[start:]
+        al_before = acceptance_length(sum(accepted[:start]), sum(steps[:start]))
+        al_after = acceptance_length(sum(accepted[start:]), sum(steps[start:]))
+        after_s = float(after[0].started_wall) - float(requests[0].started_wall)
+        findings.append(runtime_finding(
+            "ACCEPT_COLLAPSE", ctx.run_id,
+            f"acceptance collapsed from {after_s:.0f} s into the run on ({sampling} requests): mean acceptance "
+            f"length {al_after:.3f} over the {len(after)} requests ({sum(steps[start:])} verify steps) started "
+            f"from then, {al_before:.2f} over the {len(before)} before",
+            {"mean_acceptance_length": al_after, "verify_steps": sum(steps[start:]), "accepted": sum(accepted[start:]),
+             "requests_after": len(after), "al_before": al_before, "requests_before": len(before),
+             "changed_at_wall": float(after[0].started_wall), "changed_after_s": after_s,
+             "first_request_after": after[0].request_id, "threshold": COLLAPSE_AL,
+             "judged_on": f"{sampling} requests from {after_s:.0f} s on"},
+            "The draft stopped working while the server stayed up: compare the draft's inputs before and "
+            "after that time (the Tensors page), look for state reused across requests (caches, buffers, "
+            "a weight or map reloaded), and check whether a restart restores the early AL."))
+    return findings
 
 
 def check_saturated(ctx: RunContext) -> list[Finding]:
