@@ -335,3 +335,25 @@ def test_one_request_accepting_nothing_at_the_end_is_not_a_collapse(store):
     healthy = [(40, [2, 3] * 10)] * 8
     assert "ACCEPT_COLLAPSE" not in _request_run(store, "one-hard", healthy + [(40, [0] * 20)]).codes()
     assert "ACCEPT_COLLAPSE" in _request_run(store, "two-hard", healthy + [(40, [0] * 20)] * 2).codes()
+
+
+@pytest.mark.parametrize("expected", [None, (1, -1, 576)], ids=["no-expected-shape", "another-expected-width"])
+def test_a_draft_input_not_marked_target_fed_is_not_observed(store, expected):
+    """The draft ran on 576-wide inputs where the config expects 1728, but no event marks a target-fed
+    input (no expected shape, or the draft's own width): AUX_NOT_FUSED reads nothing, and the run says
+    so instead of reading healthy."""
+    from specscope import events as ev
+
+    config = ev.RunConfig(aux_layer_ids_resolved=(2, 15, 27), target_hidden_size=576, expected_fused_width=1728,
+                          k=4, num_target_layers=30).to_dict()
+    events = [ev.RunStart(run_id="unmarked", engine="e", engine_version="0", target_model="t", draft_model="d",
+                          config=config, ts_wall=1.0), ev.RequestStart("unmarked", "q", 0, prompt_tokens=3)]
+    for i in range(20):
+        events.append(ev.VerifyStep("unmarked", "q", 0, step=i, proposed=4, accepted=2, ts_wall=2.0 + i))
+        events.append(ev.TensorEvent(run_id="unmarked", rank=0, hook_point="draft.forward:hidden_states",
+                                     call_index=i, shape=(1, 1, 576), dtype="float32", device="cpu",
+                                     expected_shape=expected, ts_wall=2.0 + i))
+    store.write(events)
+    blind = only(diagnose(store, "unmarked"), "NOT_OBSERVED")
+    assert blind.evidence["not_checked"][0]["codes"] == ["AUX_NOT_FUSED"]
+    assert "no draft input recorded as target-fed (expected 1728 wide" in blind.message

@@ -97,6 +97,17 @@ def check_not_observed(ctx: RunContext) -> list[Finding]:
         blind = _skipped("draft input width", ["AUX_NOT_FUSED", "AUX_CAPTURE_PARTIAL"],
                          "no expected fused width in the run's config")
         fix = "Give the tracer `RunConfig(expected_fused_width=n_aux * target_hidden_size, ...)`."
+    elif not ctx.fed_widths:
+        # AUX_NOT_FUSED reads the draft inputs recorded as target-fed (expected the fused width): with
+        # none, a draft input of any width passes unread
+        blind = _skipped("draft input width", ["AUX_NOT_FUSED"],
+                         f"no draft input recorded as target-fed (expected {ctx.fused_width} wide, the "
+                         "run's fused width): the hooked argument is not the one the target feeds, or "
+                         "the recording marks no expected width")
+        fix = ("Name the draft argument that receives the target's hidden states: "
+               "`instrument(..., draft_hidden_arg=...)`, or `fused_input=` where the engine applies `fc` "
+               "before the draft; a recording written without the tracer must give the target-fed "
+               "input's `expected_shape` (its last dimension the fused width).")
     else:
         return []
     return [runtime_finding(
