@@ -129,6 +129,15 @@ class RunContext:
         return self.rows(q.REQUEST_SERIES)
 
     @cached_property
+    def request_groups(self) -> dict[str, list[SimpleNamespace]]:
+        """:attr:`request_series` per sampling group, oldest first in each: greedy and sampled requests
+        accept differently by design, so the rules across requests judge each group alone."""
+        groups: dict[str, list[SimpleNamespace]] = {}
+        for row in self.request_series:
+            groups.setdefault(row.sampling, []).append(row)
+        return groups
+
+    @cached_property
     def distributions(self) -> dict[str, list[dict[str, Any]]]:
         """The run's acceptance distributions (:data:`specscope.storage.queries.DISTRIBUTIONS`), rows
         without their ``run_id``."""

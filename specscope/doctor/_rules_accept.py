@@ -103,11 +103,8 @@ def check_late_collapse(ctx: RunContext) -> list[Finding]:
     such point). A draft that stopped working mid-run is then named whatever the run's length or
     traffic: ACCEPT_DRIFT needs 20 requests and compares requests within prompt-length bands, and the
     run's whole AL may still read well above the threshold."""
-    groups: dict[str, list[SimpleNamespace]] = {}
-    for row in ctx.request_series:
-        groups.setdefault(row.sampling, []).append(row)
     findings = []
-    for sampling, requests in groups.items():
+    for sampling, requests in ctx.request_groups.items():
         steps = [int(r.verify_steps) for r in requests]
         accepted = [int(r.accepted or 0) for r in requests]
         total_steps, total_accepted = sum(steps), sum(accepted)

@@ -126,10 +126,7 @@ def group_drift(requests: Sequence[SimpleNamespace], alpha: float, min_drop: flo
 def check_drift(ctx: RunContext) -> list[Finding]:
     """ACCEPT_DRIFT [warning]: AL fell over the run within a sampling group (:func:`group_drift` at
     :data:`DRIFT_ALPHA` shared by the groups judged)."""
-    groups: dict[str, list[SimpleNamespace]] = {}
-    for row in ctx.request_series:
-        groups.setdefault(row.sampling, []).append(row)
-    judged = [g for g in groups.values() if len(g) >= MIN_REQUESTS]
+    judged = [g for g in ctx.request_groups.values() if len(g) >= MIN_REQUESTS]
     findings = []
     for requests in judged:
         drift = group_drift(requests, DRIFT_ALPHA / len(judged))

@@ -66,10 +66,8 @@ def check_request_outliers(ctx: RunContext) -> list[Finding]:
     requests (:data:`MIN_STEPS` verify steps each), the requests accepting at most :data:`NEAR_ZERO_RATE`
     of their drafts, that few being improbable at the group's median rate (:data:`OUTLIER_ALPHA`), and
     those accepting every draft with a repeating text while the group's median does not."""
-    groups: dict[str, list[SimpleNamespace]] = {}
-    for row in ctx.request_series:
-        if row.verify_steps >= MIN_STEPS and row.proposed:
-            groups.setdefault(row.sampling, []).append(row)
+    groups = {sampling: [row for row in rows if row.verify_steps >= MIN_STEPS and row.proposed]
+              for sampling, rows in ctx.request_groups.items()}
     low, high, medians = [], [], {}
     for sampling, rows in groups.items():
         if len(rows) < MIN_REQUESTS:
