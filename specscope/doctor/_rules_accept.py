@@ -79,7 +79,7 @@ def check_collapse(ctx: RunContext) -> list[Finding]:
         greedy = any(g.sampling == "greedy" for g in ctx.sampling_acceptance)
         j = Judged("all requests" if greedy else "sampled requests", acc.verify_steps, acc.proposed, acc.accepted,
                    acc.mean_acceptance_length, None, [])
-    if j is None or j.verify_steps < MIN_VERIFY_STEPS or j.mean_acceptance_length > COLLAPSE_AL:
+    if j.verify_steps < MIN_VERIFY_STEPS or j.mean_acceptance_length > COLLAPSE_AL:
         return []
     return [runtime_finding(
         "ACCEPT_COLLAPSE", ctx.run_id,
