@@ -252,6 +252,11 @@ def test_exporter_cli_serves_until_stopped(tmp_path, stop) -> None:
 
 
 def _scrape(path: str, **settings) -> httpx.Response:
+    """One scrape of an exporter over the store at ``path``. Unless a test sets ``timeout_s``, each read
+    may take up to :data:`HANG_S`: these tests check what a scrape says, not how fast (a CI worker
+    beside a vLLM run took a findings read past the 1.2 s default, and the scrape rightly left the
+    findings out)."""
+    settings.setdefault("timeout_s", HANG_S)
     with open_store(path, create=False, read_only=True) as store:
         server, _, _ = serve_exporter(store, port=0, **settings)
         try:
