@@ -111,26 +111,27 @@ def check_late_collapse(ctx: RunContext) -> list[Finding]:
         if acceptance_length(total_accepted, total_steps) <= COLLAPSE_AL:
             continue  # the whole group collapsed: check_collapse's, or ACCEPT_COLLAPSE_SAMPLED's
         after_steps = after_accepted = 0
-        start = None  # the earliest request from which on the group collapsed
+        found = None  # (start, steps, accepted): the earliest request from which on the group collapsed
         for i in range(len(requests) - 1, 0, -1):
             after_steps += steps[i]
             after_accepted += accepted[i]
             if (len(requests) - i >= MIN_COLLAPSED_REQUESTS and after_steps >= MIN_VERIFY_STEPS
                     and acceptance_length(after_accepted, after_steps) <= COLLAPSE_AL
                     and acceptance_length(total_accepted - after_accepted, total_steps - after_steps) > COLLAPSE_AL):
-                start = i
-        if start is None:
+                found = i, after_steps, after_accepted
+        if found is None:
             continue
+        start, collapsed_steps, collapsed_accepted = found
         before, after = requests[:start], requests[start:]
-        al_before = acceptance_length(sum(accepted[:start]), sum(steps[:start]))
-        al_after = acceptance_length(sum(accepted[start:]), sum(steps[start:]))
+        al_before = acceptance_length(total_accepted - collapsed_accepted, total_steps - collapsed_steps)
+        al_after = acceptance_length(collapsed_accepted, collapsed_steps)
         after_s = float(after[0].started_wall) - float(requests[0].started_wall)
         findings.append(runtime_finding(
             "ACCEPT_COLLAPSE", ctx.run_id,
             f"acceptance collapsed from {after_s:.0f} s into the run on ({sampling} requests): mean acceptance "
-            f"length {al_after:.3f} over the {len(after)} requests ({sum(steps[start:])} verify steps) started "
+            f"length {al_after:.3f} over the {len(after)} requests ({collapsed_steps} verify steps) started "
             f"from then, {al_before:.2f} over the {len(before)} before",
-            {"mean_acceptance_length": al_after, "verify_steps": sum(steps[start:]), "accepted": sum(accepted[start:]),
+            {"mean_acceptance_length": al_after, "verify_steps": collapsed_steps, "accepted": collapsed_accepted,
              "requests_after": len(after), "al_before": al_before, "requests_before": len(before),
              "changed_at_wall": float(after[0].started_wall), "changed_after_s": after_s,
              "first_request_after": after[0].request_id, "threshold": COLLAPSE_AL,
