@@ -357,3 +357,18 @@ def test_a_draft_input_not_marked_target_fed_is_not_observed(store, expected):
     blind = only(diagnose(store, "unmarked"), "NOT_OBSERVED")
     assert blind.evidence["not_checked"][0]["codes"] == ["AUX_NOT_FUSED"]
     assert "no draft input recorded as target-fed (expected 1728 wide" in blind.message
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_healthy_runs_read_no_collapse_from_either_new_path(store, seed):
+    """The counterparts of the collapse cases above, healthy: ten greedy steps beside sampled requests
+    that accept (AL about 2), and 30 greedy requests of random acceptance (a few steps accepting
+    nothing among them): no ACCEPT_COLLAPSE, whatever the seed."""
+    import random
+
+    rng = random.Random(seed)
+    mixed = _sampling_run(store, f"few-greedy-ok-{seed}",
+                          {0.0: [rng.randint(0, 4) for _ in range(10)], 0.8: [rng.randint(0, 3) for _ in range(600)]})
+    series = _request_run(store, f"series-ok-{seed}", [(rng.choice([40, 200]), [rng.randint(0, 4) for _ in range(20)])
+                                                       for _ in range(30)])
+    assert "ACCEPT_COLLAPSE" not in mixed.codes() and "ACCEPT_COLLAPSE" not in series.codes()
