@@ -21,6 +21,9 @@ RECOVERED_COLUMNS = ("recovered", "recovered_as_draft", "recovered_p_sum")
 sampled steps that ended on a rejection, those whose recovered token is the rejected draft token, and
 the target probability of the draft tokens there (summed)."""
 
+SEVERITIES = ("error", "warning", "info")
+FINDING_SOURCES = ("doctor", "inspect")
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -199,3 +202,27 @@ def check_replay_result(e: Any) -> None:
             raise InvalidEvent(f"replay result: {name} must be a finite number >= 0, got {value!r}")
     if (e.first_departure is None) != (e.departures == 0):
         raise InvalidEvent("replay result: first_departure is set exactly when there are departures")
+
+
+def check_finding(e: Any) -> None:
+    """``code``, ``message`` and ``fix`` text; ``severity`` in :data:`SEVERITIES`; ``source`` in
+    :data:`FINDING_SOURCES`; ``run_id`` text or None; ``evidence`` a dict of text keys, whose
+    ``as_inspected`` (an inspection a run settled, ``doctor/_causes.py``) holds a severity and a
+    message: every reading of a finding (its sort, the doctor's settling of checkpoint findings)
+    trusts these."""
+    if not all(isinstance(value, str) for value in (e.code, e.message, e.fix)):
+        raise InvalidEvent(f"finding: code {e.code!r:.40}, message {e.message!r:.40} and fix {e.fix!r:.40} "
+                           "must be text")
+    if e.severity not in SEVERITIES:
+        raise InvalidEvent(f"finding {e.code}: severity {e.severity!r:.40} is not one of {', '.join(SEVERITIES)}")
+    if e.source not in FINDING_SOURCES:
+        raise InvalidEvent(f"finding {e.code}: source {e.source!r:.40} is not one of {', '.join(FINDING_SOURCES)}")
+    if not isinstance(e.run_id, (str, type(None))):
+        raise InvalidEvent(f"finding {e.code}: run_id {e.run_id!r:.40} must be text or None")
+    if not (isinstance(e.evidence, dict) and all(isinstance(key, str) for key in e.evidence)):
+        raise InvalidEvent(f"finding {e.code}: evidence {e.evidence!r:.80} must be a dict with text keys")
+    original = e.evidence.get("as_inspected")
+    if original is not None and not (isinstance(original, dict) and original.get("severity") in SEVERITIES
+                                     and isinstance(original.get("message"), str)):
+        raise InvalidEvent(f"finding {e.code}: evidence as_inspected {original!r:.80} must hold the inspection's "
+                           "severity and message")

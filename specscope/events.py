@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from specscope import event_checks as checks
-from specscope.event_checks import MAX_COUNT, MAX_PROPOSED, PIT_BINS, storable_text
+from specscope.event_checks import MAX_COUNT, MAX_PROPOSED, PIT_BINS, SEVERITIES, storable_text
 from specscope.metrics import chain_mask
 from specscope.run_config import UNHOOKED_SOURCES, RunConfig, unhooked
 
@@ -25,7 +25,6 @@ __all__ = ["MAX_COUNT", "MAX_PROPOSED", "PIT_BINS", "SEVERITIES", "UNHOOKED_SOUR
            "by_severity", "now", "prompt_key", "sampling_label", "storable_text", "unhooked"]
 
 Shape = tuple[int, ...]
-SEVERITIES = ("error", "warning", "info")
 
 
 def now() -> float:
@@ -376,6 +375,9 @@ class Finding(EventBase):
     run_id: str | None = None
     source: str = "doctor"
     ts_wall: float = field(default_factory=now)
+
+    def __post_init__(self) -> None:
+        checks.check_finding(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The machine format of docs/design.md, "Finding codes" (with ``run_id`` for runtime findings)."""

@@ -116,6 +116,37 @@ def test_a_run_config_the_rules_cannot_read_is_bad_input_not_a_verdict(tmp_path,
     assert (status, out) == (2, "") and err == f"specscope compare: error: run odd: runs.config {problem}\n"
 
 
+
+@pytest.mark.parametrize(("severity", "evidence", "problem"), [
+    ("fatal", "{}", "severity 'fatal' is not one of error, warning, info"),
+    ("warning", '["x"]', "evidence ['x'] must be a dict with text keys"),
+    ("warning", '{"as_inspected": {"severity": "error"}}', "evidence as_inspected {'severity': 'error'} must hold"),
+])
+def test_a_stored_finding_the_doctor_cannot_read_is_bad_input_not_a_verdict(store_url, capsys, severity,
+                                                                            evidence, problem):
+    """A checkpoint finding written around Store.write (raw SQL, an older writer): one line and exit 2 from
+    doctor and compare (a traceback exited 1, which a CI gate reads as an error finding or a regression)."""
+    import sqlalchemy as sa
+
+    with open_store(store_url) as store:
+        T.healthy().write(store)
+        T.healthy("other").write(store)
+    url = store_url if store_url.startswith("postgresql") else f"sqlite:///{store_url}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # around the Store on purpose
+        conn.execute(sa.text("INSERT INTO findings (run_id, source, code, severity, message, evidence, fix, ts_wall) "
+                             "VALUES ('healthy', 'inspect', 'ROPE_MISMATCH', :s, 'm', :e, 'f', 1.0)"),
+                     {"s": severity, "e": evidence})
+    engine.dispose()
+    status, out, err = doctor(capsys, "--db", store_url, "--run", "healthy")
+    assert (status, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith("specscope doctor: error: run healthy: malformed stored finding: finding ROPE_MISMATCH: ")
+    assert problem in err
+    status = main(["compare", "--base-db", store_url, "--base-run", "other", "--db", store_url, "--run", "healthy"])
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "") and err.count("\n") == 1 and problem in err, err
+
+
 def test_missing_store_is_bad_input(tmp_path, capsys):
     path = tmp_path / "absent.db"
     status, out, err = doctor(capsys, "--db", str(path), "--json")

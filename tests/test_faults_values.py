@@ -265,6 +265,27 @@ def test_rank_status_refuses_what_is_not_its_counters(fields: dict, named: str) 
         ev.RankStatus(**{"run_id": "run", "rank": 0, "hook_calls": 1, "hook_errors": 0} | fields)
 
 
+
+# Values every reading of a finding trusts: a severity outside SEVERITIES failed the doctor's sort and
+# compare with a traceback, evidence that is not a dict its settling of checkpoint findings (an attack trial).
+@pytest.mark.parametrize("fields, named", [
+    (dict(severity="fatal"), "severity"), (dict(severity=None), "severity"), (dict(source="ci"), "source"),
+    (dict(evidence=["x"]), "evidence"), (dict(evidence={1: "x"}), "evidence"), (dict(code=7), "code"),
+    (dict(message=None), "message"), (dict(run_id=3), "run_id"),
+    (dict(evidence={"as_inspected": {"severity": "error"}}), "as_inspected"),
+    (dict(evidence={"as_inspected": "error"}), "as_inspected"),
+])
+def test_finding_refuses_what_its_readers_cannot_read(fields: dict, named: str) -> None:
+    with pytest.raises(InvalidEvent, match=named) as info:
+        ev.Finding(**{"code": "ROPE_MISMATCH", "severity": "warning", "message": "m", "evidence": {}, "fix": "f",
+                      "run_id": "run", "source": "inspect"} | fields)
+    assert "\n" not in str(info.value)
+
+
+def test_finding_takes_a_settled_inspection() -> None:
+    evidence = {"as_inspected": {"severity": "warning", "message": "rope differs"}, "verified_by_provenance": 3}
+    assert ev.Finding("ROPE_MISMATCH", "info", "m", evidence, "f", run_id="run", source="inspect").evidence == evidence
+
 def test_requests_page_rows_tolerate_token_ids(tmp_path: Path) -> None:
     """A store written before the check, holding token ids as ``emitted``: the Requests page's token
     rows are text (they broke the page with a traceback)."""

@@ -14,6 +14,7 @@ from specscope.doctor._context import parse_json
 from specscope.doctor._diagnose import run_context
 from specscope.doctor._report import DoctorReport
 from specscope.doctor._rules_capture import provenance_verdicts
+from specscope.errors import InvalidEvent, StoreError
 from specscope.events import Finding, by_severity
 from specscope.storage import Store
 from specscope.storage import queries as q
@@ -30,14 +31,11 @@ def checkpoint_findings(store: Store, run_id: str) -> list[Finding]:
 
     Raises:
         ConfigError: ``run_id`` is not in the store.
-        StoreError: the store cannot be read, or holds malformed evidence JSON.
+        StoreError: the store cannot be read, or holds a malformed finding (evidence JSON, severity).
     """
     with store.connect() as conn:
         ctx = run_context(conn, run_id, store.url)
-        stored = [Finding(row.code, row.severity, row.message,
-                          parse_json(row.evidence, "findings.evidence", ctx.run_id), row.fix,
-                          run_id=ctx.run_id, source="inspect", ts_wall=row.ts_wall)
-                  for row in ctx.rows(q.RUN_FINDINGS_FROM, source="inspect")]
+        stored = [_stored_finding(row, ctx.run_id) for row in ctx.rows(q.RUN_FINDINGS_FROM, source="inspect")]
         provenance_settles = any(f.code in SETTLED_BY_PROVENANCE for f in stored)
         verdicts = provenance_verdicts(ctx) if provenance_settles else {}
     stored = [as_inspected(f) for f in stored]
@@ -47,6 +45,16 @@ def checkpoint_findings(store: Store, run_id: str) -> list[Finding]:
     return by_severity([settled(f, f"this run's draft received the configured layers (verified by fingerprint "
                                    f"in {samples} samples)", verified_by_provenance=samples)
                         if f.code in SETTLED_BY_PROVENANCE else f for f in stored])
+
+
+def _stored_finding(row, run_id: str) -> Finding:
+    """A ``findings`` row of ``run_id`` as a Finding; StoreError when it is not one (a severity the
+    doctor does not know, evidence that is not a dict: written around :meth:`Store.write`)."""
+    try:
+        return Finding(row.code, row.severity, row.message, parse_json(row.evidence, "findings.evidence", run_id),
+                       row.fix, run_id=run_id, source="inspect", ts_wall=row.ts_wall)
+    except InvalidEvent as exc:
+        raise StoreError(f"run {run_id}: malformed stored finding: {exc}") from exc
 
 
 def save_findings(store: Store, report: DoctorReport) -> None:
