@@ -162,3 +162,7 @@ def test_run_id_prefix_on_both_databases(store):
         diagnose(store, "c0ffee")
     with pytest.raises(ConfigError, match="no run 'c1'"):
         diagnose(store, "c1")
+    T.healthy("Baseline-7").write(store)
+    assert diagnose(store, "B").runs[0].run_id == "Baseline-7"
+    with pytest.raises(ConfigError, match="no run 'b'"):  # SQLite's LIKE named Baseline-7
+        diagnose(store, "b")

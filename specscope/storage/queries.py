@@ -43,9 +43,10 @@ ALL_RUN_META = Query("all_run_meta", "SELECT run_id, engine, fault, config FROM 
                                      "ORDER BY started_wall DESC, run_id")
 """:data:`RUN_META` of every run, newest first."""
 
-RUN_IDS_STARTING = Query("run_ids_starting", "SELECT run_id FROM runs WHERE run_id LIKE :pattern ESCAPE '!' "
-                                             "ORDER BY run_id LIMIT :limit")
-"""Run ids matching a LIKE ``pattern`` (``!`` escapes), at most ``limit``: run-id prefixes."""
+RUN_IDS_STARTING = Query("run_ids_starting", "SELECT run_id FROM runs WHERE substr(run_id, 1, length(:prefix)) "
+                                             "= :prefix ORDER BY run_id LIMIT :limit")
+"""Run ids starting with ``prefix``, at most ``limit``. Compared as text, case and all: SQLite's LIKE
+ignores the case of ASCII letters, so ``b`` named run ``Baseline-7`` there and no run on PostgreSQL."""
 
 ROLLING_STEPS = 10
 """Slices in :data:`ACCEPTANCE_OVER_TIME`'s rolling acceptance length (this one and 9 before)."""

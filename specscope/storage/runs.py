@@ -25,9 +25,7 @@ def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
                           f"{_known_runs(conn)}")
     if fetch(conn, q.RUN_META, run_id=run_id):
         return run_id
-    literal = run_id.replace("!", "!!").replace("%", "!%").replace("_", "!_")  # wildcards stay literal
-    matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, pattern=literal + "%",
-                                              limit=_KNOWN_SHOWN + 1)]
+    matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, prefix=run_id, limit=_KNOWN_SHOWN + 1)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
