@@ -204,6 +204,33 @@ def test_request_calls_given_nonsense_are_counted_never_raised(calls: list, erro
     assert len(ends) <= len(starts) and len({e.request_id for e in ends}) == len(ends)
 
 
+
+def test_a_request_id_served_again_is_its_own_request(store: Store) -> None:
+    """A harness that numbers every round from req-0: each serving after the first is stored as
+    ``<id>#2``, ... (the store keeps the first of each numbered step, so a second serving numbered from
+    step 0 again was dropped whole). Here the draft collapses in the second round: the doctor names it
+    (the first round alone read healthy, AL 4). Restarting a request still under way stays one request."""
+    from specscope.doctor import diagnose
+
+    sink = ListSink()
+    with _tracer(sink) as tracer:
+        for accepted in (3, 0):
+            for i in range(4):
+                tracer.start_request(f"req-{i}", 5, temperature=0.0)
+                if accepted == 3 and i == 0:
+                    tracer.start_request("req-0", 5, temperature=0.0)  # the engine restarting it
+                for _ in range(10):
+                    tracer.record_verify(f"req-{i}", 4, accepted)
+                tracer.finish_request(f"req-{i}", 10 * (accepted + 1))
+    assert tracer.hook_errors == 0
+    store.write(sink.events)
+    rows = store.query("SELECT request_id, verify_steps, output_tokens FROM requests ORDER BY request_id").rows
+    assert rows == [(f"req-{i}{suffix}", 10, tokens) for i in range(4) for suffix, tokens in (("", 40), ("#2", 10))]
+    counts = store.query("SELECT request_id, COUNT(*), SUM(accepted) FROM verify_steps GROUP BY request_id "
+                         "ORDER BY request_id").rows
+    assert counts == [(f"req-{i}{suffix}", 10, total) for i in range(4) for suffix, total in (("", 30), ("#2", 0))]
+    assert "ACCEPT_COLLAPSE" in diagnose(store, tracer.run_id).codes()
+
 def test_second_request_end_keeps_the_first(store: Store) -> None:
     """At the store, too: a second RequestEnd of a request (any producer) changes nothing."""
     store.write([_start("q"), ev.RequestEnd(run_id=RUN, request_id="q", rank=0, output_tokens=5,

@@ -4,6 +4,7 @@ the requests it follows are :mod:`._requests`, the audit :mod:`._audit`, the hoo
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import sys
 import time
 import uuid
@@ -22,6 +23,7 @@ from specscope.events import (
 from specscope.instrumentation._audit import DEFAULT_AUDIT_EVERY, Auditor
 from specscope.instrumentation._audit import Slot as AuditSlot
 from specscope.instrumentation._context import capture_probe, default_device, process_context
+from specscope.instrumentation._request_ids import RequestIds
 from specscope.instrumentation._requests import Requests
 from specscope.instrumentation._sampling import SamplingConfig
 from specscope.instrumentation._state import HookState
@@ -69,6 +71,7 @@ class Tracer:
         self.sampling = _sampling(sampling, first_calls=first_calls, sample_every=sample_every,
                                   value_stats=value_stats, provenance_every=provenance_every)
         self._requests = Requests(self._emit, self.run_id, step_sample)
+        self._request_ids = RequestIds()
         self.device = device
         self._run = dict(engine=engine, engine_version=engine_version, target_model=target_model,
                          draft_model=draft_model, fault=fault)
@@ -232,7 +235,7 @@ class Tracer:
         ``token_requests``). Never raises: a bad value drops the call, counted in ``hook_errors``."""
         self.start()
         try:
-            request_id = str(request_id)
+            request_id = self._request_ids.start(str(request_id))
             self._requests.start(request_id, prompt_tokens, temperature, top_p, top_k, prompt)
             self.tokens.start(request_id, prompt)
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
@@ -263,6 +266,9 @@ class Tracer:
         copied asynchronously, stored as :class:`~specscope.events.LosslessAudit` events; never raises
         into the engine."""
         try:
+            if self._request_ids.renamed():
+                slots = [dataclasses.replace(slot, request_id=self._request_ids.stored(slot.request_id))
+                         for slot in slots]
             self.auditor.submit(logits, emitted, temperature, slots, top_k, top_p, drafted, all_greedy, rows)
         except Exception as exc:  # noqa: BLE001 - observing must not change what the engine does
             self._hook_failed("record_audit", exc)
@@ -278,7 +284,7 @@ class Tracer:
         started, is dropped and counted in ``hook_errors``."""
         self.start()
         try:
-            request_id = str(request_id)
+            request_id = self._request_ids.stored(str(request_id))
             steps = self._requests.verify(request_id, proposed, accepted, accepted_mask, draft_s, verify_s,
                                          emitted, emitted_ids)
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
@@ -298,8 +304,10 @@ class Tracer:
         count, drops the call (counted in ``hook_errors``); the first finish is the one stored."""
         self.start()
         try:
-            request_id = str(request_id)
+            engine_id = str(request_id)
+            request_id = self._request_ids.stored(engine_id)
             self._requests.finish(request_id, output_tokens, text, output_ids)
+            self._request_ids.finish(engine_id)
             tokens = self.tokens.finish(request_id, self.rank, output_ids)
         except Exception as exc:  # noqa: BLE001 - a wrong call is counted, never raised into the engine
             self._hook_failed("finish_request", exc)
