@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 REMEMBERED = 65_536
-"""Finished request ids kept to recognise a serving again: about 10 MB at most."""
+"""Finished request ids kept to recognise a serving again: about 10 MB with ids of 40 characters
+(measured with tracemalloc, ids included)."""
 
 
 class RequestIds:
