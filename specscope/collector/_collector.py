@@ -19,7 +19,8 @@ and ended ranks run ``on_run_end`` (:mod:`._liveness`). After ``os.fork`` the ch
 queue, a writer thread of its own and fresh database connections (``os.register_at_fork``), so what
 a forked worker emits is written at its exit (atexit, or multiprocessing's exit finalizers for its
 children, which skip atexit); a child that leaves by ``os._exit`` itself must close the collector
-first.
+first. The fork waits (at most :data:`FORK_WAIT_S`) for the writers to leave their stores; a child
+forked past that wait writes nothing, counting what it emits as dropped (:func:`_before_fork`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import atexit
 import logging
 import multiprocessing.util
 import os
+import sys
+import threading
+import time
 import weakref
 from typing import Any
 
@@ -47,6 +51,12 @@ HEARTBEAT_S = 30.0
 """Longest silence (seconds) of a live rank in the store: an idle writer marks the ranks it wrote for
 and that have not ended as heard (``run_ranks.last_seen_wall``) this often, far below
 :data:`specscope.storage.views.LOST_AFTER_S`."""
+FORK_WAIT_S = 10.0
+"""Longest wait (seconds, all writers together) of ``os.fork`` for the writer threads to leave their
+stores (:func:`_before_fork`). A batch commits in milliseconds; one waiting for another process's
+write lock fails after SQLite's busy timeout (5 s by default, ``open_store``). Twice that lets such a
+write end, so the child still writes, while a store that hangs holds the forking thread (an engine
+starting its workers) no longer."""
 
 
 class Collector:
@@ -101,20 +111,26 @@ class Collector:
         multiprocessing.util.register_after_fork(self, Collector._close_with_multiprocessing_child)
         atexit.register(self._close_at_exit)
 
-    def _start_writer(self) -> None:
-        """Fresh counts and writer thread (at construction, and in a forked child)."""
+    def _start_writer(self, usable: bool = True) -> None:
+        """Fresh counts and writer thread (at construction, and in a forked child); with ``usable``
+        False a writer that drops everything, and no thread."""
         self._tally = Tally()
-        self._writer = Writer(self._handle, self._tally, **self._settings)
+        self._writer = Writer(self._handle, self._tally, usable=usable, **self._settings)
         self._queue = self._writer.queue
         self._logged_refusal = False
 
-    def _after_fork_in_child(self) -> None:
+    def _after_fork_in_child(self, usable: bool) -> None:
         # The parent's queued events are the parent's to write; its pooled connections must not be
-        # used here (SQLAlchemy: Engine.dispose(close=False) in the child).
+        # used here (SQLAlchemy: Engine.dispose(close=False) in the child, which touches no database).
         if self._writer.closing:
             return
         self._handle.after_fork()
-        self._start_writer()
+        self._start_writer(usable)
+        if not usable:
+            logger.error("specscope collector: this process was forked while a collector was still using "
+                         "its store (or at interpreter shutdown); it writes nothing to store %s, as the "
+                         "database state it copied mid-operation could deadlock it: its events are "
+                         "dropped and counted", self._handle.describe())
 
     def _close_with_multiprocessing_child(self) -> None:
         # multiprocessing's children leave through os._exit, past atexit; their own exit finalizers
@@ -179,7 +195,7 @@ class Collector:
         writer.closing = True
         writer.stop.set()
         writer.wake.set()
-        writer.thread.join(timeout_s)
+        writer.join(timeout_s)
         if writer.thread.is_alive():
             # The writer is still busy (a slow store or tokenizer): what it has not written yet may
             # be lost when the process exits, and nothing can count it in the store any more.
@@ -189,7 +205,6 @@ class Collector:
                            writer.unwritten())
         else:
             writer.abandon()  # an emit that raced the writer's last drain is counted, not left behind
-            self._handle.close()
 
     def _close_at_exit(self) -> None:
         self.close(EXIT_TIMEOUT_S)
@@ -220,9 +235,56 @@ def _is_count(value: object) -> bool:
 _LIVE: weakref.WeakSet[Collector] = weakref.WeakSet()
 
 
+class _Fork(threading.local):
+    """The forking thread's view of its fork (two threads may fork at once)."""
+
+    def __init__(self) -> None:
+        self.held: list[threading.Lock] = []  # the writers' ``in_store`` locks held over the fork
+        self.quiet = True  # every live writer was held out of its store
+
+
+_FORK = _Fork()
+
+
+def _before_fork() -> None:
+    """Hold every live writer out of its store over the fork, waiting at most :data:`FORK_WAIT_S`.
+
+    A child forked while a writer is inside SQLite inherits SQLite's process-wide mutexes and its
+    file-lock bookkeeping as that thread left them: the child's own writer can block forever on a
+    mutex nobody will release, or find the database locked by a transaction that does not exist in
+    the child. The engine's fork matters more than its child's events, so past the wait the fork
+    goes on and every collector of the child writes nothing (the mutexes are the whole process's).
+    Locks are taken in one order (by id), so forks in two threads cannot hold each other up. It
+    does not wait while the interpreter shuts down (its daemon writers are frozen where they stand,
+    and a thread the child started would never run: Python 3.11's ``Thread.start`` then hangs), nor
+    for the forking thread's own writer (a fork in ``on_run_end`` or a tokenizer: that thread may be
+    inside the store), nor for writers whose thread has ended (the store closed, or a forked
+    child's copy of its parent's writer)."""
+    finalizing = sys.is_finalizing()
+    deadline = time.monotonic() + (0.0 if finalizing else FORK_WAIT_S)
+    writers = sorted((writer for writer in (collector._writer for collector in list(_LIVE))
+                      if writer.thread.is_alive()), key=id)
+    _FORK.held, _FORK.quiet = [], False  # until all are held: an interrupted wait (Ctrl-C) forks anyway
+    for writer in writers:
+        if writer.thread is not threading.current_thread() and \
+                writer.in_store.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            _FORK.held.append(writer.in_store)
+    _FORK.quiet = len(_FORK.held) == len(writers) and not finalizing
+
+
+def _after_fork_in_parent() -> None:
+    held, _FORK.held = _FORK.held, []
+    for lock in held:
+        lock.release()
+
+
 def _after_fork_in_child() -> None:
+    # The locks held over the fork stay held: they are the parent's writers', which run no thread
+    # here (the child's collectors get writers of their own).
+    _FORK.held = []
     for collector in list(_LIVE):
-        collector._after_fork_in_child()
+        collector._after_fork_in_child(_FORK.quiet)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)

@@ -69,16 +69,23 @@ class Writer:
     Shared with the emitting threads: ``queue``, ``wake``, ``stop``, ``closing`` (no more writing
     once set), ``closed`` (set under ``lock`` when the thread ends), ``lossy`` (events were lost at
     or after close). A batch stays at the head of ``queue`` until it is handled, so the queue's length
-    is every event held (what ``emit`` checks against the capacity) and only this thread pops it."""
+    is every event held (what ``emit`` checks against the capacity) and only this thread pops it.
+
+    Only this thread uses the store (it closes a store it opened as it ends), always holding
+    ``in_store``: ``os.fork`` holds it over the fork, so a child never inherits the database's state
+    halfway through an operation (``_collector``'s fork hooks). With ``usable=False`` (a forked child
+    that must not touch the store) the writer is closed from the start and runs no thread: what is
+    emitted is dropped and counted."""
 
     def __init__(self, handle: StoreHandle, tally: Tally, *, batch_size: int, interval_s: float,
-                 heartbeat_s: float, decode: Callable[[Event], Event] | None, on_run_end: RunEnd | None) -> None:
+                 heartbeat_s: float, decode: Callable[[Event], Event] | None, on_run_end: RunEnd | None,
+                 usable: bool = True) -> None:
         self.queue: deque[Event | FlushMarker] = deque()
         self.wake = threading.Event()
         self.stop = threading.Event()  # set by close(): cuts a backoff wait short
         self.lock = threading.Lock()  # serialises flush()'s marker with the writer's shutdown
-        self.closing = False
-        self.closed = False
+        self.in_store = threading.Lock()  # held by this thread while it uses the store, and over a fork
+        self.closing = self.closed = not usable
         self.lossy = False
         self._handle = handle
         self._tally = tally
@@ -93,7 +100,8 @@ class Writer:
         self._logged_rejection = False
         self._logged_bug = False
         self.thread = threading.Thread(target=self._run, name="specscope-collector", daemon=True)
-        self.thread.start()
+        if usable:
+            self.thread.start()
 
     def mark(self) -> FlushMarker | None:
         """Queue a flush marker; None when the thread has ended (nothing more can be written)."""
@@ -104,6 +112,11 @@ class Writer:
             self.queue.append(marker)
         self.wake.set()
         return marker
+
+    def join(self, timeout_s: float | None) -> None:
+        """Wait for the thread to end (at once when it never started)."""
+        if self.thread.is_alive():
+            self.thread.join(timeout_s)
 
     def unwritten(self) -> int:
         """Events queued or being written."""
@@ -130,6 +143,8 @@ class Writer:
             with self.lock:
                 self.closing = self.closed = True  # emit() drops from now on: nobody would write it
             self.abandon()
+            with self.in_store:  # by its last user: close() may stop waiting for this thread
+                self._handle.close()
 
     def _loop(self) -> None:
         queue = self.queue
@@ -142,7 +157,7 @@ class Writer:
                 while not self.wake.wait(max(0.0, min(self._liveness.heartbeat_s, until - time.monotonic()))):
                     if time.monotonic() >= until:
                         break
-                    self._liveness.beat()
+                    self._beat()
             chunk, marker = self._head()
             try:
                 committed = self._handle_batch(chunk)
@@ -178,10 +193,15 @@ class Writer:
         try:
             if self._decode is not None:
                 chunk = [self._decode(event) for event in chunk]
-            return self._write(chunk)
+            with self.in_store:  # not around the decoding: a fork need not wait for the tokenizer
+                return self._write(chunk)
         except Exception as exc:  # noqa: BLE001 - a bug here must cost this batch, not the writer
             self._lost(chunk, exc)
             return False
+
+    def _beat(self) -> None:
+        with self.in_store:
+            self._liveness.beat()
 
     def _write(self, chunk: Sequence[Event]) -> bool:
         """Write one batch with the pending counters in one transaction; False when any of it failed."""
