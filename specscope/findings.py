@@ -64,6 +64,8 @@ _RUNTIME = {
     "NOT_OBSERVED": "warning",
     # a model runner the engine adapter cannot attach to (vLLM 0.32 runner v2; _rules_observed.check_runner)
     "RUNNER_NOT_ATTACHED": "warning",
+    # rows of a run stored without its RunStart: a recording problem (_rules_observed.check_run_start)
+    "RUN_START_MISSING": "warning",
 }
 # Both sources name what they could not check the same way, so a reader of the store (the dashboard's
 # "not checked" box, the exporter) treats the two alike; the evidence says which checks.

@@ -26,6 +26,7 @@ RUNTIME_CODES = {  # docs/design.md "Findings", runtime
     "LOSSLESS_VIOLATION": "error", "LOSSLESS_AUDITED": "info", "ACCEPT_COLLAPSE_SAMPLED": "warning",
     "REPLAY_DIVERGENCE": "error", "REPLAY_AUDITED": "info",
     "RUNNER_NOT_ATTACHED": "warning", "ACCEPT_DRIFT": "warning", "REQUEST_ACCEPT_OUTLIER": "warning",
+    "RUN_START_MISSING": "warning",
 }
 
 

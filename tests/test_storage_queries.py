@@ -11,7 +11,7 @@ from specscope.storage import queries as q
 
 RUN = "r"
 PARAMS = {"run_id": RUN, "request_id": "q", "limit": 10, "buckets": 4, "order": "duration", "source": "doctor",
-          "pattern": "r%", "runs": [RUN, "other"], "request_ids": ["q", "other"]}
+          "prefix": "r", "runs": [RUN, "other"], "request_ids": ["q", "other"]}
 
 
 def test_the_registry_holds_every_named_query():

@@ -58,16 +58,18 @@ class RunContext:
 
     ``config`` is the run's :meth:`specscope.events.RunConfig.to_dict` (fields may be absent for
     other adapters: rules that need one skip the run then). ``fault`` is display metadata only: no
-    rule reads it.
+    rule reads it. ``run_start``: False for a run with stored rows but no stored RunStart
+    (``queries.ORPHAN_RUN_IDS``), opened with an unknown engine and an empty config.
     """
 
     def __init__(self, conn: Connection, run_id: str, engine: str, fault: str | None,
-                 config: dict[str, Any]) -> None:
+                 config: dict[str, Any], *, run_start: bool = True) -> None:
         self.conn = conn
         self.run_id = run_id
         self.engine = engine
         self.fault = fault
         self.config = config
+        self.run_start = run_start
 
     def rows(self, query: Query, **params: Any) -> list[SimpleNamespace]:
         """Rows of a per-run named query (``run_id`` bound to this run), columns as attributes."""
@@ -105,9 +107,8 @@ class RunContext:
 
     @cached_property
     def acceptance(self) -> Acceptance:
-        # the context was opened from this run's ``runs`` row, so v_run_summary has its row (LEFT
-        # JOINs: 0 verify steps and NULL ratios before the first one)
-        (row,) = self.rows(q.RUN)
+        # not v_run_summary: a run without a stored RunStart has no row there
+        (row,) = self.rows(q.RUN_ACCEPTANCE)
         return Acceptance(int(row.requests), int(row.verify_steps), int(row.proposed or 0),
                           int(row.accepted or 0), _float(row.mean_acceptance_length),
                           _float(row.acceptance_rate))

@@ -180,6 +180,8 @@ def check_layer_mismatch(ctx: RunContext) -> list[Finding]:
     """AUX_LAYER_MISMATCH: by fingerprint, the draft received other layers than configured; or the
     engine reports other capture layers active than configured."""
     configured = list(ctx.capture_layers)
+    if not configured:  # nothing to compare with: no aux capture, or its config unknown (no RunStart)
+        return []
     active = ctx.active_capture_layers
     proof = provenance_verdicts(ctx).get("mismatch")
     if proof is not None:

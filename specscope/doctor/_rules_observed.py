@@ -5,6 +5,8 @@ evidence to read, so a serving run whose recordings leave a rule blind says so.
   (no ``draft.forward:*`` event, or no expected fused width configured), so AUX_NOT_FUSED and the
   capture rules could not fire. A warning, not info: "0 errors" would otherwise read as "aux capture
   works" on a run where nothing was looked at.
+- RUN_START_MISSING [warning]: the run's rows are stored but its RunStart is not, so its engine and
+  contract are unknown: the contract is not checked (CHECKS_SKIPPED names it), the rest is judged.
 - CHECKS_SKIPPED [info]: the contract was observed but a refinement had no evidence: no provenance
   sample (which layers the draft received is unverified, AUX_LAYER_MISMATCH cannot fire), no capture
   layer hooked, no verify step audited (nothing said of the output's losslessness), or too few verify
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specscope import points
 from specscope.doctor._context import RunContext
 from specscope.doctor._rules_accept import MIN_VERIFY_STEPS, SAMPLED_NOT_JUDGED, sampled_groups
 from specscope.events import Finding, unhooked
@@ -33,6 +36,8 @@ def _skipped(check: str, codes: list[str], reason: str) -> dict[str, Any]:
 
 def _no_contract(ctx: RunContext) -> str | None:
     """Why the run has no aux-capture contract to observe, or None when it has one."""
+    if not ctx.run_start:
+        return "no RunStart stored: the run's capture layers and fused width are unknown"
     outside = unhooked(ctx.config)
     if outside is not None:
         return f"{outside}: no hooks, acceptance only"
@@ -79,6 +84,39 @@ def check_runner(ctx: RunContext) -> list[Finding]:
         "For the draft-input contract and the losslessness audit, serve a diagnostic replica on model "
         "runner v1: `VLLM_USE_V2_MODEL_RUNNER=0` (vLLM 0.32 picks v2 by default where Triton is present "
         "and the run's features allow it); this run's acceptance figures stay valid.")]
+
+
+def check_run_start(ctx: RunContext) -> list[Finding]:
+    """RUN_START_MISSING [warning]: rows of the run are stored, its RunStart is not (the collector
+    dropped the batch that carried it, or the database refused its values). A recording problem, so a
+    warning; what was stored is judged as for any run: a collapse there is still an error."""
+    if ctx.run_start:
+        return []
+    acc = ctx.acceptance
+    missed = _draft_widths_missed(ctx)
+    seen = (f"; recorded: {missed[0]['hook_point']} {missed[0]['width']} wide where {missed[0]['expected_width']} "
+            f"was expected ({missed[0]['events']} events)" if missed else "")
+    return [runtime_finding(
+        "RUN_START_MISSING", ctx.run_id,
+        f"{acc.requests} request(s) and {acc.verify_steps} verify step(s) of this run are stored, its RunStart "
+        "is not: its engine, models and contract (capture layers, fused width) are unknown, so "
+        f"{', '.join(CONTRACT_CODES)} could not be checked; what was stored (acceptance, audit, ranks) is judged{seen}",
+        {"run_start": "missing", "expected_run_start": "stored", "requests": acc.requests,
+         "verify_steps": acc.verify_steps, "events_written": sum(int(r.events_written) for r in ctx.rank_status),
+         "draft_width_mismatches": missed},
+        "The collector's log names the batch it dropped or the RunStart the store refused: a store locked "
+        "or unreachable when the engine started (the RunStart is sent then, once), or a value longer than "
+        "its column (the engine version, for one: 64 characters). Start the engine with the store reachable "
+        "and within its columns; this run's acceptance figures stand, its contract stays unchecked.")]
+
+
+def _draft_widths_missed(ctx: RunContext) -> list[dict[str, Any]]:
+    """The draft's recorded inputs not of the width recorded as expected with them. Without the run's
+    contract AUX_NOT_FUSED cannot tell which input the target feeds; what the recorder expected is
+    still evidence worth showing."""
+    return [{"hook_point": w.hook_point, "rank": w.rank, "width": w.width, "expected_width": w.expected_width,
+             "events": w.events} for w in ctx.contract_widths
+            if w.hook_point.startswith(points.DRAFT_PREFIX) and w.width != w.expected_width]
 
 
 def check_not_observed(ctx: RunContext) -> list[Finding]:
@@ -184,6 +222,8 @@ def _evidence_fix(ctx: RunContext, compiled: bool) -> str:
     """How to record the missing evidence, for the way the run was recorded (``compiled``: compiled
     without CUDA-graph replays read from the buffer)."""
     judged = f"acceptance is judged from {MIN_VERIFY_STEPS} verify steps on."
+    if not ctx.run_start:
+        return f"The contract is read from the run's RunStart, not stored here (RUN_START_MISSING says why); {judged}"
     if unhooked(ctx.config) is not None:
         return ("Recorded from outside the server, this run shows acceptance only. The draft-input contract "
                 "and the losslessness audit need hooks inside the engine (the vLLM plugin, or the embedded "

@@ -48,6 +48,22 @@ RUN_IDS_STARTING = Query("run_ids_starting", "SELECT run_id FROM runs WHERE subs
 """Run ids starting with ``prefix``, at most ``limit``. Compared as text, case and all: SQLite's LIKE
 ignores the case of ASCII letters, so ``b`` named run ``Baseline-7`` there and no run on PostgreSQL."""
 
+# Tables whose rows make a run (run_ranks: every run the collector's counters saw), each run id found by a loose
+# index scan over the index run_id leads: one seek past each run id (DISTINCT would read every row).
+_RUN_IDS = {table: f"""{table}_ids(run_id) AS (SELECT (SELECT run_id FROM {table} ORDER BY run_id LIMIT 1) UNION ALL
+        SELECT (SELECT t.run_id FROM {table} t WHERE t.run_id > s.run_id ORDER BY t.run_id LIMIT 1)
+        FROM {table}_ids s WHERE s.run_id IS NOT NULL)""" for table in ("run_ranks", "verify_steps", "tensor_events", "requests")}
+ORPHAN_RUN_IDS = Query("orphan_run_ids", f"""WITH RECURSIVE {", ".join(_RUN_IDS.values())}
+    SELECT run_id FROM ({" UNION ".join(f"SELECT run_id FROM {table}_ids" for table in _RUN_IDS)}) s
+    WHERE run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id) ORDER BY run_id""")
+"""Run ids with stored rows (ranks, verify steps, tensor events, requests) but no ``runs`` row: runs whose
+RunStart never reached the store (the collector dropped its batch, or the database refused it)."""
+
+RUN_ACCEPTANCE = Query("run_acceptance", """SELECT q.requests, COALESCE(a.verify_steps, 0) AS verify_steps, a.proposed,
+    a.accepted, a.mean_acceptance_length, a.acceptance_rate FROM (SELECT COUNT(*) AS requests FROM requests WHERE run_id = :run_id) q
+    LEFT JOIN (SELECT * FROM v_run_acceptance WHERE run_id = :run_id) a ON 1 = 1""")
+"""``requests`` and ``v_run_acceptance`` of a run id, ``runs`` row or not: one row (0 verify steps before the first)."""
+
 ROLLING_STEPS = 10
 """Slices in :data:`ACCEPTANCE_OVER_TIME`'s rolling acceptance length (this one and 9 before)."""
 

@@ -12,9 +12,10 @@ from specscope.storage.queries import fetch
 _KNOWN_SHOWN = 20
 
 
-def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
+def resolve_run_id(conn: sa.Connection, run_id: str, url: str, *, unstarted: bool = False) -> str:
     """The stored run id equal to ``run_id``, else the one run id starting with it (``url`` names the
-    store in errors).
+    store in errors); with ``unstarted``, run ids with stored rows but no stored RunStart
+    (``queries.ORPHAN_RUN_IDS``: the doctor judges them) count as run ids too.
 
     Raises:
         ConfigError: ``run_id`` is empty (every run id starts with it), no run id equals or starts
@@ -25,7 +26,11 @@ def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
                           f"{_known_runs(conn)}")
     if fetch(conn, q.RUN_META, run_id=run_id):
         return run_id
+    unstarted_ids = [row["run_id"] for row in fetch(conn, q.ORPHAN_RUN_IDS)] if unstarted else []
+    if run_id in unstarted_ids:
+        return run_id
     matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, prefix=run_id, limit=_KNOWN_SHOWN + 1)]
+    matches += [other for other in unstarted_ids if other.startswith(run_id)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
