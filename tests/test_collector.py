@@ -128,6 +128,47 @@ def test_locked_store_drops_logs_once_and_recovers(tmp_path, caplog: pytest.LogC
     store.close()
 
 
+
+def test_a_run_started_while_the_store_is_locked_keeps_its_run_start(tmp_path) -> None:
+    """The RunStart and RankStart go out once, as the engine starts: a store locked then loses the
+    batch, but not them (without them every later row of the run is judged without its contract)."""
+    path = tmp_path / "s.db"
+    store = open_store(str(path), busy_timeout_s=0.05)
+    blocker = _locked(path)
+    collector = Collector(store, batch_size=5, flush_interval_s=0.01)
+    collector.emit(ev.RunStart(run_id=RUN, engine="e", engine_version="1", target_model="t", draft_model="d",
+                               config={"k": 4}))
+    collector.emit(ev.RankStart(run_id=RUN, rank=0, world_size=1, host="h", pid=1, device="cpu"))
+    for i in range(3):
+        collector.emit(_tensor(i))
+    assert not collector.flush(timeout_s=60)  # the batch failed: its tensor events are lost
+    assert (collector.written, collector.dropped) == (0, 3)
+    blocker.rollback()
+    collector.emit(_tensor(10))
+    assert collector.flush(timeout_s=60)
+    collector.close()
+    assert (collector.written, collector.dropped) == (3, 3)
+    assert store.query("SELECT engine, config FROM runs")[1] == [("e", '{"k":4}')]
+    assert store.query("SELECT host, device FROM run_ranks")[1] == [("h", "cpu")]
+    assert _count(store) == 1 and _rank_counters(store) == (3, 3)
+    store.close()
+
+
+def test_start_events_kept_through_an_outage_are_counted_dropped_at_close(tmp_path) -> None:
+    path = tmp_path / "s.db"
+    store = open_store(str(path), busy_timeout_s=0.05)
+    blocker = _locked(path)
+    collector = Collector(store, batch_size=5, flush_interval_s=0.01)
+    collector.emit(ev.RunStart(run_id=RUN, engine="e", engine_version="1", target_model="t", draft_model="d",
+                               config={}))
+    collector.emit(_tensor(0))
+    assert not collector.flush(timeout_s=60)
+    collector.close()
+    blocker.rollback()
+    assert (collector.written, collector.dropped) == (0, 2)
+    assert _count(store, "runs") == 0
+    store.close()
+
 def test_unwritable_path_keeps_the_engine_going(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
     not_a_dir = tmp_path / "a-file"
     not_a_dir.write_text("x")  # a file where a directory should be: unwritable even for root

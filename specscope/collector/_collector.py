@@ -10,7 +10,9 @@ queued before the writer drains the queue for the last time or answered at once.
 bounds the events held, queued or being written (checked without a lock: concurrent emitters can
 overshoot it by at most one event each); beyond it ``emit`` drops and counts. A failing store
 (locked, unwritable, unreachable) costs the failed batch, counted as dropped, and one logged error
-per outage; the writer then waits before the next attempt (0.05 s doubling up to
+per outage, save its RunStart and RankStart events, kept for the next attempt (sent once, when the
+engine starts: without them a run's later rows are judged without its contract,
+``RUN_START_MISSING``); the writer then waits before the next attempt (0.05 s doubling up to
 :data:`~._writer.MAX_BACKOFF_S`), so a ``flush`` during an outage returns at its timeout (or after
 about ``queued / batch_size * MAX_BACKOFF_S``), and ``close`` on a failing store drops what is
 queued at once. An event whose values the database refuses is set aside alone (:mod:`._quarantine`;

@@ -17,10 +17,15 @@ from specscope.collector._counts import Pending, Tally, add, per_key
 from specscope.collector._liveness import Liveness, RunEnd
 from specscope.collector._quarantine import bisect, write_counters
 from specscope.errors import EventRejected
-from specscope.events import Event
+from specscope.events import Event, RankStart, RunStart
 from specscope.storage import Store, open_store
 
 logger = logging.getLogger("specscope")
+
+KEPT_ON_FAILURE = (RunStart, RankStart)
+"""Events of a failed batch kept for the next attempt instead of dropped: each is sent once, at the
+start (a store down or locked when the engine starts costs the first batch), and holds what the doctor
+reads a run's contract and ranks from; a few per run, so keeping them costs no memory to speak of."""
 
 FIRST_BACKOFF_S = 0.05  # wait after the first failed write; doubled per failure in a row
 MAX_BACKOFF_S = 2.0  # longest wait between two write attempts on a failing store (seconds)
@@ -94,6 +99,7 @@ class Writer:
         self._decode = decode
         self._liveness = Liveness(handle.open, heartbeat_s, on_run_end)
         self._pending = Pending()
+        self._kept: list[Event] = []  # KEPT_ON_FAILURE events of failed batches, written before the next
         self._failed_since_marker = False
         self._failing = False
         self._backoff_s = FIRST_BACKOFF_S
@@ -124,7 +130,7 @@ class Writer:
 
     def abandon(self) -> None:
         """Count what is still queued as dropped and answer its markers (nothing will write them)."""
-        lost = 0
+        lost, self._kept = len(self._kept), []
         while self.queue:
             item = self.queue.popleft()
             if isinstance(item, FlushMarker):
@@ -189,7 +195,9 @@ class Writer:
         return chunk[:end], chunk[end]
 
     def _handle_batch(self, chunk: list[Event]) -> bool:
-        """Decode and write ``chunk``; False when any of it failed."""
+        """Decode and write ``chunk`` (after what failed batches kept); False when any of it failed."""
+        if self._kept:
+            chunk, self._kept = [*self._kept, *chunk], []
         try:
             if self._decode is not None:
                 chunk = [self._decode(event) for event in chunk]
@@ -215,7 +223,9 @@ class Writer:
         except EventRejected as exc:
             return self._quarantine(chunk, exc)
         except Exception as exc:  # StoreError, or a bug: either way the writer thread must live on
-            self._failed(written, len(chunk), exc)
+            self._kept = [event for event in chunk if isinstance(event, KEPT_ON_FAILURE)]
+            lost = [event for event in chunk if not isinstance(event, KEPT_ON_FAILURE)] if self._kept else chunk
+            self._failed(per_key(lost), len(lost), exc)
             return False
         self._committed(len(chunk))
         self._liveness.heard_from(chunk, written)

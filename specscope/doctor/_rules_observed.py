@@ -87,9 +87,10 @@ def check_runner(ctx: RunContext) -> list[Finding]:
 
 
 def check_run_start(ctx: RunContext) -> list[Finding]:
-    """RUN_START_MISSING [warning]: rows of the run are stored, its RunStart is not (the collector
-    dropped the batch that carried it, or the database refused its values). A recording problem, so a
-    warning; what was stored is judged as for any run: a collapse there is still an error."""
+    """RUN_START_MISSING [warning]: rows of the run are stored, its RunStart is not (the database
+    refused its values, the collector closed on a store that never came back, or rows were loaded
+    around the collector). A recording problem, so a warning; what was stored is judged as for any
+    run: a collapse there is still an error."""
     if ctx.run_start:
         return []
     acc = ctx.acceptance
@@ -104,10 +105,10 @@ def check_run_start(ctx: RunContext) -> list[Finding]:
         {"run_start": "missing", "expected_run_start": "stored", "requests": acc.requests,
          "verify_steps": acc.verify_steps, "events_written": sum(int(r.events_written) for r in ctx.rank_status),
          "draft_width_mismatches": missed},
-        "The collector's log names the batch it dropped or the RunStart the store refused: a store locked "
-        "or unreachable when the engine started (the RunStart is sent then, once), or a value longer than "
-        "its column (the engine version, for one: 64 characters). Start the engine with the store reachable "
-        "and within its columns; this run's acceptance figures stand, its contract stays unchecked.")]
+        "The collector's log names the RunStart the store refused (a value longer than its column: the "
+        "engine version, for one, holds 64 characters) or the outage it closed in (a store unwritable from "
+        "the engine's start to its end). Keep the run's values within their columns and the store "
+        "reachable; this run's acceptance figures stand, its contract stays unchecked.")]
 
 
 def _draft_widths_missed(ctx: RunContext) -> list[dict[str, Any]]:
