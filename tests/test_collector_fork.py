@@ -11,6 +11,7 @@ multiprocessing's, are in tests/test_faults_lifecycle.py.)
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -168,3 +169,41 @@ def test_a_fork_from_the_writer_thread_does_not_wait_for_itself(tmp_path, monkey
     assert collector.flush(HANG)
     collector.close(HANG)
     assert statuses == [0]
+
+
+def test_a_child_forked_during_close_answers_its_flush_at_once(tmp_path, held: HeldWrite) -> None:
+    """Forked while another thread closes the collector: the child's collector is closed too, so its
+    flush answers False at once (a marker queued to a writer that runs no thread here waited forever)."""
+    path = str(tmp_path / "closing.db")
+    collector = _collector_inside_a_write(path, held)
+    closing = threading.Thread(target=collector.close, args=(HANG,))
+    closing.start()
+    while not collector._writer.closing:
+        time.sleep(0.001)
+    _AT_FORK.append(held.go.set)
+
+    def child() -> bool:
+        collector.emit(_tensor(0, rank=1))
+        return collector.flush() is False and (collector.written, collector.dropped) == (0, 1)
+
+    pid = _fork(child)
+    closing.join(HANG)
+    assert _exit_status(pid) == 0
+    assert _ranks(path) == {0: PARENT}
+
+
+def test_a_fork_waits_for_the_writer_of_a_collector_already_dropped(tmp_path, held: HeldWrite) -> None:
+    """A collector closed with a short timeout and dropped leaves its writer inside the write: the fork
+    still waits for it, and a collector the child opens on the same store writes."""
+    path = str(tmp_path / "dropped.db")
+    collector = _collector_inside_a_write(path, held)
+    collector.close(0.001)
+    del collector
+    gc.collect()
+    _AT_FORK.append(held.go.set)
+
+    def child() -> bool:
+        return _emit_and_close(Collector(path, flush_interval_s=0.01)) == (CHILD, 0)
+
+    assert _exit_status(_fork(child)) == 0
+    assert _ranks(path) == {0: PARENT, 1: CHILD}

@@ -41,7 +41,7 @@ from specscope.collector._boundary import key_of, refusal
 from specscope.collector._counts import Tally
 from specscope.collector._decode import Decoder
 from specscope.collector._liveness import RunEnd
-from specscope.collector._writer import StoreHandle, Writer
+from specscope.collector._writer import LIVE_WRITERS, StoreHandle, Writer
 from specscope.errors import ConfigError
 from specscope.events import Event
 from specscope.storage import Store
@@ -124,7 +124,8 @@ class Collector:
     def _after_fork_in_child(self, usable: bool) -> None:
         # The parent's queued events are the parent's to write; its pooled connections must not be
         # used here (SQLAlchemy: Engine.dispose(close=False) in the child, which touches no database).
-        if self._writer.closing:
+        if self._writer.closing:  # closed, or closing on another thread of the parent: never written here
+            self._start_writer(usable=False)  # a flush answers at once, not a marker nobody would take
             return
         self._handle.after_fork()
         self._start_writer(usable)
@@ -264,8 +265,7 @@ def _before_fork() -> None:
     child's copy of its parent's writer)."""
     finalizing = sys.is_finalizing()
     deadline = time.monotonic() + (0.0 if finalizing else FORK_WAIT_S)
-    writers = sorted((writer for writer in (collector._writer for collector in list(_LIVE))
-                      if writer.thread.is_alive()), key=id)
+    writers = sorted((writer for writer in list(LIVE_WRITERS) if writer.thread.is_alive()), key=id)
     _FORK.held, _FORK.quiet = [], False  # until all are held: an interrupted wait (Ctrl-C) forks anyway
     for writer in writers:
         if writer.thread is not threading.current_thread() and \

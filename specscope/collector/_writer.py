@@ -8,6 +8,7 @@ import logging
 import operator
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import islice, repeat, starmap
@@ -29,6 +30,12 @@ reads a run's contract and ranks from; a few per run, so keeping them costs no m
 
 FIRST_BACKOFF_S = 0.05  # wait after the first failed write; doubled per failure in a row
 MAX_BACKOFF_S = 2.0  # longest wait between two write attempts on a failing store (seconds)
+
+
+LIVE_WRITERS: weakref.WeakSet[Writer] = weakref.WeakSet()
+"""Every writer whose thread may still run, whatever became of its collector: a collector closed with
+a timeout and dropped leaves its writer finishing a write, which a fork must still wait for (the
+thread holds its writer)."""
 
 
 class FlushMarker:
@@ -107,6 +114,7 @@ class Writer:
         self._logged_bug = False
         self.thread = threading.Thread(target=self._run, name="specscope-collector", daemon=True)
         if usable:
+            LIVE_WRITERS.add(self)
             self.thread.start()
 
     def mark(self) -> FlushMarker | None:
