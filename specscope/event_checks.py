@@ -13,6 +13,7 @@ from specscope.errors import InvalidEvent
 
 MAX_PROPOSED = 64  # draft tokens per verify step the store holds a mask for (verify_steps.accepted_mask)
 MAX_COUNT = 2**31 - 1  # PostgreSQL's int4: larger counts are refused, never wrapped by a binary COPY
+MAX_REQUEST_ID = 128  # characters of a request id every store holds (schema.py's request_id columns)
 PIT_BINS = 10  # equal-width bins of the losslessness audit's PIT histogram (LosslessAudit.pit)
 SURPRISE_COLUMNS = ("surprise_sum", "entropy_sum", "surprise_var_sum", "entropy_max")
 """The losslessness audit's surprise-test figures (LosslessAudit fields, lossless_audit columns)."""

@@ -231,6 +231,60 @@ def test_a_request_id_served_again_is_its_own_request(store: Store) -> None:
     assert counts == [(f"req-{i}{suffix}", 10, total) for i in range(4) for suffix, total in (("", 30), ("#2", 0))]
     assert "ACCEPT_COLLAPSE" in diagnose(store, tracer.run_id).codes()
 
+
+def _servings(calls: list[tuple[str, str]]) -> list[str]:
+    """The stored id each ``("start" | "finish", engine id)`` call names."""
+    from specscope.instrumentation._request_ids import RequestIds
+
+    ids, named = RequestIds(), []
+    for what, request_id in calls:
+        if what == "start":
+            named.append(ids.start(request_id))
+        else:
+            named.append(ids.stored(request_id))
+            ids.finish(request_id)
+    return named
+
+
+@pytest.mark.parametrize(("calls", "named"), [
+    # the engine's own req-0#2 served before req-0's second serving: that one is req-0#3
+    ([("start", "req-0"), ("finish", "req-0"), ("start", "req-0#2"), ("finish", "req-0#2"), ("start", "req-0")],
+     ["req-0", "req-0", "req-0#2", "req-0#2", "req-0#3"]),
+    # ... and under way at once
+    ([("start", "req-0"), ("finish", "req-0"), ("start", "req-0#2"), ("start", "req-0")],
+     ["req-0", "req-0", "req-0#2", "req-0#3"]),
+    # the engine's req-0#2 arriving while req-0's second serving holds that name, and after it
+    ([("start", "req-0"), ("finish", "req-0"), ("start", "req-0"), ("start", "req-0#2"), ("finish", "req-0"),
+      ("finish", "req-0#2"), ("start", "req-0#2")],
+     ["req-0", "req-0", "req-0#2", "req-0#2#1", "req-0#2", "req-0#2#1", "req-0#2#2"]),
+    # started again under way: still that serving
+    ([("start", "q"), ("start", "q"), ("finish", "q"), ("start", "q")], ["q", "q", "q", "q#2"]),
+])
+def test_each_serving_of_an_id_is_stored_under_a_name_of_its_own(calls, named) -> None:
+    assert _servings(calls) == named
+
+
+def test_a_served_again_id_fits_the_stores_request_ids() -> None:
+    from specscope.event_checks import MAX_REQUEST_ID
+
+    long_id = "r" * MAX_REQUEST_ID
+    second = _servings([("start", long_id), ("finish", long_id), ("start", long_id)])[-1]
+    assert len(second) == MAX_REQUEST_ID and second.endswith("#2")
+
+
+def test_a_request_started_again_under_way_keeps_its_steps(store: Store) -> None:
+    """Its verify steps go on from where they were: numbered from 0 again, the store dropped them."""
+    sink = ListSink()
+    with _tracer(sink) as tracer:
+        tracer.start_request("q", 5)
+        for accepted in (2, 2, 0):
+            tracer.record_verify("q", 2, accepted)
+            if accepted == 2:
+                tracer.start_request("q", 5)
+        tracer.finish_request("q", 6)
+    store.write(sink.events)
+    assert store.query("SELECT step, accepted FROM verify_steps ORDER BY step").rows == [(0, 2), (1, 2), (2, 0)]
+
 def test_second_request_end_keeps_the_first(store: Store) -> None:
     """At the store, too: a second RequestEnd of a request (any producer) changes nothing."""
     store.write([_start("q"), ev.RequestEnd(run_id=RUN, request_id="q", rank=0, output_tokens=5,

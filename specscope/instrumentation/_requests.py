@@ -30,7 +30,7 @@ class Requests:
               prompt: str | Sequence[int] | None) -> None:
         event = RequestStart(self.run_id, request_id, self.rank, _whole(prompt_tokens), _number(temperature, float),
                              _number(top_p, float), _number(top_k, int), None if prompt is None else prompt_key(prompt))
-        self._steps[request_id] = 0
+        self._steps.setdefault(request_id, 0)  # started again under way: its steps go on from where they are
         self._emit(event)
 
     def verify(self, request_id: str, proposed: Any, accepted: Any, accepted_mask: str | Sequence[int | bool] | None,

@@ -32,7 +32,7 @@ from sqlalchemy import (
     text,
 )
 
-from specscope.event_checks import SURPRISE_COLUMNS
+from specscope.event_checks import MAX_REQUEST_ID, SURPRISE_COLUMNS
 from specscope.events import PIT_BINS
 
 SCHEMA_VERSION = 17
@@ -82,7 +82,7 @@ run_ranks = Table(
 requests = Table(
     "requests", metadata,
     Column("run_id", String(64), primary_key=True),
-    Column("request_id", String(128), primary_key=True),
+    Column("request_id", String(MAX_REQUEST_ID), primary_key=True),
     Column("rank", Integer, nullable=False),
     Column("prompt_tokens", Integer, nullable=False),
     Column("output_tokens", Integer),
@@ -104,7 +104,7 @@ verify_steps = Table(
     # the order rows were stored in: the schema-13 upgrade keeps the first of a step stored twice
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", String(64), nullable=False),
-    Column("request_id", String(128), nullable=False),
+    Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("step", Integer, nullable=False),
     Column("proposed", Integer, nullable=False),
@@ -142,7 +142,7 @@ tensor_events = Table(
     Column("absmax", Float),
     Column("mean", Float),
     Column("nonfinite", Integer),
-    Column("request_id", String(128)),
+    Column("request_id", String(MAX_REQUEST_ID)),
     Column("step", Integer),
     Column("graph_phase", String(16), nullable=False),
     Column("ts_wall", Float, nullable=False),
@@ -184,7 +184,7 @@ acceptance_masks = Table(
 request_accepts = Table(
     "request_accepts", metadata,
     Column("run_id", String(64), nullable=False),
-    Column("request_id", String(128), nullable=False),
+    Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     # draft tokens each of these steps accepted (0..k): rows whose steps share an accepted mask, or
     # that proposed nothing; -1 (_summaries.UNKNOWN_DRAFTS) where not known (totals without a mask)
     Column("accepted_drafts", Integer, nullable=False),
@@ -261,7 +261,7 @@ provenance = Table(
     Column("received", Text, nullable=False),  # JSON list of ints / nulls
     Column("matches", Boolean, nullable=False),
     Column("width", Integer, nullable=False),
-    Column("request_id", String(128)),
+    Column("request_id", String(MAX_REQUEST_ID)),
     Column("step", Integer),
     Column("ts_wall", Float, nullable=False),
     Index("ix_provenance_run", "run_id"),
@@ -293,7 +293,7 @@ lossless_audit = Table(  # one row per request and audited batch of verify steps
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", String(64), nullable=False),
     Column("rank", Integer, nullable=False),
-    Column("request_id", String(128), nullable=False),
+    Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     Column("sampling", String(64), nullable=False),
     Column("tokens", Integer, nullable=False),
     Column("mismatches", Integer, nullable=False),
@@ -319,7 +319,7 @@ lossless_audit = Table(  # one row per request and audited batch of verify steps
 request_tokens = Table(  # one row per request whose token ids were kept (events.RequestTokens; version 12)
     "request_tokens", metadata,
     Column("run_id", String(64), nullable=False),
-    Column("request_id", String(128), nullable=False),
+    Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("prompt_ids", Text, nullable=False),  # JSON list of token ids
     Column("output_ids", Text, nullable=False),  # JSON list of token ids
@@ -331,7 +331,7 @@ request_tokens = Table(  # one row per request whose token ids were kept (events
 replay_requests = Table(  # one row per replayed request, the last replay's (events.ReplayResult; version 12)
     "replay_requests", metadata,
     Column("run_id", String(64), nullable=False),
-    Column("request_id", String(128), nullable=False),
+    Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("sampling", String(64), nullable=False),
     Column("source", Text, nullable=False),
