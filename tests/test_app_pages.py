@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from specscope.app import DB_ENV, ENTRY
 from specscope.app.snippet import SNIPPET
-from specscope.storage import open_store
+from specscope.storage import open_store, schema
 from specscope.storage.queries import RUNS
 
 PAGES = ("overview", "requests", "gpus", "tensors", "findings", "sql")
@@ -481,14 +481,21 @@ def test_a_link_to_a_run_the_store_does_not_hold_says_so_and_opens_the_newest(mo
     assert at.query_params["run"] == "healthy-run"
 
 
+def delete_runs(db: str, where: str) -> None:
+    """Delete every row of the runs ``where`` selects (a run without its ``runs`` row is still listed)."""
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        for table in schema.metadata.sorted_tables:
+            if "run_id" in table.c:
+                conn.exec_driver_sql(f"DELETE FROM {table.name} WHERE {where}")
+
+
 def test_an_open_run_deleted_from_the_store_is_named_when_the_newest_replaces_it(monkeypatch, tmp_path):
     db = write_store(tmp_path / "store.db", [trace("old-run"), trace("new-run", t0=1_750_000_100.0)])
     monkeypatch.setenv(DB_ENV, db)
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     at.selectbox(key="run_picker").set_value("old-run").run()
     assert at.session_state["run_id"] == "old-run" and not texts(at, "warning")
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        conn.exec_driver_sql("DELETE FROM runs WHERE run_id = 'old-run'")
+    delete_runs(db, "run_id = 'old-run'")
     time.sleep(2.1)  # past the run list's cache
     at.run()
     assert not at.exception and at.session_state["run_id"] == "new-run"
@@ -503,8 +510,7 @@ def test_a_store_emptied_and_written_again_opens_its_new_run_unannounced(monkeyp
     monkeypatch.setenv(DB_ENV, db)
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
     at.selectbox(key="run_picker").set_value("old-run").run()
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        conn.exec_driver_sql("DELETE FROM runs")
+    delete_runs(db, "1 = 1")
     time.sleep(2.1)  # past the run list's cache
     at.run()  # the "Get started" page
     write_store(db, [trace("later-run", t0=1_750_000_300.0)])

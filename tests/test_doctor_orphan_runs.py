@@ -74,7 +74,7 @@ def test_doctor_run_names_an_orphan_by_id_or_prefix(store):
     assert diagnose(store, "c0ffee-orphan").codes()[:2] == ["ACCEPT_COLLAPSE", "RUN_START_MISSING"]
     assert [r.run_id for r in diagnose(store, "d00d").runs] == ["d00d-orphan"]
     assert [r.run_id for r in diagnose(store, "c0ffee-s").runs] == ["c0ffee-started"]
-    with pytest.raises(ConfigError, match="prefix 'c0ffee' is ambiguous.*c0ffee-started, c0ffee-orphan"):
+    with pytest.raises(ConfigError, match="prefix 'c0ffee' is ambiguous.*c0ffee-orphan, c0ffee-started"):
         diagnose(store, "c0ffee")
     with pytest.raises(ConfigError, match="no run 'e0'"):
         diagnose(store, "e0")

@@ -223,7 +223,7 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         with store.connect() as conn:  # version 6 rebuilt the mask index with steps; version 17 dropped it
             assert "ix_verify_steps_masks" not in {ix["name"] for ix in sa.inspect(conn).get_indexes("verify_steps")}
         assert store.query("SELECT verify_steps, accepted, step_detail FROM v_request_acceptance")[1] == [(3, 5, 1)]
@@ -237,7 +237,8 @@ def test_a_version_5_store_with_data_upgrades_to_weighted_verify_steps(store_url
                                          (11, "audit_pit"), (12, "token_ids_and_replay"),
                                          (13, "wide_counters_and_unique_steps"), (14, "audit_surprise"),
                                           (15, "audit_recovered"), (16, "request_and_second_summaries"),
-                                         (17, "lean_tensor_events")]
+                                         (17, "lean_tensor_events"),
+                                         (18, "orphan_runs_view")]
 
 
 def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: str, monkeypatch) -> None:
@@ -264,7 +265,7 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=3, temperature=0.0),
                      ev.VerifyStep(run_id="r", request_id="new", rank=0, step=0, proposed=4, accepted=4),
                      ev.LosslessAudit(run_id="r", rank=0, request_id="new", sampling="greedy", tokens=5)])
@@ -274,7 +275,8 @@ def test_a_version_8_store_with_data_upgrades_to_sampling_and_audit(store_url: s
     assert _versions(store_url)[8:] == [(9, "sampling_and_audit"), (10, "lost_runs_view"), (11, "audit_pit"),
                                          (12, "token_ids_and_replay"), (13, "wide_counters_and_unique_steps"),
                                          (14, "audit_surprise"), (15, "audit_recovered"), (16, "request_and_second_summaries"),
-                                         (17, "lean_tensor_events")]
+                                         (17, "lean_tensor_events"),
+                                         (18, "orphan_runs_view")]
 
 
 def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store_url: str, monkeypatch) -> None:
@@ -299,7 +301,7 @@ def test_a_version_10_store_with_audits_upgrades_to_the_distribution_tests(store
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         assert store.query("SELECT tokens_audited, rare_observed, scored_tokens, verdict FROM v_lossless_audit"
                            )[1] == [(500, 1, 0, "too few tokens")]
         store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=1000, p_sum=300.0, p2_sum=300.0,
@@ -330,7 +332,7 @@ def test_a_version_11_store_with_runs_upgrades_to_token_ids_and_replay(store_url
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         assert store.query("SELECT COUNT(*) FROM request_tokens")[1] == [(0,)]
         store.write([ev.RequestStart(run_id="r", request_id="new", rank=0, prompt_tokens=2, temperature=0.0),
                      ev.RequestTokens("r", 0, "new", (1, 2), (3,)),
@@ -367,7 +369,7 @@ def test_a_version_12_store_with_counters_upgrades_to_wide_counters(store_url: s
     engine.dispose()
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         store.write([group], counters={("r", 0): (window, 0)})
         assert store.query("SELECT verify_steps, proposed, events_written FROM v_run_summary")[1] == [
             (2 * window, 2 * window, 2 * window)]
@@ -398,7 +400,7 @@ def test_a_version_12_store_with_duplicate_verify_steps_keeps_each_once(store_ur
         assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(8, 16)]
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         assert store.query("SELECT step, accepted FROM verify_steps WHERE step >= 0 ORDER BY step")[1] == [
             (0, 4), (1, 0)]
         assert store.query("SELECT verify_steps, accepted FROM v_run_acceptance")[1] == [(2 + 4, 4 + 4)]
@@ -434,7 +436,7 @@ def test_a_version_13_store_with_audits_upgrades_to_the_surprise_test(store_url:
     monkeypatch.undo()
     query = "SELECT tokens_audited, surprise_excess, surprise_failed, verdict FROM v_lossless_audit"
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         assert store.query(query)[1] == [(1000, 0.0, 0, "passed")]
         # 1000 tokens of a sharpened verifier: surprise 0.5 per token below an entropy of 1.0 (variance 0.5)
         sharpened = dataclasses.replace(old, request_id="new", surprise_sum=500.0, entropy_sum=1000.0,
@@ -443,7 +445,8 @@ def test_a_version_13_store_with_audits_upgrades_to_the_surprise_test(store_url:
         assert store.query(query)[1] == [(2000, -500.0, 1, "violation")]
         assert store.query("SELECT surprise_excess, surprise_failed FROM v_replay_audit")[1] == [(-500.0, 1)]
     assert _versions(store_url)[13:] == [(14, "audit_surprise"), (15, "audit_recovered"), (16, "request_and_second_summaries"),
-                                         (17, "lean_tensor_events")]
+                                         (17, "lean_tensor_events"),
+                                         (18, "orphan_runs_view")]
 
 
 def test_a_version_14_store_with_audits_upgrades_to_the_recovered_token_check(store_url: str, monkeypatch) -> None:
@@ -469,13 +472,14 @@ def test_a_version_14_store_with_audits_upgrades_to_the_recovered_token_check(st
     query = ("SELECT tokens_audited, recovered_audited, recovered_as_draft, recovered_failed, verdict "
              "FROM v_lossless_audit")
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         assert store.query(query)[1] == [(10, 0, 0, 0, "too few tokens")]
         store.write([ev.LosslessAudit("r", 0, "new", "T=0.8", tokens=4, epsilon=1e-4, recovered=1,
                                       recovered_as_draft=1, recovered_p_sum=0.3)])
         assert store.query(query)[1] == [(14, 1, 1, 1, "violation")]
     assert _versions(store_url)[14:] == [(15, "audit_recovered"), (16, "request_and_second_summaries"),
-                                         (17, "lean_tensor_events")]
+                                         (17, "lean_tensor_events"),
+                                         (18, "orphan_runs_view")]
 
 
 def test_a_version_15_store_with_verify_steps_upgrades_to_the_request_summary(store_url: str, monkeypatch) -> None:
@@ -508,7 +512,7 @@ def test_a_version_15_store_with_verify_steps_upgrades_to_the_request_summary(st
     monkeypatch.undo()
     query = "SELECT verify_steps, proposed, accepted, first_wall, last_wall, step_detail FROM v_request_acceptance"
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         assert store.query(query)[1] == [(4, 16, 4, 2.0, 4.0, 1)]
         assert [(h["accepted_drafts"], h["verify_steps"]) for h in store.fetch(queries.ACCEPTANCE_HISTOGRAM,
                                                                                run_id="r")] == [(0, 1), (1, 0), (2, 1), (3, 0), (4, 0)]
@@ -522,7 +526,8 @@ def test_a_version_15_store_with_verify_steps_upgrades_to_the_request_summary(st
                        for ix in sa.inspect(conn).get_indexes(table)}
         assert indexes["ix_verify_steps_run_rank"][-1] == indexes["ix_tensor_events_run"][-1] == "ts_wall"
     assert _versions(store_url)[15:] == [(16, "request_and_second_summaries"),
-                                         (17, "lean_tensor_events")]
+                                         (17, "lean_tensor_events"),
+                                         (18, "orphan_runs_view")]
 
 
 def test_a_version_16_store_with_tensor_events_upgrades_to_lean_rows(store_url: str, monkeypatch) -> None:
@@ -559,7 +564,7 @@ def test_a_version_16_store_with_tensor_events_upgrades_to_lean_rows(store_url: 
         before = store.query("SELECT * FROM tensor_events ORDER BY id")[1]
     monkeypatch.undo()
     with open_store(store_url) as store:
-        assert store.schema_version == SCHEMA_VERSION == 17
+        assert store.schema_version == SCHEMA_VERSION == 18
         with store.connect() as conn:
             inspector = sa.inspect(conn)
             assert [c["name"] for c in inspector.get_columns("tensor_events")] == [c.name for c in schema.tensor_events.columns]
@@ -573,4 +578,5 @@ def test_a_version_16_store_with_tensor_events_upgrades_to_lean_rows(store_url: 
         assert store.query("SELECT COUNT(*), SUM(nonfinite) FROM tensor_events")[1] == [(6, 4)]
         assert [(c["rank"], c["events"]) for c in store.fetch(queries.TENSOR_CONTRACT, run_id="r")] == [(0, 5), (1, 1)]
         assert sum(d["events"] for d in store.fetch(queries.DRAFT_INPUTS_OVER_TIME, run_id="r", buckets=3)) == 6
-    assert _versions(store_url)[16:] == [(17, "lean_tensor_events")]
+    assert _versions(store_url)[16:] == [(17, "lean_tensor_events"),
+                                         (18, "orphan_runs_view")]

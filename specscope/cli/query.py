@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "query", help="run one read-only SQL statement on a store",
         description="Run one read-only SQL statement on a specscope store and print the rows. "
-                    "Views: v_run_summary, v_run_acceptance, v_rank_acceptance, v_request_acceptance, "
+                    "Views: v_run_summary, v_run_ids, v_run_acceptance, v_rank_acceptance, v_request_acceptance, "
                     "v_position_acceptance, v_request_position_acceptance, v_tensor_contract.")
     add_db_argument(parser)
     parser.add_argument("sql", help="one SQL statement (writes are refused)")

@@ -36,6 +36,7 @@ from specscope.storage import Store
 from specscope.storage import queries as q
 from specscope.storage.queries import fetch
 from specscope.storage.runs import resolve_run_id
+from specscope.storage.views import UNKNOWN_ENGINE
 
 Rule = Callable[[RunContext], list[Finding]]
 
@@ -47,9 +48,6 @@ RULES: tuple[Rule, ...] = (
     check_graph_mode, check_runner, check_not_observed, check_skipped,
 )
 """Every runtime rule, in report order within a severity. Each reads one :class:`RunContext`."""
-
-UNKNOWN_ENGINE = "unknown"
-"""The engine of a run whose RunStart is not stored (only the RunStart names it)."""
 
 
 def diagnose(store: Store, run_id: str | None = None, *, distributions: bool = False) -> DoctorReport:
@@ -92,7 +90,7 @@ def run_context(conn: sa.Connection, run_id: str, url: str) -> RunContext:
         ConfigError: see :func:`specscope.storage.runs.resolve_run_id`.
         StoreError: malformed JSON in the run's config, or a contract field of the wrong type.
     """
-    resolved = resolve_run_id(conn, run_id, url, unstarted=True)
+    resolved = resolve_run_id(conn, run_id, url)
     rows = fetch(conn, q.RUN_META, run_id=resolved)
     return _context(conn, rows[0]) if rows else _orphan_context(conn, resolved)
 

@@ -122,6 +122,11 @@ def lost_runs_view(conn: Connection) -> None:
     a run silent for longer than :data:`views.LOST_AFTER_S` as ``'lost'``)."""
 
 
+def orphan_runs_view(conn: Connection) -> None:
+    """Version 18: no table changes; the views are recreated after the step (``v_run_ids``, and
+    ``v_run_summary`` over it: a run whose RunStart was not stored is listed too)."""
+
+
 def audit_pit(conn: Connection) -> None:
     """Version 11: the losslessness audit's distribution tests: ``lossless_audit.p_var_sum`` and the PIT
     histogram ``pit_0`` .. ``pit_9`` (0 on rows audited before, which the tests skip); the views are
@@ -253,6 +258,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(15, "audit_recovered", audit_recovered),
     Migration(16, "request_and_second_summaries", request_and_second_summaries),
     Migration(17, "lean_tensor_events", lean_tensor_events),
+    Migration(18, "orphan_runs_view", orphan_runs_view),
 )
 
 

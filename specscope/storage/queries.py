@@ -29,7 +29,7 @@ from specscope.storage._summaries import NO_WIDTH
 
 # -- runs ----------------------------------------------------------------------------------------
 
-RUNS = Query("runs", "SELECT * FROM v_run_summary ORDER BY started_wall DESC, run_id")
+RUNS = Query("runs", "SELECT * FROM v_run_summary ORDER BY started_wall DESC NULLS LAST, run_id")
 """Every run, newest first: the columns of ``v_run_summary`` (metadata, JSON ``config``, status,
 counters, acceptance, stored error / warning findings). Reads the summary tables only."""
 
@@ -43,19 +43,19 @@ ALL_RUN_META = Query("all_run_meta", "SELECT run_id, engine, fault, config FROM 
                                      "ORDER BY started_wall DESC, run_id")
 """:data:`RUN_META` of every run, newest first."""
 
-RUN_IDS_STARTING = Query("run_ids_starting", "SELECT run_id FROM runs WHERE substr(run_id, 1, length(:prefix)) "
+RUN_ID = Query("run_id", "SELECT run_id FROM v_run_ids WHERE run_id = :run_id")
+"""``run_id`` when the store holds rows of it (a RunStart or others: ``v_run_ids``)."""
+
+KNOWN_RUN_IDS = Query("known_run_ids", "SELECT i.run_id FROM v_run_ids i LEFT JOIN runs r ON r.run_id = i.run_id "
+                                       "ORDER BY r.started_wall DESC NULLS LAST, i.run_id")
+"""Every run id of ``v_run_ids``, newest RunStart first, those without one last."""
+
+RUN_IDS_STARTING = Query("run_ids_starting", "SELECT run_id FROM v_run_ids WHERE substr(run_id, 1, length(:prefix)) "
                                              "= :prefix ORDER BY run_id LIMIT :limit")
 """Run ids starting with ``prefix``, at most ``limit``. Compared as text, case and all: SQLite's LIKE
 ignores the case of ASCII letters, so ``b`` named run ``Baseline-7`` there and no run on PostgreSQL."""
 
-# Tables whose rows make a run (run_ranks: every run the collector's counters saw), each run id found by a loose
-# index scan over the index run_id leads: one seek past each run id (DISTINCT would read every row).
-_RUN_IDS = {table: f"""{table}_ids(run_id) AS (SELECT (SELECT run_id FROM {table} ORDER BY run_id LIMIT 1) UNION ALL
-        SELECT (SELECT t.run_id FROM {table} t WHERE t.run_id > s.run_id ORDER BY t.run_id LIMIT 1)
-        FROM {table}_ids s WHERE s.run_id IS NOT NULL)""" for table in ("run_ranks", "verify_steps", "tensor_events", "requests")}
-ORPHAN_RUN_IDS = Query("orphan_run_ids", f"""WITH RECURSIVE {", ".join(_RUN_IDS.values())}
-    SELECT run_id FROM ({" UNION ".join(f"SELECT run_id FROM {table}_ids" for table in _RUN_IDS)}) s
-    WHERE run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id) ORDER BY run_id""")
+ORPHAN_RUN_IDS = Query("orphan_run_ids", "SELECT run_id FROM v_run_ids WHERE run_start = 0 ORDER BY run_id")
 """Run ids with stored rows (ranks, verify steps, tensor events, requests) but no ``runs`` row: runs whose
 RunStart never reached the store (the collector dropped its batch, or the database refused it)."""
 
@@ -355,7 +355,7 @@ that carry both, with their verify steps and proposed drafts (the what-if-k thro
 # -- many runs at once (the Prometheus exporter) --------------------------------------------------
 
 NEWEST_RUNS = Query("newest_runs", "SELECT run_id, engine, target_model, status FROM v_run_summary "
-                                   "ORDER BY started_wall DESC, run_id LIMIT :limit")
+                                   "ORDER BY started_wall DESC NULLS LAST, run_id LIMIT :limit")
 RUNS_ACCEPTANCE = Query("runs_acceptance", "SELECT run_id, verify_steps, proposed, accepted, "
                         "mean_acceptance_length, acceptance_rate FROM v_run_acceptance WHERE run_id IN :runs",
                         expanding=("runs",))

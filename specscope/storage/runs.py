@@ -12,10 +12,9 @@ from specscope.storage.queries import fetch
 _KNOWN_SHOWN = 20
 
 
-def resolve_run_id(conn: sa.Connection, run_id: str, url: str, *, unstarted: bool = False) -> str:
+def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
     """The stored run id equal to ``run_id``, else the one run id starting with it (``url`` names the
-    store in errors); with ``unstarted``, run ids with stored rows but no stored RunStart
-    (``queries.ORPHAN_RUN_IDS``: the doctor judges them) count as run ids too.
+    store in errors). Run ids with stored rows but no stored RunStart count too (``v_run_ids``).
 
     Raises:
         ConfigError: ``run_id`` is empty (every run id starts with it), no run id equals or starts
@@ -24,13 +23,9 @@ def resolve_run_id(conn: sa.Connection, run_id: str, url: str, *, unstarted: boo
     if not run_id:
         raise ConfigError(f"an empty run id names no run of {url}: give a run id or a unique prefix of one; "
                           f"{_known_runs(conn)}")
-    if fetch(conn, q.RUN_META, run_id=run_id):
-        return run_id
-    unstarted_ids = [row["run_id"] for row in fetch(conn, q.ORPHAN_RUN_IDS)] if unstarted else []
-    if run_id in unstarted_ids:
+    if fetch(conn, q.RUN_ID, run_id=run_id):
         return run_id
     matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, prefix=run_id, limit=_KNOWN_SHOWN + 1)]
-    matches += [other for other in unstarted_ids if other.startswith(run_id)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
@@ -49,7 +44,7 @@ def newest_run_id(conn: sa.Connection, url: str) -> str:
 
 
 def _known_runs(conn: sa.Connection) -> str:
-    ids = [row["run_id"] for row in fetch(conn, q.ALL_RUN_META)]
+    ids = [row["run_id"] for row in fetch(conn, q.KNOWN_RUN_IDS)]
     if not ids:
         return "the store holds no run"
     more = f" and {len(ids) - _KNOWN_SHOWN} more" if len(ids) > _KNOWN_SHOWN else ""

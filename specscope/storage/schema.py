@@ -35,7 +35,7 @@ from sqlalchemy import (
 from specscope.event_checks import MAX_REQUEST_ID, SURPRISE_COLUMNS
 from specscope.events import PIT_BINS
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 metadata = MetaData()
 

@@ -21,6 +21,7 @@ not through a join with a grouped subquery); per-position figures of one request
 | ``v_position_acceptance`` | run, position | per-position acceptance p_i |
 | ``v_request_position_acceptance`` | run, request, position | p_i of one request |
 | ``v_tensor_contract`` | run, rank, hook point, shape | calls, observed vs expected width |
+| ``v_run_ids`` | run | every run id with stored rows, and ``run_start`` (1: its RunStart is stored) |
 | ``v_run_summary`` | run | run metadata and config, status, counters, acceptance, stored findings |
 
 ``v_run_summary.status`` is ``'crashed'`` (a rank stopped on an error), ``'finished'`` (every rank
@@ -29,7 +30,10 @@ ended), ``'running'``, or ``'lost'``: not ended and no rank heard from for more 
 host gone). A lost run that is heard from again reads ``'running'`` again. Its ``error_findings`` /
 ``warning_findings`` count the findings last stored with the run (the collector's run-end callback
 stores the doctor's verdict when a rank ends: docs/design.md, "Reading a run"); a live run's current
-verdict is computed by :mod:`specscope.readmodel`.
+verdict is computed by :mod:`specscope.readmodel`. A run whose RunStart never reached the store
+(``run_start`` 0) is listed too, so no reader misses its rows: engine :data:`UNKNOWN_ENGINE`, config
+``'{}'``, models, version and fault NULL, and world size, host and start from its ``run_ranks`` rows
+(or its first verify step) where it has them; with no time at all stored it reads ``'lost'``.
 | ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate, p_0 of each sampling group |
 | ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT, surprise), recovered tokens, power, verdict |
 | ``v_replay_audit`` | run, sampling group | the same over a replay against the target alone, with departures, near-ties, margins |
@@ -281,6 +285,17 @@ def create_view_sql(name: str, dialect: str) -> str:
     return f"CREATE VIEW {name} AS {VIEWS[name].replace(NOW_WALL, _NOW_WALL_SQL[dialect])}"
 
 
+UNKNOWN_ENGINE = "unknown"
+"""The engine of a run without a stored RunStart (``v_run_summary``, the doctor)."""
+
+# Tables whose rows make a run (run_ranks: every run the collector's counters saw), each run id found by
+# a loose index scan over the index run_id leads: one seek past each run id, where DISTINCT would read
+# every verify step and tensor event of the store.
+_RUN_ID_SCANS = ", ".join(f"""{table}_ids(run_id) AS (
+    SELECT (SELECT run_id FROM {table} ORDER BY run_id LIMIT 1) UNION ALL
+    SELECT (SELECT t.run_id FROM {table} t WHERE t.run_id > s.run_id ORDER BY t.run_id LIMIT 1)
+    FROM {table}_ids s WHERE s.run_id IS NOT NULL)""" for table in ("run_ranks", "verify_steps", "tensor_events", "requests"))
+
 RUN_GRAPH_MODE = "CASE WHEN COUNT(DISTINCT graph_mode) > 1 THEN 'mixed' ELSE MAX(graph_mode) END"
 """A run's graph mode over its ``run_ranks`` rows: ranks that saw different modes make it ``'mixed'``
 (a lexical MAX would call an eager + capture_only run ``'eager'``, telling the user hooks saw every
@@ -288,7 +303,7 @@ call)."""
 
 
 def _stored_findings(severity: str) -> str:
-    return f"(SELECT COUNT(*) FROM findings f WHERE f.run_id = r.run_id AND f.severity = '{severity}')"
+    return f"(SELECT COUNT(*) FROM findings f WHERE f.run_id = i.run_id AND f.severity = '{severity}')"
 
 
 VIEWS: dict[str, str] = {
@@ -335,33 +350,48 @@ GROUP BY a.run_id, COALESCE(q.sampling, 'unknown')
     "v_lossless_audit": _audit_verdict("lossless_audit", recovered=True),
     # the same tests over the replay against the target alone (docs/design.md, "Replay against the target")
     "v_replay_audit": _audit_verdict("replay_requests", _REPLAY_COLUMNS),
-    # Runs joined to their acceptance summary rows, grouped by the run's columns.
+    # Every run id: those with a stored RunStart, and those with other rows only (the collector lost the
+    # RunStart's batch, or the database refused its values).
+    "v_run_ids": f"""
+WITH RECURSIVE {_RUN_ID_SCANS}
+SELECT run_id, 1 AS run_start FROM runs
+UNION ALL
+SELECT s.run_id, 0 AS run_start
+FROM (SELECT run_id FROM run_ranks_ids UNION SELECT run_id FROM verify_steps_ids
+      UNION SELECT run_id FROM tensor_events_ids UNION SELECT run_id FROM requests_ids) s
+WHERE s.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id)
+""",
+    # Run ids joined to their run row (if stored), acceptance summary rows and rank rows, grouped by run.
     "v_run_summary": f"""
-SELECT r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
-       r.world_size, r.host, r.started_wall, k.ended_wall,
+SELECT i.run_id, i.run_start, COALESCE(r.engine, '{UNKNOWN_ENGINE}') AS engine, r.engine_version, r.target_model,
+       r.draft_model, r.fault, COALESCE(r.config, '{{}}') AS config, COALESCE(r.world_size, k.world_size) AS world_size,
+       COALESCE(r.host, k.host) AS host, COALESCE(r.started_wall, k.started_wall, MIN(m.first_wall)) AS started_wall,
+       k.ended_wall,
        CASE WHEN k.ranks_crashed > 0 THEN 'crashed'
-            WHEN k.ranks_ended >= r.world_size THEN 'finished'
-            WHEN {NOW_WALL} - COALESCE(k.last_seen_wall, r.started_wall) > {LOST_AFTER_S!r} THEN 'lost'
+            WHEN k.ranks_ended >= COALESCE(r.world_size, k.world_size) THEN 'finished'
+            WHEN {NOW_WALL} - COALESCE(k.last_seen_wall, r.started_wall, MAX(m.last_wall), 0) > {LOST_AFTER_S!r}
+            THEN 'lost'
             ELSE 'running' END AS status,
-       k.last_seen_wall, k.error,
-       (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.run_id) AS requests,
+       COALESCE(k.last_seen_wall, CASE WHEN i.run_start = 0 THEN MAX(m.last_wall) END) AS last_seen_wall, k.error,
+       (SELECT COUNT(*) FROM requests q WHERE q.run_id = i.run_id) AS requests,
        {_summed("m.")},
        COALESCE(k.events_written, 0) AS events_written, COALESCE(k.events_dropped, 0) AS events_dropped,
        COALESCE(k.hook_errors, 0) AS hook_errors, k.graph_mode,
        {_stored_findings("error")} AS error_findings,
        {_stored_findings("warning")} AS warning_findings
-FROM runs r
-LEFT JOIN acceptance_masks m ON m.run_id = r.run_id
+FROM v_run_ids i
+LEFT JOIN runs r ON r.run_id = i.run_id
+LEFT JOIN acceptance_masks m ON m.run_id = i.run_id
 LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
-                  COUNT(error) AS ranks_crashed, MAX(error) AS error,
+                  COUNT(error) AS ranks_crashed, MAX(error) AS error, MAX(world_size) AS world_size,
+                  MIN(host) AS host, MIN(started_wall) AS started_wall,
                   MAX(last_seen_wall) AS last_seen_wall, {_total("events_written")} AS events_written,
                   {_total("events_dropped")} AS events_dropped, {_total("hook_errors")} AS hook_errors,
                   {RUN_GRAPH_MODE} AS graph_mode
-           FROM run_ranks GROUP BY run_id) k ON k.run_id = r.run_id
-GROUP BY r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
-         r.world_size, r.host, r.started_wall, k.ended_wall, k.ranks_ended, k.ranks_crashed, k.error,
-         k.last_seen_wall,
-         k.events_written, k.events_dropped, k.hook_errors, k.graph_mode
+           FROM run_ranks GROUP BY run_id) k ON k.run_id = i.run_id
+GROUP BY i.run_id, i.run_start, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
+         r.world_size, r.host, r.started_wall, k.world_size, k.host, k.started_wall, k.ended_wall, k.ranks_ended,
+         k.ranks_crashed, k.error, k.last_seen_wall, k.events_written, k.events_dropped, k.hook_errors, k.graph_mode
 """,
     **DISTRIBUTION_VIEWS,
 }

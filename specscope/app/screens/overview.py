@@ -42,10 +42,11 @@ def panel(rid: str, narrow: bool) -> None:
                    + (f" · fault {widgets.code(summary['fault'])}" if summary["fault"] else ""))
     with badge:
         widgets.state_badge(summary["state"])
-    st.caption(f"run {widgets.code(rid)} · {widgets.inert(summary['target_model'])} + draft "
-               f"{widgets.inert(summary['draft_model'])} · "
-               f"started {widgets.when(summary['started_wall'])} · {summary['world_size']} rank(s) · "
-               f"mode {widgets.graph_mode(config, summary['graph_mode'])}")
+    models = (f"{widgets.inert(summary['target_model'])} + draft {widgets.inert(summary['draft_model'])}"
+              if summary["run_start"] else "no RunStart stored: engine, models and contract unknown")
+    ranks = "ranks unknown" if summary["world_size"] is None else f"{summary['world_size']} rank(s)"
+    st.caption(f"run {widgets.code(rid)} · {models} · started {widgets.when(summary['started_wall']) or 'unknown'} · "
+               f"{ranks} · mode {widgets.graph_mode(config, summary['graph_mode'])}")
     widgets.findings_banner(widgets.findings(rid), limit=4 if narrow else 6)
     tiles = [("Accept length", widgets.fmt(summary["mean_acceptance_length"]),
               "tokens per verify step, bonus included (1 + accepted / steps)"),
