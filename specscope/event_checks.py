@@ -14,6 +14,8 @@ from specscope.errors import InvalidEvent
 MAX_PROPOSED = 64  # draft tokens per verify step the store holds a mask for (verify_steps.accepted_mask)
 MAX_COUNT = 2**31 - 1  # PostgreSQL's int4: larger counts are refused, never wrapped by a binary COPY
 MAX_REQUEST_ID = 128  # characters of a request id every store holds (schema.py's request_id columns)
+MAX_NAME = 64  # characters of a run id, engine, engine version, fault label or device every store holds
+MAX_HOST = 255  # characters of a host name every store holds (runs.host, run_ranks.host)
 PIT_BINS = 10  # equal-width bins of the losslessness audit's PIT histogram (LosslessAudit.pit)
 SURPRISE_COLUMNS = ("surprise_sum", "entropy_sum", "surprise_var_sum", "entropy_max")
 """The losslessness audit's surprise-test figures (LosslessAudit fields, lossless_audit columns)."""
@@ -55,6 +57,23 @@ def _texts(value: Any, width: int = 1) -> bool:
     if width == 1:
         return all(isinstance(item, str) for item in value)
     return all(isinstance(item, (tuple, list)) and len(item) == width and _texts(item) for item in value)
+
+
+def check_names(what: str, **names: Any) -> None:
+    """Each text of ``names`` fits its column on PostgreSQL too (``host``: :data:`MAX_HOST` characters,
+    the others :data:`MAX_NAME`): a longer one is refused there, and with it the run's row, while
+    SQLite would keep it."""
+    for name, value in names.items():
+        most = MAX_HOST if name == "host" else MAX_NAME
+        if isinstance(value, str) and len(value) > most:
+            raise InvalidEvent(f"{what}: {name} {value[:40]!r}... is {len(value)} characters; a store holds {most}")
+
+
+def check_run_start(e: Any) -> None:
+    """Its names fit the store (:func:`check_names`); the run's RankStart names the same run and host,
+    and its device is the tracer's, checked there."""
+    check_names("run start", run_id=e.run_id, engine=e.engine, engine_version=e.engine_version, fault=e.fault,
+                host=e.host)
 
 
 def check_rank_status(e: Any) -> None:

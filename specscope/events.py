@@ -69,6 +69,9 @@ class RunStart(EventBase):
     rank: int = 0
     ts_wall: float = field(default_factory=now)
 
+    def __post_init__(self) -> None:
+        checks.check_run_start(self)
+
 
 @dataclass(frozen=True, slots=True)
 class RankStart(EventBase):

@@ -76,7 +76,9 @@ from typing import Any
 
 import httpx
 
+from specscope import event_checks as checks
 from specscope.adapters import _responses
+from specscope.errors import ConfigError, InvalidEvent
 from specscope.events import (
     MAX_COUNT,
     RankStart,
@@ -249,6 +251,10 @@ class ResponseRecorder(httpx.BaseTransport):
                  k: int | None = None, transport: httpx.BaseTransport | None = None) -> None:
         self.sink = sink
         self.run_id = run_id or f"recorded-{uuid.uuid4().hex[:12]}"
+        try:  # here, not at the first response: its RunStart would be refused there
+            checks.check_names("response recorder", run_id=self.run_id, engine=engine, engine_version=engine_version)
+        except InvalidEvent as exc:
+            raise ConfigError(str(exc)) from None
         self._run = dict(engine=engine, engine_version=engine_version, draft_model=draft_model)
         self._target_model, self._k = target_model, k
         self._run_k: int | None = None  # the k the run stored

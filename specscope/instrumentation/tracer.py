@@ -11,7 +11,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from specscope.errors import ConfigError
+from specscope import event_checks as checks
+from specscope.errors import ConfigError, InvalidEvent
 from specscope.events import (
     Event,
     RankStart,
@@ -67,6 +68,11 @@ class Tracer:
             raise ConfigError(f"run_id must be a string, got {type(run_id).__name__}")
         self.sink = sink
         self.run_id = run_id or uuid.uuid4().hex
+        try:  # here, not when the first hook starts the run: its RunStart would be dropped there
+            checks.check_names("tracer", run_id=self.run_id, engine=engine, engine_version=engine_version,
+                               fault=fault, device=device)
+        except InvalidEvent as exc:
+            raise ConfigError(str(exc)) from None
         self.config = config
         self.sampling = _sampling(sampling, first_calls=first_calls, sample_every=sample_every,
                                   value_stats=value_stats, provenance_every=provenance_every)

@@ -32,7 +32,7 @@ from sqlalchemy import (
     text,
 )
 
-from specscope.event_checks import MAX_REQUEST_ID, SURPRISE_COLUMNS
+from specscope.event_checks import MAX_HOST, MAX_NAME, MAX_REQUEST_ID, SURPRISE_COLUMNS
 from specscope.events import PIT_BINS
 
 SCHEMA_VERSION = 18
@@ -48,26 +48,26 @@ schema_migrations = Table(
 
 runs = Table(
     "runs", metadata,
-    Column("run_id", String(64), primary_key=True),
-    Column("engine", String(64), nullable=False),
-    Column("engine_version", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), primary_key=True),
+    Column("engine", String(MAX_NAME), nullable=False),
+    Column("engine_version", String(MAX_NAME), nullable=False),
     Column("target_model", Text, nullable=False),
     Column("draft_model", Text, nullable=False),
-    Column("fault", String(64)),
+    Column("fault", String(MAX_NAME)),
     Column("config", Text, nullable=False),  # JSON of RunConfig.to_dict()
     Column("world_size", Integer, nullable=False),
-    Column("host", String(255), nullable=False),
+    Column("host", String(MAX_HOST), nullable=False),
     Column("started_wall", Float, nullable=False),
 )
 
 run_ranks = Table(
     "run_ranks", metadata,
-    Column("run_id", String(64), primary_key=True),
+    Column("run_id", String(MAX_NAME), primary_key=True),
     Column("rank", Integer, primary_key=True),
     Column("world_size", Integer, nullable=False),
-    Column("host", String(255), nullable=False),
+    Column("host", String(MAX_HOST), nullable=False),
     Column("pid", Integer, nullable=False),
-    Column("device", String(64), nullable=False),
+    Column("device", String(MAX_NAME), nullable=False),
     Column("started_wall", Float, nullable=False),
     Column("last_seen_wall", Float, nullable=False),
     Column("ended_wall", Float),
@@ -81,7 +81,7 @@ run_ranks = Table(
 
 requests = Table(
     "requests", metadata,
-    Column("run_id", String(64), primary_key=True),
+    Column("run_id", String(MAX_NAME), primary_key=True),
     Column("request_id", String(MAX_REQUEST_ID), primary_key=True),
     Column("rank", Integer, nullable=False),
     Column("prompt_tokens", Integer, nullable=False),
@@ -103,7 +103,7 @@ verify_steps = Table(
     "verify_steps", metadata,
     # the order rows were stored in: the schema-13 upgrade keeps the first of a step stored twice
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("step", Integer, nullable=False),
@@ -129,14 +129,14 @@ verify_steps = Table(
 # keeps its implicit rowid), and one index over every row (version 17).
 tensor_events = Table(
     "tensor_events", metadata,
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("hook_point", String(255), nullable=False),
     Column("call_index", Integer, nullable=False),
     Column("shape", String(128), nullable=False),
     Column("width", Integer),
     Column("dtype", String(32), nullable=False),
-    Column("device", String(64), nullable=False),
+    Column("device", String(MAX_NAME), nullable=False),
     Column("expected_shape", String(128)),
     Column("expected_width", Integer),
     Column("absmax", Float),
@@ -165,7 +165,7 @@ tensor_events = Table(
 
 acceptance_masks = Table(
     "acceptance_masks", metadata,
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("accepted_mask", String(64), nullable=False),
     # BigInteger (version 13): a watched server's counters pass 2**31 - 1 for one mask within days
@@ -183,7 +183,7 @@ acceptance_masks = Table(
 # few rows per request here instead of every verify step of the run.
 request_accepts = Table(
     "request_accepts", metadata,
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     # draft tokens each of these steps accepted (0..k): rows whose steps share an accepted mask, or
     # that proposed nothing; -1 (_summaries.UNKNOWN_DRAFTS) where not known (totals without a mask)
@@ -204,7 +204,7 @@ request_accepts = Table(
 # and read the raw rows of the few seconds that straddle a slice boundary (queries._sliced).
 step_seconds = Table(
     "step_seconds", metadata,
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("wall_second", BigInteger, nullable=False),  # floor(ts_wall)
     Column("steps", BigInteger, nullable=False),  # sum of verify_steps.steps
@@ -216,7 +216,7 @@ step_seconds = Table(
 
 draft_input_seconds = Table(  # tensor_events at draft.* hook points with an expected width
     "draft_input_seconds", metadata,
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("hook_point", String(255), nullable=False),
     Column("width", Integer, nullable=False),  # -1 (_summaries.NO_WIDTH) for a tensor without one
@@ -230,12 +230,12 @@ draft_input_seconds = Table(  # tensor_events at draft.* hook points with an exp
 
 tensor_shapes = Table(
     "tensor_shapes", metadata,
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("hook_point", String(255), nullable=False),
     Column("shape", String(128), nullable=False),
     Column("dtype", String(32), nullable=False),
-    Column("device", String(64), nullable=False),
+    Column("device", String(MAX_NAME), nullable=False),
     # '' where no contract is known (NULL in tensor_events): a NULL in a key would never conflict
     Column("expected_shape", String(128), nullable=False),
     Column("graph_phase", String(16), nullable=False),
@@ -254,7 +254,7 @@ tensor_shapes = Table(
 provenance = Table(
     "provenance", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("call_index", Integer, nullable=False),
     Column("configured", Text, nullable=False),  # JSON list of ints
@@ -270,7 +270,7 @@ provenance = Table(
 load_reports = Table(
     "load_reports", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("module", String(255), nullable=False),
     Column("source", Text, nullable=False),
@@ -291,7 +291,7 @@ MAX_POSITIONS = 64
 lossless_audit = Table(  # one row per request and audited batch of verify steps (events.LosslessAudit)
     "lossless_audit", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     Column("sampling", String(64), nullable=False),
@@ -318,7 +318,7 @@ lossless_audit = Table(  # one row per request and audited batch of verify steps
 
 request_tokens = Table(  # one row per request whose token ids were kept (events.RequestTokens; version 12)
     "request_tokens", metadata,
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("prompt_ids", Text, nullable=False),  # JSON list of token ids
@@ -330,7 +330,7 @@ request_tokens = Table(  # one row per request whose token ids were kept (events
 
 replay_requests = Table(  # one row per replayed request, the last replay's (events.ReplayResult; version 12)
     "replay_requests", metadata,
-    Column("run_id", String(64), nullable=False),
+    Column("run_id", String(MAX_NAME), nullable=False),
     Column("request_id", String(MAX_REQUEST_ID), nullable=False),
     Column("rank", Integer, nullable=False),
     Column("sampling", String(64), nullable=False),
@@ -359,7 +359,7 @@ replay_requests = Table(  # one row per replayed request, the last replay's (eve
 findings = Table(
     "findings", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(64)),
+    Column("run_id", String(MAX_NAME)),
     Column("source", String(16), nullable=False),  # 'doctor' | 'inspect'
     Column("code", String(64), nullable=False),
     Column("severity", String(16), nullable=False),
