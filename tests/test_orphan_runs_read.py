@@ -74,18 +74,24 @@ def test_every_dashboard_page_opens_an_orphan(monkeypatch, tmp_path):
         write_orphan(store, T.no_aux_capture("broken"))
         write_orphan(store, T.healthy("quiet"), ranks=False)
         store.write(ghost_rows("ghost"))
-        readmodel.store_verdict(store, "broken")  # as the collector's run-end callback does
     at: AppTest = app(monkeypatch, str(path))
     assert at.session_state["run_id"] == "quiet"  # the newest
     (strip,) = [m.value for m in at.markdown if m.value.startswith("Runs: ")]
-    assert ":red[**1 error" in strip and "unknown `broken`" in strip  # the stored verdict of a run not open
+    # the doctor's verdict on every run named, though none was stored (no collector wrote them)
+    assert ":red[**1 error, 1 warning**] unknown `broken`" in strip, strip
+    assert ":green[**no finding**] specscope-reference `healthy`" in strip, strip
     for run_id in ("broken", "quiet", "ghost"):
         at.selectbox(key="run_picker").set_value(run_id).run()
         assert not at.exception, [e.value for e in at.exception]
         if run_id == "broken":
             assert texts(at, "error")[0].startswith("**ACCEPT_COLLAPSE**")
+        visit(at, "tensors")
+        assert any(i.startswith("Contract unknown: this run's RunStart") for i in texts(at, "info")), run_id
+        assert not [m.value for m in at.markdown if m.value.startswith("Contract:")], run_id
+        visit(at, "overview")
         assert any("RUN_START_MISSING" in w for w in texts(at, "warning")), run_id
         assert any(c.value.startswith(f"run `{run_id}` · no RunStart stored") for c in at.caption), run_id
+        assert any(i.startswith("**Not checked** — ") for i in texts(at, "info")), run_id  # CHECKS_SKIPPED
         for page in PAGES[1:]:
             visit(at, page)
         visit(at, "overview")

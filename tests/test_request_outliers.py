@@ -42,3 +42,22 @@ def test_requests_that_merely_differ_are_not_outliers(store):
 def test_repetition_is_told_from_prose():
     assert text_repeats(LOOP) and text_repeats("ab" * 40)
     assert not text_repeats(PROSE) and not text_repeats(None) and not text_repeats("ab" * 10)
+
+
+def test_the_requests_page_marks_the_outliers(monkeypatch, tmp_path):
+    from test_app_pages import app, texts, visit
+
+    from specscope.storage import open_store
+
+    requests = [_healthy(i) for i in range(6)]
+    requests.append(Req([0] * 12, start=100, text="garbled !!@# zxq"))
+    requests.append(Req([4] * 12, start=110, text=LOOP))
+    with open_store(str(tmp_path / "s.db")) as store:
+        write_run(store, "outliers", requests)
+    at = visit(app(monkeypatch, str(tmp_path / "s.db")), "requests")
+    assert texts(at, "warning")[0].startswith("**REQUEST_ACCEPT_OUTLIER** — ")
+    table = at.dataframe[-1].value
+    marks = dict(zip(table["request"], table["doctor"]))
+    assert marks.pop("r6") == "outlier: accepts next to nothing"
+    assert marks.pop("r7") == "outlier: accepts all, text repeats"
+    assert set(marks.values()) == {""}

@@ -39,7 +39,8 @@ LINKED_KEY = "linked_run"  # the run this session last put in the address
 _IDS = reprlib.Repr()
 _IDS.maxstring = 200
 SEVERITY_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
-UNOBSERVED_CODES = ("NOT_OBSERVED", "CHECKS_SKIPPED")  # findings naming what could not be checked
+UNOBSERVED_TITLE = {"NOT_OBSERVED": "Not observed", "CHECKS_SKIPPED": "Not checked"}
+UNOBSERVED_CODES = tuple(UNOBSERVED_TITLE)  # findings naming what could not be checked
 STATE_LABEL = {"running": "live", "finished": "finished", "crashed": "crashed", "stale": "stale", "lost": "lost"}
 STATE_HELP = {"running": "events are arriving", "finished": "every rank ended",
               "crashed": "a rank stopped on an error",
@@ -277,7 +278,7 @@ def findings_banner(items: list[Finding], *, limit: int | None = None,
         st.caption(f"{len(shown) - limit} more on the Findings page")
     skipped = [f for f in items if f.code in UNOBSERVED_CODES and f.severity == "info"]
     for finding in skipped:
-        st.info(f"**Not observed** — {inert(finding.message)}", icon=":material/visibility_off:")
+        st.info(f"**{UNOBSERVED_TITLE[finding.code]}** — {inert(finding.message)}", icon=":material/visibility_off:")
     if not shown and not skipped:
         infos = len(items)
         st.success(ok + (f" ({infos} info)" if infos else ""),

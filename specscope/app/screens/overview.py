@@ -21,10 +21,12 @@ STRIP_RUNS = 6  # newest runs named in the verdict strip at the top; the Runs ta
 
 def verdict_strip() -> None:
     """One line naming the newest runs with their verdict in colour, so a healthy and a faulty run are
-    told apart on the first screen whichever is open."""
+    told apart on the first screen whichever is open. Each is the doctor's verdict (an ended run's
+    computed once per dashboard): a run whose verdict was never stored (written without the
+    collector's run-end callback, or without its RunStart) would read green from the stored counts."""
     parts = []
     for r in runs[:STRIP_RUNS]:
-        found = widgets.counts(r, diagnosed=r["run_id"] == run_id)
+        found = widgets.counts(r, diagnosed=True)
         said = widgets.counts_said(found) or "no finding"
         colour = "red" if found["error"] else "orange" if found["warning"] else "green"
         name = (widgets.inert(r["engine"]) + (f" {widgets.inert(r['fault'])}" if r["fault"] else "")

@@ -11,6 +11,8 @@ run_id = widgets.run_picker()
 summary = widgets.query(queries.run_summary, run_id)
 k = summary["config"].get("k")
 ALL_ROWS = 25  # up to this many requests the table shows every row, no inner scroll
+# REQUEST_ACCEPT_OUTLIER's evidence lists (the first ten of each kind) and how the table marks them
+OUTLIER_MARKS = {"near_zero": "outlier: accepts next to nothing", "repeating": "outlier: accepts all, text repeats"}
 st.title("Requests")
 
 
@@ -41,8 +43,15 @@ def body() -> None:
                    f"{widgets.fmt(spread['p10_al'])}, median {widgets.fmt(spread['p50_al'])}, p90 "
                    f"{widgets.fmt(spread['p90_al'])}, p99 {widgets.fmt(spread['p99_al'])}; token-weighted "
                    f"{widgets.fmt(spread['token_weighted_al'])}.")
-    st.caption(f"{summary['requests']:,} requests; showing {len(rows)}")
-    st.dataframe([{"request": r["request_id"], "rank": r["rank"], "sampling": r["sampling"],
+    outliers = [f for f in widgets.findings(run_id) if f.code == "REQUEST_ACCEPT_OUTLIER"]
+    if outliers:
+        widgets.findings_banner(outliers)
+    marked = {named["request_id"]: label for f in outliers for part, label in OUTLIER_MARKS.items()
+              for named in f.evidence.get(part, ())}
+    st.caption(f"{summary['requests']:,} requests; showing {len(rows)}"
+               + ("; the doctor's outliers marked" if marked else ""))
+    st.dataframe([{"request": r["request_id"], "doctor": marked.get(r["request_id"], ""),
+                   "rank": r["rank"], "sampling": r["sampling"],
                    "prompt tokens": r["prompt_tokens"],
                    "output tokens": r["output_tokens"], "verify steps": r["verify_steps"],
                    "acceptance length": r["mean_acceptance_length"],

@@ -44,9 +44,13 @@ def body() -> None:
         return
     contract = widgets.query(queries.tensor_contract, run_id)
     widths = queries.draft_input_widths(contract, fused)
-    st.markdown(f"Contract: {len(aux)} capture layers {widgets.inert(aux)} × target hidden "
-                f"{widgets.inert(config.get('target_hidden_size'))} = **expected fused width {fused}**; "
-                f"k = {widgets.inert(config.get('k'))}.")
+    if summary["run_start"]:
+        st.markdown(f"Contract: {len(aux)} capture layers {widgets.inert(aux)} × target hidden "
+                    f"{widgets.inert(config.get('target_hidden_size'))} = **expected fused width {fused}**; "
+                    f"k = {widgets.inert(config.get('k'))}.")
+    else:
+        st.info("Contract unknown: this run's RunStart, which declares it, was not stored "
+                "(RUN_START_MISSING). The hook points below are what was observed.", icon=":material/help:")
     # The doctor's verdict on the contract (its rules and thresholds, not the page's own).
     verdict = [f for f in widgets.findings(run_id) if f.code in CONTRACT_CODES + UNOBSERVED]
     if widths or verdict:
@@ -91,7 +95,8 @@ def body() -> None:
                                              for x in r["received"]),
                        "matches": "yes" if r["matches"] else "NO", "width": r["width"], "checks": r["checks"]}
                       for r in rows], hide_index=True)
-    with st.expander("The contract this run declared (RunConfig)"):
+    with st.expander("The contract this run declared (RunConfig)" if summary["run_start"]
+                     else "The contract this run declared (RunConfig): not stored"):
         st.dataframe([{"field": name, "value": "—" if config.get(name) is None else str(config[name])}
                       for name in RUN_CONFIG_FIELDS], hide_index=True)
     st.subheader("Every hook point: observed vs expected")
