@@ -31,8 +31,8 @@ def body() -> None:
         st.caption("No load report recorded: this run's loader was not observed (embedded API: "
                    "`check_load`; the vLLM plugin records a load vLLM refused as the run's error).")
     else:
-        st.caption("What each load did with the checkpoint's keys; the doctor's WEIGHTS_DROPPED above "
-                   "judges them (for strict and non-strict loads alike).")
+        st.caption("What each load did with the checkpoint's keys; the doctor judges them (WEIGHTS_DROPPED, "
+                   "listed above when a load dropped or missed a key, strict and non-strict loads alike).")
     for report in reports:
         st.markdown(f"Rank {report['rank']} · {widgets.code(report['module'])} ← {widgets.code(report['source'])} · "
                     f"{'strict' if report['strict'] else 'non-strict'} · {report['loaded']} keys loaded")
