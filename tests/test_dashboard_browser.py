@@ -233,9 +233,9 @@ def test_stored_text_is_never_markdown(tmp_path):
     from specscope import events as ev
     from specscope.storage import open_store
 
-    image = "![img](http://127.0.0.9:9/probe.png)"
-    block = "\n\n# ALL RUNS HEALTHY\n\n* item\n\n---\n"  # a heading, a list and a rule, line by line
-    run, request = f"run`{image}`x{block}", f"q`{image}"
+    image = "![i](http://127.0.0.9:9/p.png)"
+    block = "\n\n# ALL HEALTHY\n\n* it\n\n---\n"  # a heading, a list and a rule, line by line
+    run, request = f"run`{image}`x{block}", f"q`{image}"  # within the 64 characters a run name may have
     store = tmp_path / "hostile.db"
     with open_store(str(store)) as s:
         s.write([ev.RunStart(run_id=run, engine=f"eng {image}{block}", engine_version="1", target_model=f"tm {image}",
@@ -260,7 +260,7 @@ def test_stored_text_is_never_markdown(tmp_path):
                                                  ".length") == 0, path
                 assert page.get_by_text("Traceback").count() == 0, path
                 # a heading or list item of its own (the page's headings name the run, line break and all)
-                for element, text in (("h1, h2, h3, h4", "ALL RUNS HEALTHY"), ("li", "item")):
+                for element, text in (("h1, h2, h3, h4", "ALL HEALTHY"), ("li", "it")):
                     own = page.locator(element).filter(has_text=re.compile(rf"^\s*{text}\s*$"))
                     assert own.count() == 0, (path, element)
                 assert page.locator('[data-testid="stMarkdownContainer"] hr').count() == 0, path

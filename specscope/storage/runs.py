@@ -23,7 +23,7 @@ def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
     if not run_id:
         raise ConfigError(f"an empty run id names no run of {url}: give a run id or a unique prefix of one; "
                           f"{_known_runs(conn)}")
-    if fetch(conn, q.RUN_ID, run_id=run_id):
+    if fetch(conn, q.RUN_META, run_id=run_id) or fetch(conn, q.RUN_ID, run_id=run_id):  # runs first: one seek
         return run_id
     matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, prefix=run_id, limit=_KNOWN_SHOWN + 1)]
     if len(matches) == 1:

@@ -30,10 +30,12 @@ ended), ``'running'``, or ``'lost'``: not ended and no rank heard from for more 
 host gone). A lost run that is heard from again reads ``'running'`` again. Its ``error_findings`` /
 ``warning_findings`` count the findings last stored with the run (the collector's run-end callback
 stores the doctor's verdict when a rank ends: docs/design.md, "Reading a run"); a live run's current
-verdict is computed by :mod:`specscope.readmodel`. A run whose RunStart never reached the store
-(``run_start`` 0) is listed too, so no reader misses its rows: engine :data:`UNKNOWN_ENGINE`, config
-``'{}'``, models, version and fault NULL, and world size, host and start from its ``run_ranks`` rows
-(or its first verify step) where it has them; with no time at all stored it reads ``'lost'``.
+verdict is computed by :mod:`specscope.readmodel`. A run whose RunStart never reached the store but
+whose ranks did (``run_start`` 0: the collector writes rank rows with every batch) is listed too:
+engine :data:`UNKNOWN_ENGINE`, config ``'{}'``, models, version and fault NULL, and world size (at
+least the ranks seen), host and start from its ``run_ranks`` rows. ``v_run_ids`` also lists the runs
+with neither (rows written around the collector), for the doctor; it reads every run id of four
+tables, one index seek per run, so the per-run views do not build on it.
 | ``v_sampling_acceptance`` | run, sampling group | requests, steps, AL, rate, p_0 of each sampling group |
 | ``v_lossless_audit`` | run, sampling group | greedy mismatches; sampled tests (junk, mean p, PIT, surprise), recovered tokens, power, verdict |
 | ``v_replay_audit`` | run, sampling group | the same over a replay against the target alone, with departures, near-ties, margins |
@@ -302,8 +304,41 @@ RUN_GRAPH_MODE = "CASE WHEN COUNT(DISTINCT graph_mode) > 1 THEN 'mixed' ELSE MAX
 call)."""
 
 
-def _stored_findings(severity: str) -> str:
-    return f"(SELECT COUNT(*) FROM findings f WHERE f.run_id = i.run_id AND f.severity = '{severity}')"
+def _stored_findings(severity: str, run: str) -> str:
+    return f"(SELECT COUNT(*) FROM findings f WHERE f.run_id = {run}.run_id AND f.severity = '{severity}')"
+
+
+# A run's rank rows, one row per run (v_run_summary's ``k``): ended, crashed, last heard, counters.
+_RANKS = f"""(SELECT run_id, COUNT(*) AS ranks, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
+                  COUNT(error) AS ranks_crashed, MAX(error) AS error, MAX(world_size) AS world_size,
+                  MIN(host) AS host, MIN(started_wall) AS started_wall,
+                  MAX(last_seen_wall) AS last_seen_wall, {_total("events_written")} AS events_written,
+                  {_total("events_dropped")} AS events_dropped, {_total("hook_errors")} AS hook_errors,
+                  {RUN_GRAPH_MODE} AS graph_mode
+           FROM run_ranks GROUP BY run_id)"""
+_RANK_COLUMNS = ("k.run_id, k.ended_wall, k.ranks_ended, k.ranks_crashed, k.error, k.last_seen_wall, "
+                 "k.events_written, k.events_dropped, k.hook_errors, k.graph_mode")
+# Without a RunStart a run's world size is what its rank rows say, and at least the ranks seen: a rank
+# row made from counters alone says 1.
+_SEEN_WORLD = "CASE WHEN k.world_size >= k.ranks THEN k.world_size ELSE k.ranks END"
+
+
+def _run_status(world_size: str, last_heard: str) -> str:
+    return f"""CASE WHEN k.ranks_crashed > 0 THEN 'crashed'
+            WHEN k.ranks_ended >= {world_size} THEN 'finished'
+            WHEN {NOW_WALL} - {last_heard} > {LOST_AFTER_S!r} THEN 'lost'
+            ELSE 'running' END"""
+
+
+def _run_columns(run: str) -> str:
+    """v_run_summary's columns after the status, the run's id read from table alias ``run``."""
+    return f"""k.last_seen_wall, k.error,
+       (SELECT COUNT(*) FROM requests q WHERE q.run_id = {run}.run_id) AS requests,
+       {_summed("m.")},
+       COALESCE(k.events_written, 0) AS events_written, COALESCE(k.events_dropped, 0) AS events_dropped,
+       COALESCE(k.hook_errors, 0) AS hook_errors, k.graph_mode,
+       {_stored_findings("error", run)} AS error_findings,
+       {_stored_findings("warning", run)} AS warning_findings"""
 
 
 VIEWS: dict[str, str] = {
@@ -361,37 +396,27 @@ FROM (SELECT run_id FROM run_ranks_ids UNION SELECT run_id FROM verify_steps_ids
       UNION SELECT run_id FROM tensor_events_ids UNION SELECT run_id FROM requests_ids) s
 WHERE s.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id)
 """,
-    # Run ids joined to their run row (if stored), acceptance summary rows and rank rows, grouped by run.
+    # Runs with their RunStart, then (UNION ALL) runs with rank rows but no RunStart: each arm groups
+    # by a plain table's run_id, so a filter on one run reaches its rows on SQLite too.
     "v_run_summary": f"""
-SELECT i.run_id, i.run_start, COALESCE(r.engine, '{UNKNOWN_ENGINE}') AS engine, r.engine_version, r.target_model,
-       r.draft_model, r.fault, COALESCE(r.config, '{{}}') AS config, COALESCE(r.world_size, k.world_size) AS world_size,
-       COALESCE(r.host, k.host) AS host, COALESCE(r.started_wall, k.started_wall, MIN(m.first_wall)) AS started_wall,
-       k.ended_wall,
-       CASE WHEN k.ranks_crashed > 0 THEN 'crashed'
-            WHEN k.ranks_ended >= COALESCE(r.world_size, k.world_size) THEN 'finished'
-            WHEN {NOW_WALL} - COALESCE(k.last_seen_wall, r.started_wall, MAX(m.last_wall), 0) > {LOST_AFTER_S!r}
-            THEN 'lost'
-            ELSE 'running' END AS status,
-       COALESCE(k.last_seen_wall, CASE WHEN i.run_start = 0 THEN MAX(m.last_wall) END) AS last_seen_wall, k.error,
-       (SELECT COUNT(*) FROM requests q WHERE q.run_id = i.run_id) AS requests,
-       {_summed("m.")},
-       COALESCE(k.events_written, 0) AS events_written, COALESCE(k.events_dropped, 0) AS events_dropped,
-       COALESCE(k.hook_errors, 0) AS hook_errors, k.graph_mode,
-       {_stored_findings("error")} AS error_findings,
-       {_stored_findings("warning")} AS warning_findings
-FROM v_run_ids i
-LEFT JOIN runs r ON r.run_id = i.run_id
-LEFT JOIN acceptance_masks m ON m.run_id = i.run_id
-LEFT JOIN (SELECT run_id, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
-                  COUNT(error) AS ranks_crashed, MAX(error) AS error, MAX(world_size) AS world_size,
-                  MIN(host) AS host, MIN(started_wall) AS started_wall,
-                  MAX(last_seen_wall) AS last_seen_wall, {_total("events_written")} AS events_written,
-                  {_total("events_dropped")} AS events_dropped, {_total("hook_errors")} AS hook_errors,
-                  {RUN_GRAPH_MODE} AS graph_mode
-           FROM run_ranks GROUP BY run_id) k ON k.run_id = i.run_id
-GROUP BY i.run_id, i.run_start, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
-         r.world_size, r.host, r.started_wall, k.world_size, k.host, k.started_wall, k.ended_wall, k.ranks_ended,
-         k.ranks_crashed, k.error, k.last_seen_wall, k.events_written, k.events_dropped, k.hook_errors, k.graph_mode
+SELECT r.run_id, 1 AS run_start, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
+       r.world_size, r.host, r.started_wall, k.ended_wall,
+       {_run_status("r.world_size", "COALESCE(k.last_seen_wall, r.started_wall)")} AS status,
+       {_run_columns("r")}
+FROM runs r
+LEFT JOIN acceptance_masks m ON m.run_id = r.run_id
+LEFT JOIN {_RANKS} k ON k.run_id = r.run_id
+GROUP BY r.run_id, r.engine, r.engine_version, r.target_model, r.draft_model, r.fault, r.config,
+         r.world_size, r.host, r.started_wall, {_RANK_COLUMNS}
+UNION ALL
+SELECT k.run_id, 0 AS run_start, '{UNKNOWN_ENGINE}' AS engine, NULL AS engine_version, NULL AS target_model,
+       NULL AS draft_model, NULL AS fault, '{{}}' AS config, {_SEEN_WORLD} AS world_size, k.host, k.started_wall,
+       k.ended_wall, {_run_status(_SEEN_WORLD, "k.last_seen_wall")} AS status,
+       {_run_columns("k")}
+FROM {_RANKS} k
+LEFT JOIN acceptance_masks m ON m.run_id = k.run_id
+WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = k.run_id)
+GROUP BY k.world_size, k.ranks, k.host, k.started_wall, {_RANK_COLUMNS}
 """,
     **DISTRIBUTION_VIEWS,
 }

@@ -48,8 +48,10 @@ def body() -> None:
         widgets.findings_banner(outliers)
     marked = {named["request_id"]: label for f in outliers for part, label in OUTLIER_MARKS.items()
               for named in f.evidence.get(part, ())}
+    named = sum(f.evidence.get(f"{part}_count", 0) for f in outliers for part in OUTLIER_MARKS)
     st.caption(f"{summary['requests']:,} requests; showing {len(rows)}"
-               + ("; the doctor's outliers marked" if marked else ""))
+               + (f"; the doctor's outliers marked: {len(marked)} of the {named} it found (it lists up to "
+                  "10 of each kind)" if marked else ""))
     st.dataframe([{"request": r["request_id"], "doctor": marked.get(r["request_id"], ""),
                    "rank": r["rank"], "sampling": r["sampling"],
                    "prompt tokens": r["prompt_tokens"],
