@@ -1,8 +1,8 @@
 """Acceptance figures, defined once for Python (docs/design.md, "Acceptance figures"): an engine's own
 figures in process (the reference engine, ``specscope generate``, the benchmarks). Over stored verify
-steps the same formulas are SQL, written once in :mod:`specscope.storage.views`
-(``mean_acceptance_length``, ``_acceptance_columns``, ``_POSITION_HIT``); tests hold the two equal
-on the same steps.
+steps the same formulas are SQL, written once in ``specscope/storage/_formulas.py``
+(``mean_acceptance_length``, ``acceptance_columns``) and :mod:`specscope.storage.views`
+(``_POSITION_HIT``); tests hold the two equal on the same steps.
 
 - mean acceptance length (AL) = 1 + accepted / verify_steps: tokens emitted per verify step, bonus
   token included; 1 <= AL <= k + 1 for a chain of k drafts. None when there is no verify step.

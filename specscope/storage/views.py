@@ -56,7 +56,7 @@ import math
 
 from specscope.events import PIT_BINS
 from specscope.storage._distribution_views import DISTRIBUTION_VIEWS
-from specscope.storage._formulas import mean_acceptance_length
+from specscope.storage._formulas import summed, total
 
 LOSSLESS_ALPHA = 1e-3
 """False-alarm bound of the sampled losslessness audit, per run and sampling group, shared equally by
@@ -199,41 +199,6 @@ _REPLAY_COLUMNS = """,
 near-tie, the requests with any / only near-tie departures, the largest margin."""
 
 
-def _acceptance_columns(steps: str, proposed: str, accepted: str, first_wall: str, last_wall: str,
-                        detail: str) -> str:
-    """The acceptance columns (docs/design.md, "Acceptance figures") over one group, from the SQL
-    aggregates of its verify steps (``steps``: how many, bonus excluded), proposed and accepted draft
-    tokens, first / last wall time and step detail (1: some row is a per-step row). COALESCE makes a
-    LEFT JOIN with no row give 0 steps and NULL ratios."""
-    steps = f"COALESCE({steps}, 0)"
-    return f"""
-    {steps} AS verify_steps,
-    {proposed} AS proposed,
-    {accepted} AS accepted,
-    {mean_acceptance_length(accepted, steps)} AS mean_acceptance_length,
-    CASE WHEN {proposed} > 0 THEN CAST({accepted} AS DOUBLE PRECISION) / {proposed} END AS acceptance_rate,
-    {accepted} + {steps} AS emitted_tokens,
-    {first_wall} AS first_wall,
-    {last_wall} AS last_wall,
-    CASE WHEN {last_wall} > {first_wall}
-         THEN CAST({accepted} + {steps} AS DOUBLE PRECISION) / ({last_wall} - {first_wall}) END
-         AS tokens_per_s,
-    {detail} AS step_detail"""
-
-
-def _total(expression: str) -> str:
-    """SUM of a BIGINT counter as BIGINT: PostgreSQL sums BIGINT to NUMERIC, which its driver reads as
-    Decimal (SQLite's sum is an integer already)."""
-    return f"CAST(SUM({expression}) AS BIGINT)"
-
-
-def _summed(alias: str = "") -> str:
-    """:func:`_acceptance_columns` over summary rows (``acceptance_masks``, ``request_accepts``; ``alias``:
-    its alias with the dot)."""
-    return _acceptance_columns(_total(f"{alias}steps"), _total(f"{alias}proposed"), _total(f"{alias}accepted"),
-                               f"MIN({alias}first_wall)", f"MAX({alias}last_wall)", f"MAX({alias}step_detail)")
-
-
 _POSITION_HIT = "SUBSTR({alias}.accepted_mask, {position} + 1, 1) = '1'"
 """Per-position acceptance (docs/design.md, "Acceptance figures"; :func:`specscope.metrics.per_position_acceptance`):
 draft position i (0-based) of a verify step was accepted when character i of its mask is '1'."""
@@ -256,9 +221,9 @@ def _positions(source: str, keys: str) -> str:
 SELECT {keys}, position, accepted_steps, verify_steps,
        CASE WHEN verify_steps > 0 THEN CAST(accepted_steps AS DOUBLE PRECISION) / verify_steps END AS acceptance
 FROM (SELECT DISTINCT {", ".join(f"t.{k}" for k in columns)}, p.pos AS position, t.verify_steps,
-             (SELECT {_total(f"CASE WHEN {_POSITION_HIT.format(alias='g', position='p.pos')} THEN g.steps ELSE 0 END")}
+             (SELECT {total(f"CASE WHEN {_POSITION_HIT.format(alias='g', position='p.pos')} THEN g.steps ELSE 0 END")}
               FROM {source} g WHERE {match}) AS accepted_steps
-      FROM (SELECT {keys}, {_total("CASE WHEN accepted_mask <> '' OR proposed = 0 THEN steps ELSE 0 END")} AS verify_steps,
+      FROM (SELECT {keys}, {total("CASE WHEN accepted_mask <> '' OR proposed = 0 THEN steps ELSE 0 END")} AS verify_steps,
                    MAX(LENGTH(accepted_mask)) AS max_proposed
             FROM {source} GROUP BY {keys}) t
       JOIN positions p ON p.pos < t.max_proposed) x
@@ -312,8 +277,8 @@ def _stored_findings(severity: str, run: str) -> str:
 _RANKS = f"""(SELECT run_id, COUNT(*) AS ranks, COUNT(ended_wall) AS ranks_ended, MAX(ended_wall) AS ended_wall,
                   COUNT(error) AS ranks_crashed, MAX(error) AS error, MAX(world_size) AS world_size,
                   MIN(host) AS host, MIN(started_wall) AS started_wall,
-                  MAX(last_seen_wall) AS last_seen_wall, {_total("events_written")} AS events_written,
-                  {_total("events_dropped")} AS events_dropped, {_total("hook_errors")} AS hook_errors,
+                  MAX(last_seen_wall) AS last_seen_wall, {total("events_written")} AS events_written,
+                  {total("events_dropped")} AS events_dropped, {total("hook_errors")} AS hook_errors,
                   {RUN_GRAPH_MODE} AS graph_mode
            FROM run_ranks GROUP BY run_id)"""
 _RANK_COLUMNS = ("k.run_id, k.ended_wall, k.ranks_ended, k.ranks_crashed, k.error, k.last_seen_wall, "
@@ -334,7 +299,7 @@ def _run_columns(run: str) -> str:
     """v_run_summary's columns after the status, the run's id read from table alias ``run``."""
     return f"""k.last_seen_wall, k.error,
        (SELECT COUNT(*) FROM requests q WHERE q.run_id = {run}.run_id) AS requests,
-       {_summed("m.")},
+       {summed("m.")},
        COALESCE(k.events_written, 0) AS events_written, COALESCE(k.events_dropped, 0) AS events_dropped,
        COALESCE(k.hook_errors, 0) AS hook_errors, k.graph_mode,
        {_stored_findings("error", run)} AS error_findings,
@@ -343,11 +308,11 @@ def _run_columns(run: str) -> str:
 
 VIEWS: dict[str, str] = {
     "v_run_acceptance": f"""
-SELECT run_id, {_summed()}
+SELECT run_id, {summed()}
 FROM acceptance_masks GROUP BY run_id
 """,
     "v_rank_acceptance": f"""
-SELECT run_id, rank, {_summed()}
+SELECT run_id, rank, {summed()}
 FROM acceptance_masks GROUP BY run_id, rank
 """,
     # Requests joined to their summary rows (a few per request) and grouped by the request's own
@@ -355,7 +320,7 @@ FROM acceptance_masks GROUP BY run_id, rank
     # primary key, so one run's requests cost one index range, not an aggregate over every run's.
     "v_request_acceptance": f"""
 SELECT r.run_id, r.request_id, r.rank, r.prompt_tokens, r.output_tokens,
-       {_summed("a.")},
+       {summed("a.")},
        r.started_wall, r.finished_wall,
        r.finished_wall - r.started_wall AS duration_s
 FROM requests r
@@ -375,7 +340,7 @@ FROM tensor_shapes
     # (``position0_steps``: the steps whose mask has position 0 accepted, _POSITION_HIT at 0).
     "v_sampling_acceptance": f"""
 SELECT a.run_id, COALESCE(q.sampling, 'unknown') AS sampling, COUNT(DISTINCT a.request_id) AS requests,
-       {_summed("a.")},
+       {summed("a.")},
        CASE WHEN SUM(a.steps) > 0
             THEN CAST(SUM(a.position0_steps) AS DOUBLE PRECISION) / SUM(a.steps) END AS position0_acceptance
 FROM request_accepts a
