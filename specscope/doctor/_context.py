@@ -107,7 +107,7 @@ class RunContext:
 
     @cached_property
     def acceptance(self) -> Acceptance:
-        # not v_run_summary: a run without a stored RunStart has no row there
+        # not v_run_summary: a run stored with neither its RunStart nor a rank row has no row there
         (row,) = self.rows(q.RUN_ACCEPTANCE)
         return Acceptance(int(row.requests), int(row.verify_steps), int(row.proposed or 0),
                           int(row.accepted or 0), _float(row.mean_acceptance_length),
