@@ -46,9 +46,8 @@ def panel(rid: str, narrow: bool) -> None:
         widgets.state_badge(summary["state"])
     models = (f"{widgets.inert(summary['target_model'])} + draft {widgets.inert(summary['draft_model'])}"
               if summary["run_start"] else "no RunStart stored: engine, models and contract unknown")
-    ranks = "ranks unknown" if summary["world_size"] is None else f"{summary['world_size']} rank(s)"
-    st.caption(f"run {widgets.code(rid)} · {models} · started {widgets.when(summary['started_wall']) or 'unknown'} · "
-               f"{ranks} · mode {widgets.graph_mode(config, summary['graph_mode'])}")
+    st.caption(f"run {widgets.code(rid)} · {models} · started {widgets.when(summary['started_wall'])} · "
+               f"{summary['world_size']} rank(s) · mode {widgets.graph_mode(config, summary['graph_mode'])}")
     widgets.findings_banner(widgets.findings(rid), limit=4 if narrow else 6)
     tiles = [("Accept length", widgets.fmt(summary["mean_acceptance_length"]),
               "tokens per verify step, bonus included (1 + accepted / steps)"),

@@ -100,20 +100,17 @@ def body() -> None:
         st.dataframe([{"field": name, "value": "—" if config.get(name) is None else str(config[name])}
                       for name in RUN_CONFIG_FIELDS], hide_index=True)
     st.subheader("Every hook point: observed vs expected")
-
-    def since(wall: float) -> float | None:  # a run without a stored start has no origin
-        return None if summary["started_wall"] is None else wall - summary["started_wall"]
-
     frame = pd.DataFrame([{"hook point": r["hook_point"], "rank": r["rank"],
                            "shape": widgets.shape_text(r["shape"]),
                            "expected": widgets.shape_text(r["expected_shape"]), "dtype": r["dtype"],
                            "phase": r["graph_phase"],
                            "events": r["events"],
-                           "first seen s": since(r["first_wall"]), "last seen s": since(r["last_wall"]),
+                           "first seen s": r["first_wall"] - summary["started_wall"],
+                           "last seen s": r["last_wall"] - summary["started_wall"],
                            "mismatch": "MISMATCH" if r["width_mismatch"] else ""} for r in contract])
     if not frame.empty:
         frame = frame.style.apply(lambda row: ["background-color: #ffcdd2" if row["mismatch"] else ""]
-                                  * len(row), axis=1).format({"first seen s": "{:.1f}", "last seen s": "{:.1f}"}, na_rep="—")
+                                  * len(row), axis=1).format({"first seen s": "{:.1f}", "last seen s": "{:.1f}"})
     st.dataframe(frame, hide_index=True)
 
 
