@@ -10,9 +10,11 @@ from _list_sink import ListSink
 
 from specscope import events as ev
 from specscope.adapters.recorder import ResponseRecorder
-from specscope.errors import ConfigError, InvalidEvent
+from specscope.collector import Collector
+from specscope.errors import ConfigError, EventRejected, InvalidEvent
 from specscope.event_checks import MAX_HOST, MAX_NAME
 from specscope.instrumentation import Tracer
+from specscope.storage import open_store
 
 NAMES = dict(engine="e", engine_version="1", target_model="t", draft_model="d")
 
@@ -45,3 +47,36 @@ def test_the_run_start_refuses_them_too():
 def test_the_response_recorder_refuses_a_long_run_id():
     with pytest.raises(ConfigError, match="response recorder: run_id"):
         ResponseRecorder(ListSink(), run_id="x" * (MAX_NAME + 1))
+
+
+def _step(run_id: object, step: int = 0) -> ev.VerifyStep:
+    return ev.VerifyStep(run_id=run_id, request_id="q", rank=0, step=step, proposed=2, accepted=1, draft_s=0.01,
+                         verify_s=0.02, emitted=("a",), ts_wall=1000.0 + step)
+
+
+@pytest.mark.parametrize("run_id, why", [(b"run-b", r"run_id b'run-b' is bytes, not text"),
+                                          ("r" * (MAX_NAME + 1), "is 65 characters; a store holds 64")])
+def test_a_store_refuses_a_run_id_it_cannot_hold_on_every_dialect(store_url, run_id, why):
+    """SQLite kept a bytes run id (every dashboard page then failed ordering it beside text ones) and
+    one over 64 characters (PostgreSQL refuses it): both are refused on every dialect, as an event's
+    rows or as a rank's counters alone, and nothing of the batch is written."""
+    with open_store(store_url) as store:
+        with pytest.raises(EventRejected, match=why):
+            store.write([_step("ok"), _step(run_id, 1)])
+        with pytest.raises(EventRejected, match=why):
+            store.write((), counters={(run_id, 0): (1, 0)})
+        assert store.query("SELECT COUNT(*) FROM verify_steps")[1] == [(0,)]
+        assert store.query("SELECT COUNT(*) FROM run_ranks")[1] == [(0,)]
+        store.write([_step("r" * MAX_NAME)])
+        assert store.query("SELECT run_id FROM verify_steps")[1] == [("r" * MAX_NAME,)]
+
+
+def test_the_collector_sets_aside_only_the_event_whose_run_id_no_store_holds(store_url):
+    with open_store(store_url) as store, Collector(store, batch_size=100, flush_interval_s=60) as collector:
+        for i in range(10):
+            collector.emit(_step("ok", i))
+        collector.emit(_step("r" * (MAX_NAME + 1)))
+        assert not collector.flush(60)  # one was set aside: flush says so
+        assert (collector.written, collector.rejected) == (10, 1)
+        collector.close()
+        assert store.query("SELECT run_id, events_written FROM run_ranks")[1] == [("ok", 10)]

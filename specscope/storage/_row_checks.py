@@ -3,15 +3,38 @@ write failed, to tell a batch that holds a bad value from a store that cannot be
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import reprlib
+from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import Any
 
+from specscope.event_checks import MAX_NAME
 from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Row
 
 _TABLE_NAMES = {s.name: s.table.name for s in STATEMENTS}
 _INT64 = 2**63
 _TYPES = {s.name: {column.name: column.type.python_type for column in s.table.columns} for s in STATEMENTS}
 _TUPLE_TYPES = {s.name: tuple(_TYPES[s.name][c] for c in s.columns) for s in STATEMENTS if s.columns}
+_RUN_ID = attrgetter("run_id")
+
+
+def run_id_refusal(events: Iterable[Any], counted: Iterable[str]) -> str | None:
+    """Why a run id of ``events`` or of the ranks ``counted`` cannot be stored (one line), or None.
+
+    Checked before every write, unlike :func:`bad_value`: SQLite keeps a bytes run id, or one over
+    :data:`MAX_NAME` characters, that PostgreSQL refuses, and every reader orders and compares run
+    ids as text (a bytes one broke every dashboard page and the doctor for the whole store). A set
+    of a batch's run ids is a few per batch, so the check costs one attribute read per event. None
+    is left to the columns: a finding about no run has it, any other row is refused as NOT NULL.
+    """
+    for run_id in set(map(_RUN_ID, events)).union(counted):
+        if run_id is None:
+            continue
+        if not isinstance(run_id, str):
+            return f"run_id {reprlib.repr(run_id)} is {type(run_id).__name__}, not text"
+        if len(run_id) > MAX_NAME:
+            return f"run_id {run_id[:40]!r}... is {len(run_id)} characters; a store holds {MAX_NAME}"
+    return None
 
 
 def _bad_value(expected: type, value: Any) -> str | None:

@@ -14,7 +14,7 @@ from specscope.events import Event, Finding
 from specscope.storage import _steps, _summaries, schema
 from specscope.storage._dialect import Dialect
 from specscope.storage._errors import translate
-from specscope.storage._row_checks import bad_value
+from specscope.storage._row_checks import bad_value, run_id_refusal
 from specscope.storage._rows import STATEMENTS, Counters, counter_rows, group_rows, summary_rows
 
 
@@ -51,6 +51,9 @@ class StoreWrites:
         """
         self._check_writable()
         try:
+            refusal = run_id_refusal(events, (run_id for run_id, _ in counters or ()))
+            if refusal is not None:  # before the folds, which would fail ordering a bytes run id
+                raise EventRejected(f"writing to {self.url}: {refusal}")
             grouped = group_rows(events)
             summaries = summary_rows(grouped)
         except (KeyError, AttributeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
