@@ -40,4 +40,7 @@ def run_rank(rank: int, store_file: str, out_dir: str, when: str = "after") -> N
         with open(f"{out_dir}/rank{rank}.txt", "w") as fh:
             fh.write(f"{start.rank} {start.world_size} {sink.of(RunStart)[0].world_size} {ranks}")
     finally:
+        # neither rank tears its sockets down while the other may still be connecting to it (gloo's
+        # "connectFullMesh failed ... Connection closed by peer" on a loaded machine)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
