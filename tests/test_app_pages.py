@@ -481,6 +481,33 @@ def test_a_link_to_a_run_the_store_does_not_hold_says_so_and_opens_the_newest(mo
     assert at.query_params["run"] == "healthy-run"
 
 
+def test_a_link_naming_a_unique_prefix_opens_that_run_and_puts_its_whole_id_in_the_address(monkeypatch, two_runs):
+    """The short ids the pages show work in a link, as in ``--run``; a prefix of several runs says so."""
+    monkeypatch.setenv(DB_ENV, two_runs)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60)
+    at.query_params["run"] = "heal"
+    at.run()
+    assert not at.exception and at.session_state["run_id"] == "healthy-run" and not texts(at, "warning")
+    assert at.query_params["run"] == "healthy-run"
+    at = AppTest.from_file(str(ENTRY), default_timeout=60)
+    at.query_params["run"] = "-run"  # no run id starts with it
+    at.run()
+    assert at.session_state["run_id"] == "faulty-run"
+    (warning,) = [w for w in texts(at, "warning") if "link" in w]
+    assert "no run" in warning and "showing the run in the picker below" in warning
+
+
+def test_a_link_naming_a_prefix_of_several_runs_names_them(monkeypatch, tmp_path):
+    db = write_store(tmp_path / "store.db", [trace("run-a"), trace("run-b", t0=1_750_000_100.0)])
+    monkeypatch.setenv(DB_ENV, db)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60)
+    at.query_params["run"] = "run-"
+    at.run()
+    assert not at.exception and at.session_state["run_id"] == "run-b"
+    (warning,) = [w for w in texts(at, "warning") if "link" in w]
+    assert "ambiguous" in warning and "run-a" in warning and "run-b" in warning
+
+
 def delete_runs(db: str, where: str) -> None:
     """Delete every row of the runs ``where`` selects (a run without its ``runs`` row is still listed)."""
     with sa.create_engine(f"sqlite:///{db}").begin() as conn:

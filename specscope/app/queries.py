@@ -18,6 +18,7 @@ from specscope.compare import compare
 from specscope.errors import ConfigError
 from specscope.storage import Store
 from specscope.storage import queries as q
+from specscope.storage.runs import resolve_run_id
 
 Row = dict[str, Any]
 
@@ -52,6 +53,16 @@ def comparison(store: Store, candidate_run: str, base_run: str) -> Row:
     the two cannot be compared (a run with fewer than two requests with verify steps)."""
     try:
         return compare(store, store, base_run, candidate_run).to_dict()
+    except ConfigError as exc:
+        return {"error": str(exc)}
+
+
+def linked_run(store: Store, run_id: str) -> Row:
+    """The run a link names by its id or a unique prefix of one (the short ids the pages show):
+    ``{"run_id": whole id}``, or ``{"error": message}`` naming why none (no such run, several)."""
+    try:
+        with store.connect() as conn:
+            return {"run_id": resolve_run_id(conn, run_id, store.url)}
     except ConfigError as exc:
         return {"error": str(exc)}
 

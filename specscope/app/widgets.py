@@ -227,16 +227,18 @@ def run_picker() -> str:
     # the address it went back to, and a page switch keeps the address's parameters).
     linked = st.query_params.get(LINK_PARAM)
     if linked is not None and linked != st.session_state.get(LINKED_KEY):
-        if linked not in ids:  # perhaps a run younger than the cached list
-            fresh = query(queries.runs, fresh=True)
-            if any(run["run_id"] == linked for run in fresh):
-                _cached.clear()  # the cached list is older than the run: every read of the page must see it
-                runs, ids = fresh, [run["run_id"] for run in fresh]
-        if linked in ids:
-            st.session_state[RUN_KEY] = linked
+        # not listed: a prefix (a short id copied off a page), or a run younger than the cached list
+        found = {"run_id": linked} if linked in ids else query(queries.linked_run, linked, fresh=True)
+        if found.get("run_id") is not None and found["run_id"] not in ids:
+            _cached.clear()  # the cached list is older than the run: every read of the page must see it
+            runs = query(queries.runs, fresh=True)
+            ids = [run["run_id"] for run in runs]
+        if found.get("run_id") in ids:
+            st.session_state[RUN_KEY] = found["run_id"]
         else:
-            st.warning(f"The link names run {code(_IDS.repr(linked))}, which this store does not hold; "
-                       "showing the run in the picker below.")
+            why = found.get("error", "it has rows but neither a RunStart nor a rank row, and only specscope doctor reads it")
+            st.warning(f"The link names run {code(_IDS.repr(linked))}, which this dashboard cannot open "
+                       f"({inert(why)}); showing the run in the picker below.")
     current = st.session_state.get(RUN_KEY)
     if current not in ids:  # first view, or the open run was deleted
         if current is not None:
