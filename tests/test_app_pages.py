@@ -508,6 +508,21 @@ def test_a_link_naming_a_prefix_of_several_runs_names_them(monkeypatch, tmp_path
     assert "ambiguous" in warning and "run-a" in warning and "run-b" in warning
 
 
+@pytest.mark.parametrize("link", ["faulty-run\x00", "x" * 100_000], ids=["NUL", "100k characters"])
+def test_a_link_no_run_id_can_be_warns_and_opens_the_newest_run(monkeypatch, store_url, link):
+    """A NUL in a link reached PostgreSQL's comparison and ended every page on "Reading the store
+    failed" (the address keeps the link); a pasted page was echoed whole in the warning."""
+    write_store(store_url, [trace("healthy-run"), trace("faulty-run", t0=1_750_000_100.0)])
+    monkeypatch.setenv(DB_ENV, store_url)
+    at = AppTest.from_file(str(ENTRY), default_timeout=60)
+    at.query_params["run"] = link
+    at.run()
+    assert not at.exception and not texts(at, "error") and at.session_state["run_id"] == "faulty-run"
+    (warning,) = [w for w in texts(at, "warning") if "link" in w]
+    assert "showing the run in the picker below" in warning and len(warning) < 2_000
+    assert at.query_params["run"] == "faulty-run"
+
+
 def delete_runs(db: str, where: str) -> None:
     """Delete every row of the runs ``where`` selects (a run without its ``runs`` row is still listed)."""
     with sa.create_engine(f"sqlite:///{db}").begin() as conn:

@@ -4,6 +4,11 @@ without it) while SQLite keeps it. They are refused where they are given, with o
 
 from __future__ import annotations
 
+import json
+import sqlite3
+import subprocess
+import sys
+
 import pytest
 from _draft_fixture import run_config
 from _list_sink import ListSink
@@ -55,11 +60,14 @@ def _step(run_id: object, step: int = 0) -> ev.VerifyStep:
 
 
 @pytest.mark.parametrize("run_id, why", [(b"run-b", r"run_id b'run-b' is bytes, not text"),
-                                          ("r" * (MAX_NAME + 1), "is 65 characters; a store holds 64")])
+                                          ("r" * (MAX_NAME + 1), "is 65 characters; a store holds 64"),
+                                          ("", "an empty run_id"),
+                                          ("run\x00b", "holds a NUL character")])
 def test_a_store_refuses_a_run_id_it_cannot_hold_on_every_dialect(store_url, run_id, why):
-    """SQLite kept a bytes run id (every dashboard page then failed ordering it beside text ones) and
-    one over 64 characters (PostgreSQL refuses it): both are refused on every dialect, as an event's
-    rows or as a rank's counters alone, and nothing of the batch is written."""
+    """SQLite kept a bytes run id (every dashboard page then failed ordering it beside text ones), an
+    empty one (the doctor then refused the whole store), and one over 64 characters or holding NUL
+    (PostgreSQL refuses them): all are refused on every dialect, as an event's rows or as a rank's
+    counters alone, and nothing of the batch is written."""
     with open_store(store_url) as store:
         with pytest.raises(EventRejected, match=why):
             store.write([_step("ok"), _step(run_id, 1)])
@@ -80,3 +88,31 @@ def test_the_collector_sets_aside_only_the_event_whose_run_id_no_store_holds(sto
         assert (collector.written, collector.rejected) == (10, 1)
         collector.close()
         assert store.query("SELECT run_id, events_written FROM run_ranks")[1] == [("ok", 10)]
+
+
+def test_a_write_of_a_generator_writes_every_event(store_url):
+    with open_store(store_url) as store:
+        store.write(_step("ok", i) for i in range(5))
+        store.write(iter([_step("ok", 5)]))
+        assert store.query("SELECT COUNT(*) FROM verify_steps")[1] == [(6,)]
+
+
+def test_an_empty_run_id_kept_by_an_older_store_is_diagnosed_with_the_others(tmp_path):
+    """A store written before writes refused the empty run id: the doctor judges that run and the
+    others, where it refused the whole store ("an empty run id names no run")."""
+    import _traces as T
+
+    db = tmp_path / "older.db"
+    with open_store(str(db)) as store:
+        T.healthy().write(store)
+        T.no_aux_capture("broken").write(store)
+    with sqlite3.connect(db) as conn:
+        for (table,) in conn.execute("SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) c "
+                                     "WHERE m.type = 'table' AND c.name = 'run_id'").fetchall():
+            conn.execute(f"UPDATE {table} SET run_id = '' WHERE run_id = 'broken'")
+    out = subprocess.run([sys.executable, "-m", "specscope", "doctor", "--db", str(db), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    data = json.loads(out.stdout)
+    assert sorted(r["run_id"] for r in data["runs"]) == ["", "healthy"]
+    assert any(f["run_id"] == "" and f["code"] == "ACCEPT_COLLAPSE" for f in data["findings"])

@@ -15,7 +15,7 @@ from typing import Any
 
 from specscope import metrics, points, readmodel
 from specscope.compare import compare
-from specscope.errors import ConfigError
+from specscope.errors import ConfigError, StoreError
 from specscope.storage import Store
 from specscope.storage import queries as q
 from specscope.storage.runs import resolve_run_id
@@ -63,7 +63,7 @@ def linked_run(store: Store, run_id: str) -> Row:
     try:
         with store.connect() as conn:
             return {"run_id": resolve_run_id(conn, run_id, store.url)}
-    except ConfigError as exc:
+    except (ConfigError, StoreError) as exc:  # StoreError: text the database cannot compare (NUL)
         return {"error": str(exc)}
 
 

@@ -21,17 +21,21 @@ _RUN_ID = attrgetter("run_id")
 def run_id_refusal(events: Iterable[Any], counted: Iterable[str]) -> str | None:
     """Why a run id of ``events`` or of the ranks ``counted`` cannot be stored (one line), or None.
 
-    Checked before every write, unlike :func:`bad_value`: SQLite keeps a bytes run id, or one over
-    :data:`MAX_NAME` characters, that PostgreSQL refuses, and every reader orders and compares run
-    ids as text (a bytes one broke every dashboard page and the doctor for the whole store). A set
-    of a batch's run ids is a few per batch, so the check costs one attribute read per event. None
-    is left to the columns: a finding about no run has it, any other row is refused as NOT NULL.
+    Checked before every write, unlike :func:`bad_value`: SQLite keeps a bytes run id, an empty one,
+    one holding NUL or one over :data:`MAX_NAME` characters, and every reader orders and compares run
+    ids as text (a bytes one broke every dashboard page and the doctor for the whole store), takes an
+    empty one for none given, and PostgreSQL refuses the other two. A batch holds a few run ids, so
+    the check costs one attribute read per event. None is left to the columns: a finding about no run has it, any other row is refused as NOT NULL.
     """
     for run_id in set(map(_RUN_ID, events)).union(counted):
         if run_id is None:
             continue
         if not isinstance(run_id, str):
             return f"run_id {reprlib.repr(run_id)} is {type(run_id).__name__}, not text"
+        if not run_id:  # every reader takes it for "no run given"
+            return "an empty run_id"
+        if "\x00" in run_id:
+            return f"run_id {reprlib.repr(run_id)} holds a NUL character"
         if len(run_id) > MAX_NAME:
             return f"run_id {run_id[:40]!r}... is {len(run_id)} characters; a store holds {MAX_NAME}"
     return None

@@ -51,6 +51,7 @@ class StoreWrites:
         """
         self._check_writable()
         try:
+            events = list(events)  # read twice: a generator would be spent by the first reading
             refusal = run_id_refusal(events, (run_id for run_id, _ in counters or ()))
             if refusal is not None:  # before the folds, which would fail ordering a bytes run id
                 raise EventRejected(f"writing to {self.url}: {refusal}")

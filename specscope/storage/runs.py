@@ -3,6 +3,8 @@ characters), or the store's newest run. The doctor and ``specscope compare`` res
 
 from __future__ import annotations
 
+import reprlib
+
 import sqlalchemy as sa
 
 from specscope.errors import ConfigError
@@ -10,6 +12,8 @@ from specscope.storage import queries as q
 from specscope.storage.queries import fetch
 
 _KNOWN_SHOWN = 20
+_SHOWN = reprlib.Repr()  # a run id echoed in an error, shortened: a pasted page is not a run id
+_SHOWN.maxstring = 80
 
 
 def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
@@ -20,18 +24,18 @@ def resolve_run_id(conn: sa.Connection, run_id: str, url: str) -> str:
         ConfigError: ``run_id`` is empty (every run id starts with it), no run id equals or starts
             with it (the message names the known run ids), or several start with it (named).
     """
+    if fetch(conn, q.RUN_META, run_id=run_id) or fetch(conn, q.RUN_ID, run_id=run_id):  # runs first: one seek
+        return run_id  # the empty run id too, in a store written before writes refused it
     if not run_id:
         raise ConfigError(f"an empty run id names no run of {url}: give a run id or a unique prefix of one; "
                           f"{_known_runs(conn)}")
-    if fetch(conn, q.RUN_META, run_id=run_id) or fetch(conn, q.RUN_ID, run_id=run_id):  # runs first: one seek
-        return run_id
     matches = [row["run_id"] for row in fetch(conn, q.RUN_IDS_STARTING, prefix=run_id, limit=_KNOWN_SHOWN + 1)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise ConfigError(f"no run {run_id!r} in {url}; {_known_runs(conn)}")
+        raise ConfigError(f"no run {_SHOWN.repr(run_id)} in {url}; {_known_runs(conn)}")
     shown = ", ".join(matches[:_KNOWN_SHOWN]) + (" and more" if len(matches) > _KNOWN_SHOWN else "")
-    raise ConfigError(f"run id prefix {run_id!r} is ambiguous in {url}: it starts {shown}; "
+    raise ConfigError(f"run id prefix {_SHOWN.repr(run_id)} is ambiguous in {url}: it starts {shown}; "
                       "give more characters")
 
 
@@ -48,4 +52,4 @@ def _known_runs(conn: sa.Connection) -> str:
     if not ids:
         return "the store holds no run"
     more = f" and {len(ids) - _KNOWN_SHOWN} more" if len(ids) > _KNOWN_SHOWN else ""
-    return f"known runs: {', '.join(ids[:_KNOWN_SHOWN])}{more}"
+    return f"known runs: {', '.join(map(str, ids[:_KNOWN_SHOWN]))}{more}"  # str: a bytes id kept by an older store
