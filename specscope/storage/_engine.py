@@ -162,6 +162,25 @@ def tidy_sqlite(path: Path) -> None:
         pass  # the files are harmless and the next writer reuses them: tidying must not fail a read
 
 
+def checkpoint_sqlite(engine: Engine) -> None:
+    """Copy the WAL's pages into the SQLite file with a passive checkpoint, which never waits for a
+    reader, so that a store whose writers have closed is whole in its one file.
+
+    SQLite checkpoints by itself only when the last connection to the file closes, and a read-only
+    one cannot: a writer that closed while the dashboard or the doctor had the store open left its
+    last transactions in the ``-wal`` file alone, and a copy of the store file lost them. Best
+    effort: a store that cannot be checkpointed now keeps its WAL, which every reader reads.
+    """
+    try:
+        conn = engine.raw_connection()  # the driver's own: SQLAlchemy's would BEGIN, and SQLite refuses
+        try:                            # a checkpoint inside a transaction
+            conn.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        finally:
+            conn.close()
+    except (sa.exc.SQLAlchemyError, sqlite3.Error):
+        pass
+
+
 def _postgres_engine(url: sa.URL, *, read_only: bool) -> Engine:
     connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": 5}
     if not read_only:

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from specscope.storage import _bulk
 from specscope.storage._dialect import DIALECTS
-from specscope.storage._engine import Target, tidy_sqlite
+from specscope.storage._engine import Target, checkpoint_sqlite, tidy_sqlite
 from specscope.storage._errors import translate
 from specscope.storage._guard import DEFAULT_MAX_RESULT_BYTES, DEFAULT_QUERY_TIMEOUT_S
 from specscope.storage._time_limit import bounded
@@ -69,8 +69,13 @@ class Store(StoreWrites):
         self.close()
 
     def close(self) -> None:
-        """Close every pooled connection (SQLite checkpoints its WAL when the last one closes; a
-        read-only store opened on a clean file leaves it clean, ``_engine.tidy_sqlite``)."""
+        """Close every pooled connection. A SQLite writer first checkpoints its WAL into the file
+        (``_engine.checkpoint_sqlite``: SQLite does so only when the last connection closes, and a
+        reader may still be open); a read-only store opened on a clean file leaves it clean
+        (``_engine.tidy_sqlite``)."""
+        if self._write_engine is not None and self._sqlite_path is not None \
+                and file_id(self._sqlite_path) == self._file_id:  # not into a file replaced meanwhile
+            checkpoint_sqlite(self._write_engine)
         for engine in (self._write_engine, self._read_engine):
             if engine is not None:
                 engine.dispose()
