@@ -81,6 +81,14 @@ def test_dashboard_refuses_a_users_empty_file(tmp_path: Path) -> None:
     assert "empty file" in err and mine.read_bytes() == b""
 
 
+def test_dashboard_refuses_a_store_in_a_folder_that_does_not_exist(tmp_path: Path) -> None:
+    """A mistyped folder made the folder and an empty store, and the page waited for runs never
+    written there."""
+    code, _, err = _cli(["dashboard", "--db", str(tmp_path / "typo" / "s.db")])
+    _one_line_exit_2(code, err)
+    assert f"no folder {tmp_path / 'typo'}" in err and not (tmp_path / "typo").exists()
+
+
 @pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
 def test_bad_trace_sql_setting(value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TRACE_ENV, value)

@@ -3,7 +3,7 @@
 The store is checked first, so a file or database that is not a specscope store, or a newer schema, is
 one line and exit 2 before any server starts, and so is an existing empty file (a user's file is never
 turned into a store), a bad :data:`specscope.app.TRACE_ENV`, or an address that cannot be listened on
-(a port taken). A store that does not exist yet is created empty (and an older one upgraded, as an
+(a port taken). A store that does not exist yet is created empty in its existing folder (and an older one upgraded, as an
 engine's collector would): the dashboard can be opened before the engine writes, shows how to
 instrument it, and switches to the run as soon as its first event arrives. Then ``streamlit run`` of
 :data:`specscope.app.ENTRY` replaces this process (same interpreter, headless, no usage stats), with
@@ -72,8 +72,12 @@ def run(args: argparse.Namespace) -> NoReturn:
     path = store_file(args.db)
     try:
         empty = path is not None and path.is_file() and path.stat().st_size == 0
+        unplaced = path is not None and not path.exists() and not path.parent.is_dir()
     except OSError as exc:  # a name too long, a folder without permission
         raise ConfigError(f"cannot use {args.db} as a store ({exc.strerror or exc})") from exc
+    if unplaced:  # a mistyped path would make a folder and an empty store, waiting for runs never written there
+        raise ConfigError(f"no folder {path.parent} for the store {args.db}: the dashboard creates a new store "
+                          "only in a folder that exists")
     if empty:
         raise ConfigError(f"{args.db} is an empty file, not a specscope store: give a store, or a path "
                           "that does not exist yet (the dashboard creates the store there)")
