@@ -116,7 +116,7 @@ def positions(rows: list[Row], title: str = "Per-position acceptance") -> go.Fig
 def positions_compared(base: list[float], candidate: list[float]) -> go.Figure:
     """p_i of two runs side by side (the ``per_position_acceptance`` lists of a comparison)."""
     fig = go.Figure()
-    for name, values, color in (("base", base, MUTED), ("candidate", candidate, OK)):
+    for name, values, color in (("base", base, MUTED), ("candidate", candidate, FIGURE)):
         fig.add_trace(go.Bar(x=[f"pos {i}" for i in range(len(values))], y=values, name=name, marker_color=color,
                              text=[f"{p:.0%}" for p in values], textposition="outside"))
     fig.update_layout(barmode="group")
@@ -134,7 +134,7 @@ def what_if_k(rows: list[Row]) -> go.Figure:
     if rows and rows[0]["tokens_per_s"] is not None:
         rates = [r["tokens_per_s"] for r in rows]
         fig.add_trace(go.Scatter(x=ks, y=rates, name="predicted tokens/s, one stream",
-                                 mode="lines+markers", line=dict(color=OK, width=3), yaxis="y2"))
+                                 mode="lines+markers", line=dict(color=FIGURE, width=3), yaxis="y2"))
         # Explicit ranges keep the line above the bars' labels and inside the plot; tickmode "auto"
         # on both, as Streamlit's theme would sync the overlaying axis's ticks to the other's grid
         # (labels such as 2.7, 5.4, 10.79).

@@ -61,8 +61,10 @@ def streamlit_command(host: str, port: int) -> list[str]:
             "--server.headless", "true", "--server.address", host, "--server.port", str(port),
             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
             "--global.developmentMode", "false", "--client.toolbarMode", "viewer",
-            # Streamlit's default red accent would colour plain figures (progress bars) as alarms
-            "--theme.primaryColor", ACCENT]
+            # Streamlit's default red accent would colour plain figures (progress bars) as alarms,
+            # and with any other accent it draws inline code (run ids, fault labels) green, a verdict's
+            # colour: code keeps the body text's
+            "--theme.primaryColor", ACCENT, "--theme.codeTextColor", "#31333f"]
 
 
 def run(args: argparse.Namespace) -> NoReturn:

@@ -111,9 +111,11 @@ def verdict(candidate: str, base: str) -> None:
     with moved:
         st.markdown("**Requests that moved most**")
         if result["moved"]:
-            st.dataframe([{"request": m["candidate_request_id"], "base AL": round(m["base_acceptance_length"], 2),
-                           "candidate AL": round(m["candidate_acceptance_length"], 2),
-                           "difference": round(m["delta"], 2)} for m in result["moved"]], hide_index=True)
+            two_places = st.column_config.NumberColumn(format="%.2f")  # as `specscope compare` prints them
+            st.dataframe([{"request": m["candidate_request_id"], "base AL": m["base_acceptance_length"],
+                           "candidate AL": m["candidate_acceptance_length"], "difference": m["delta"]}
+                          for m in result["moved"]], hide_index=True,
+                         column_config={name: two_places for name in ("base AL", "candidate AL", "difference")})
         else:
             st.caption("The runs served different prompts: no request to set against another.")
 
