@@ -1,5 +1,5 @@
-"""Naming a run of a store: an exact run id or a unique prefix of one (as the dashboard shows them, 12
-characters), or the store's newest run. The doctor and ``specscope compare`` resolve ``--run`` here."""
+"""Naming a run of a store: an exact run id or a unique prefix of one (as the dashboard shows them),
+or the store's newest run. The doctor, ``specscope compare`` and the dashboard's links resolve here."""
 
 from __future__ import annotations
 
