@@ -236,7 +236,8 @@ def run_picker() -> str:
         if found.get("run_id") in ids:
             st.session_state[RUN_KEY] = found["run_id"]
         else:
-            why = found.get("error", "it has rows but neither a RunStart nor a rank row, and only specscope doctor reads it")
+            why = found.get("error", "it has rows but neither a RunStart nor a rank row; "
+                                     "only specscope doctor reads it")
             st.warning(f"The link names run {code(_IDS.repr(linked))}, which this dashboard cannot open "
                        f"({inert(why)}); showing the run in the picker below.")
     current = st.session_state.get(RUN_KEY)

@@ -3,8 +3,8 @@
 The store is checked first, so a file or database that is not a specscope store, or a newer schema, is
 one line and exit 2 before any server starts, and so is an existing empty file (a user's file is never
 turned into a store), a bad :data:`specscope.app.TRACE_ENV`, or an address that cannot be listened on
-(a port taken). A store that does not exist yet is created empty in its existing folder (and an older one upgraded, as an
-engine's collector would): the dashboard can be opened before the engine writes, shows how to
+(a port taken). A store that does not exist yet is created empty, in a folder that exists (and an
+older one upgraded, as an engine's collector would): the dashboard can be opened before the engine writes, shows how to
 instrument it, and switches to the run as soon as its first event arrives. Then ``streamlit run`` of
 :data:`specscope.app.ENTRY` replaces this process (same interpreter, headless, no usage stats), with
 the store in the :data:`specscope.app.DB_ENV` environment variable.

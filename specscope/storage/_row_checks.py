@@ -25,7 +25,8 @@ def run_id_refusal(events: Iterable[Any], counted: Iterable[str]) -> str | None:
     one holding NUL or one over :data:`MAX_NAME` characters, and every reader orders and compares run
     ids as text (a bytes one broke every dashboard page and the doctor for the whole store), takes an
     empty one for none given, and PostgreSQL refuses the other two. A batch holds a few run ids, so
-    the check costs one attribute read per event. None is left to the columns: a finding about no run has it, any other row is refused as NOT NULL.
+    the check costs one attribute read per event. None is left to the columns: a finding about no
+    run has it, any other row is refused as NOT NULL.
     """
     for run_id in set(map(_RUN_ID, events)).union(counted):
         if run_id is None:
