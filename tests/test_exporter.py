@@ -287,13 +287,19 @@ def test_two_violations_of_one_run_are_two_series(tmp_path) -> None:
 
 
 def test_a_bytes_run_id_the_collector_once_stored_is_exported(tmp_path) -> None:
-    """SQLite keeps a bytes run id as a BLOB (the collector let one through before it checked):
-    its labels are text, the scrape answers 200 with every run."""
+    """A store written before writes refused it keeps a bytes run id as a BLOB (the collector let one
+    through before it checked, and Store.write until later): its labels are text, the scrape answers
+    200 with every run."""
     path = str(tmp_path / "s.db")
     with open_store(path) as store:
         _traces.healthy().write(store)
-        store.write([ev.RunStart(b"bytes-run", "e", "0", "t", "d", {}), ev.RankStart(b"bytes-run", 0, 1, "h", 1, "cpu"),
-                     ev.VerifyStep(b"bytes-run", "q", 0, 0, 2, 1)])
+        store.write([ev.RunStart("bytes-run", "e", "0", "t", "d", {}), ev.RankStart("bytes-run", 0, 1, "h", 1, "cpu"),
+                     ev.VerifyStep("bytes-run", "q", 0, 0, 2, 1)])
+    with sqlite3.connect(path) as conn:  # as such a store holds it
+        for table in ("runs", "run_ranks", "verify_steps", "acceptance_masks", "request_accepts", "step_seconds"):
+            conn.execute(f"UPDATE {table} SET run_id = CAST(run_id AS BLOB) WHERE run_id = 'bytes-run'")
+        assert conn.execute("SELECT typeof(run_id) FROM runs WHERE run_id = CAST('bytes-run' AS BLOB)").fetchall() == [("blob",)]
+    conn.close()
     response = _scrape(path)
     assert response.status_code == 200
     samples = _samples(response.text)
