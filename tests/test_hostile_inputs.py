@@ -73,12 +73,15 @@ def test_dashboard_port_out_of_range(port: str, tmp_path: Path) -> None:
     assert "not a TCP port" in err and not (tmp_path / "s.db").exists()
 
 
-def test_dashboard_refuses_a_users_empty_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["dashboard"], ["demo", "--no-dashboard"],
+                                     ["watch", "http://127.0.0.1:9/metrics", "--count", "1"]])
+def test_a_command_that_creates_its_store_refuses_a_users_empty_file(command: list[str], tmp_path: Path) -> None:
+    """SQLite takes an empty file for an empty database: demo and watch turned one into a store."""
     mine = tmp_path / "notes.txt"
     mine.touch()
-    code, _, err = _cli(["dashboard", "--db", str(mine)])
+    code, _, err = _cli([command[0], "--db", str(mine), *command[1:]])
     _one_line_exit_2(code, err)
-    assert "empty file" in err and mine.read_bytes() == b""
+    assert "empty file" in err and f"the {command[0]} creates the store there" in err and mine.read_bytes() == b""
 
 
 def test_dashboard_refuses_a_store_in_a_folder_that_does_not_exist(tmp_path: Path) -> None:

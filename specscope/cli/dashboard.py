@@ -20,9 +20,10 @@ import sys
 from typing import NoReturn
 
 from specscope.app import ACCENT, DB_ENV, ENTRY, trace_threshold
+from specscope.cli._store_path import check_store_location
 from specscope.cli._types import add_db_argument, host, port
 from specscope.errors import ConfigError
-from specscope.storage import open_store, store_file
+from specscope.storage import open_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,18 +72,7 @@ def run(args: argparse.Namespace) -> NoReturn:
     """Check the store, then become the Streamlit server (``os.execve``): Ctrl-C, or a signal sent to
     this process id, stops the server itself; a child process would outlive a killed parent."""
     trace_threshold()  # raises ConfigError: one line, exit 2, before the server starts
-    path = store_file(args.db)
-    try:
-        empty = path is not None and path.is_file() and path.stat().st_size == 0
-        unplaced = path is not None and not path.exists() and not path.parent.is_dir()
-    except OSError as exc:  # a name too long, a folder without permission
-        raise ConfigError(f"cannot use {args.db} as a store ({exc.strerror or exc})") from exc
-    if unplaced:  # a mistyped path would make a folder and an empty store, waiting for runs never written there
-        raise ConfigError(f"no folder {path.parent} for the store {args.db}: the dashboard creates a new store "
-                          "only in a folder that exists")
-    if empty:
-        raise ConfigError(f"{args.db} is an empty file, not a specscope store: give a store, or a path "
-                          "that does not exist yet (the dashboard creates the store there)")
+    check_store_location(args.db, "dashboard", existing_folder=True)
     check_address(args.host, args.port)  # before the store: a taken port creates nothing
     with open_store(args.db):
         pass  # raises StoreError / SchemaVersionError: one line, exit 2 (cli/__init__.py)

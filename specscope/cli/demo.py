@@ -22,6 +22,7 @@ import functools
 import os
 from collections.abc import Callable
 
+from specscope.cli._store_path import check_store_location
 from specscope.cli._types import host, int_in, non_negative_int, port, positive_int, store_location
 from specscope.engine.faults import FAULTS, parse_rank_fault
 from specscope.engine.vllm_run import VLLM_FAULTS
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         serve = {"vllm": _vllm, "llama.cpp": _llamacpp}[args.engine](args)
     if not args.no_dashboard:
         dashboard.check_address(args.host, args.port)
+    check_store_location(args.db, "demo")
     open_store(args.db).close()
     run_ids = serve()
     with open_store(args.db) as store:

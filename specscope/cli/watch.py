@@ -21,6 +21,7 @@ import signal
 
 from specscope.adapters.prometheus_watch import watch
 from specscope.cli._signals import stopped_by
+from specscope.cli._store_path import check_store_location
 from specscope.cli._types import add_db_argument, positive_int
 from specscope.errors import ConfigError
 from specscope.storage import open_store, queries
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     via the CLI shell)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    check_store_location(args.db, "watch")
     # Ctrl-C stays a KeyboardInterrupt: the watch ends its runs on it itself
     with open_store(args.db) as store, stopped_by(signal.SIGTERM) as stop:
         try:
