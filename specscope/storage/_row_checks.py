@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
-from specscope.event_checks import MAX_NAME
+from specscope.errors import InvalidEvent
+from specscope.event_checks import check_names
 from specscope.storage._rows import INSERT_COLUMNS, STATEMENTS, Row
 
 _TABLE_NAMES = {s.name: s.table.name for s in STATEMENTS}
@@ -22,9 +23,10 @@ def run_id_refusal(events: Iterable[Any], counted: Iterable[str]) -> str | None:
     """Why a run id of ``events`` or of the ranks ``counted`` cannot be stored (one line), or None.
 
     Checked before every write, unlike :func:`bad_value`: SQLite keeps a bytes run id, an empty one,
-    one holding NUL or one over :data:`MAX_NAME` characters, and every reader orders and compares run
-    ids as text (a bytes one broke every dashboard page and the doctor for the whole store), takes an
-    empty one for none given, and PostgreSQL refuses the other two. A batch holds a few run ids, so
+    one holding NUL or one longer than :func:`~specscope.event_checks.check_names` allows, and every
+    reader orders and compares run ids as text (a bytes one broke every dashboard page and the
+    doctor for the whole store), takes an empty one for none given, and PostgreSQL refuses the other
+    two. A batch holds a few run ids, so
     the check costs one attribute read per event. None is left to the columns: a finding about no
     run has it, any other row is refused as NOT NULL.
     """
@@ -37,8 +39,10 @@ def run_id_refusal(events: Iterable[Any], counted: Iterable[str]) -> str | None:
             return "an empty run_id"
         if "\x00" in run_id:
             return f"run_id {reprlib.repr(run_id)} holds a NUL character"
-        if len(run_id) > MAX_NAME:
-            return f"run_id {run_id[:40]!r}... is {len(run_id)} characters; a store holds {MAX_NAME}"
+        try:
+            check_names("run", run_id=run_id)
+        except InvalidEvent as exc:
+            return str(exc)
     return None
 
 
